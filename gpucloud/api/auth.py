@@ -1,0 +1,33 @@
+"""`Authorization: Bearer <api key>` authentication."""
+from __future__ import annotations
+
+from rest_framework import authentication, exceptions
+
+from gpucloud.lib.http import client_ip
+from gpucloud.tenancy.services import api_key_check, api_key_touch
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        parts = header.split()
+        if parts[0].lower() != self.keyword.lower():
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("Use the header `Authorization: Bearer <api key>`.")
+        key = api_key_check(raw=parts[1])
+        if key is None:
+            raise exceptions.AuthenticationFailed("This API key is unknown, revoked or expired.")
+        if not key.created_by.is_active:
+            raise exceptions.AuthenticationFailed("The user who created this API key is disabled.")
+        api_key_touch(key=key, ip=client_ip(request))
+        # The underlying Django request carries the key so throttles and views can see it.
+        request._request.api_key = key
+        return key.created_by, key
+
+    def authenticate_header(self, request):
+        return f'{self.keyword} realm="api"'

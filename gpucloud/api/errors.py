@@ -1,0 +1,125 @@
+"""ONE error shape for every 4xx/5xx of the API:
+
+    {"error": {"code": "validation_error", "message": "...", "fields": {"name": ["..."]}}}
+
+`code` is stable and machine-readable; `message` is for people; `fields` maps
+input fields to their problems (empty when no single field is to blame).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from gpucloud.lib.errors import ServiceError
+
+logger = logging.getLogger(__name__)
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def _flatten(detail: Any) -> Any:
+    """DRF's ErrorDetail trees -> plain lists of strings, nested dicts kept."""
+    if isinstance(detail, dict):
+        return {str(k): _flatten(v) for k, v in detail.items()}
+    if isinstance(detail, list):
+        if all(not isinstance(d, (dict, list)) for d in detail):
+            return [str(d) for d in detail]
+        return [_flatten(d) for d in detail]
+    return [str(detail)]
+
+
+def _validation_response(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any]]:
+    detail = exc.detail
+    if isinstance(detail, dict):
+        fields = _flatten(detail)
+        general = fields.pop("non_field_errors", None)
+        if general:
+            return "; ".join(general), fields
+        names = ", ".join(sorted(fields))
+        return f"Invalid input in: {names}.", fields
+    messages = _flatten(detail)
+    return "; ".join(m if isinstance(m, str) else str(m) for m in messages), {}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ServiceError):
+        set_rollback()
+        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    if not isinstance(exc, exceptions.APIException):
+        return None  # a bug: Django's 500 handler answers (see handler500 below)
+
+    headers = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = exc.auth_header
+    if getattr(exc, "wait", None):
+        headers["Retry-After"] = str(int(exc.wait))
+
+    if isinstance(exc, exceptions.ValidationError):
+        code = "validation_error"
+        message, fields = _validation_response(exc)
+    else:
+        # DRF's codes are ours: not_authenticated, authentication_failed, permission_denied,
+        # not_found, parse_error, method_not_allowed, unsupported_media_type, throttled, or
+        # the specific code a view raised (tenant_suspended, insufficient_scope, ...).
+        codes = exc.get_codes()
+        code = codes if isinstance(codes, str) else exc.default_code
+        message, fields = str(exc.detail), {}
+    set_rollback()
+    return Response(error_body(code, message, fields), status=exc.status_code, headers=headers)
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith(("/api/", "/agent/"))
+
+
+def handler404(request, exception=None):
+    if _is_api(request):
+        return JsonResponse(error_body("not_found", "Not found."), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def not_found(request, *args, **kwargs):
+    return JsonResponse(error_body("not_found", f"No API route {request.path}."), status=404)
+
+
+def handler500(request):
+    logger.exception("unhandled error on %s", request.path)
+    if _is_api(request):
+        return JsonResponse(
+            error_body("server_error", "Something went wrong on our side; it has been logged."),
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+    from django.views.defaults import server_error
+
+    return server_error(request)
+
+
+def handler400(request, exception=None):
+    if _is_api(request):
+        return JsonResponse(error_body("bad_request", "Bad request."), status=400)
+    from django.views.defaults import bad_request
+
+    return bad_request(request, exception)
+
+
+def handler403(request, exception=None):
+    if _is_api(request):
+        return JsonResponse(error_body("permission_denied", "Permission denied."), status=403)
+    from django.views.defaults import permission_denied
+
+    return permission_denied(request, exception)

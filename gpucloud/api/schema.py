@@ -1,0 +1,63 @@
+"""drf-spectacular post-processing: every operation documents the common error responses."""
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticatorExtension
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticatorExtension):
+    target_class = "gpucloud.api.auth.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A gpucloud API key: `Authorization: Bearer gpc_…`",
+        }
+
+_ERRORS = {
+    "400": "Invalid input: malformed JSON, unknown fields, wrong types or values.",
+    "401": "Missing, unknown, revoked or expired API key.",
+    "403": "Your role or the key's scopes do not allow this, or the tenant is suspended.",
+    "404": "No such object in your tenant.",
+    "429": "Rate limit reached; retry after the Retry-After header's seconds.",
+}
+
+
+def add_error_responses(result, generator, request, public):
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas["ErrorDetail"] = {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "description": "Stable machine-readable code"},
+            "message": {"type": "string", "description": "What went wrong, for people"},
+            "fields": {
+                "type": "object",
+                "additionalProperties": {"type": "array", "items": {"type": "string"}},
+                "description": "Per input field, its problems",
+            },
+        },
+        "required": ["code", "message", "fields"],
+    }
+    schemas["Error"] = {
+        "type": "object",
+        "properties": {"error": {"$ref": "#/components/schemas/ErrorDetail"}},
+        "required": ["error"],
+    }
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, item in result.get("paths", {}).items():
+        for method, op in item.items():
+            if method not in {"get", "post", "put", "patch", "delete"}:
+                continue
+            responses = op.setdefault("responses", {})
+            secured = op.get("security", result.get("security")) not in ([], [{}])
+            for code, text in _ERRORS.items():
+                if code == "400" and method in {"get", "delete"} and not op.get("parameters"):
+                    continue
+                if code in {"401", "403"} and not secured:
+                    continue
+                if code == "404" and "{" not in path and method != "post":
+                    continue
+                responses.setdefault(code, {"description": text, "content": ref})
+    return result
+

@@ -1,0 +1,38 @@
+"""/api/v1/ routes. Later apps add their routers here."""
+from __future__ import annotations
+
+from django.urls import path, re_path
+from rest_framework.routers import SimpleRouter
+
+from gpucloud.api.errors import not_found
+from gpucloud.catalogue.api import views as catalogue
+from gpucloud.tenancy.api import views as tenancy
+
+
+class Router(SimpleRouter):
+    """No trailing slashes: /api/v1/instances, /api/v1/instances/{id}."""
+
+    def __init__(self) -> None:
+        super().__init__(trailing_slash="")
+
+
+router = Router()
+router.register("members", tenancy.MemberViewSet, basename="member")
+router.register("invitations", tenancy.InvitationViewSet, basename="invitation")
+router.register("api-keys", tenancy.ApiKeyViewSet, basename="api-key")
+router.register("audit-events", tenancy.AuditEventViewSet, basename="audit-event")
+router.register("regions", catalogue.RegionViewSet, basename="region")
+router.register("gpu-models", catalogue.GpuModelViewSet, basename="gpu-model")
+router.register("instance-types", catalogue.InstanceTypeViewSet, basename="instance-type")
+router.register("prices", catalogue.PriceViewSet, basename="price")
+
+urlpatterns = [
+    path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),
+    path("tenant", tenancy.TenantApi.as_view(), name="tenant"),
+    path("tenants", tenancy.MyTenantsApi.as_view(), name="my-tenants"),
+    path("invitations/accept", tenancy.InvitationAcceptApi.as_view(), name="invitation-accept"),
+    path("quotas", catalogue.QuotaApi.as_view(), name="quotas"),
+    *router.urls,
+    # Unknown API paths answer in the API's error shape, also with DEBUG on.
+    re_path(r"^.*$", not_found, name="api-not-found"),
+]

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from gpucloud.catalogue.choices import PriceKind
+from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
+
+
+class RegionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Region
+        fields = ["code", "name", "country"]
+
+
+class GpuModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GpuModel
+        fields = ["code", "name", "vendor", "memory_gib", "bf16_tflops", "interconnect"]
+
+
+class PriceInForceSerializer(serializers.Serializer):
+    region = serializers.CharField()
+    kind = serializers.ChoiceField(choices=PriceKind.choices)
+    currency = serializers.CharField()
+    per_hour = serializers.DecimalField(max_digits=12, decimal_places=4)
+    per_bf16_tflops_hour = serializers.DecimalField(max_digits=14, decimal_places=6)
+    effective_from = serializers.DateTimeField()
+
+
+class InstanceTypeSerializer(serializers.ModelSerializer):
+    gpu_model = GpuModelSerializer(read_only=True)
+    gpus = serializers.DecimalField(
+        max_digits=6, decimal_places=3, read_only=True,
+        help_text="GPUs as a number: 8, 1, 0.25 for a quarter of one GPU",
+    )
+    bf16_tflops = serializers.DecimalField(max_digits=10, decimal_places=1, read_only=True)
+    prices = serializers.SerializerMethodField()
+
+    class Meta:
+        model = InstanceType
+        fields = ["code", "name", "gpu_model", "gpus", "gpu_count", "gpu_share_milli", "vcpus",
+                  "memory_gib", "disk_gib", "bf16_tflops", "prices"]
+
+    @extend_schema_field(PriceInForceSerializer(many=True))
+    def get_prices(self, obj) -> list[dict]:
+        """The price in force now per region and kind (filled in bulk by the view)."""
+        prices = self.context.get("prices", {}).get(obj.pk, [])
+        return PriceInForceSerializer(prices, many=True).data
+
+
+class PriceSerializer(serializers.ModelSerializer):
+    instance_type = serializers.SlugRelatedField(slug_field="code", read_only=True)
+    region = serializers.SlugRelatedField(slug_field="code", read_only=True)
+
+    class Meta:
+        model = Price
+        fields = ["id", "instance_type", "region", "kind", "currency", "per_hour", "effective_from"]
+
+
+class QuotaSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(allow_null=True, help_text="null: every GPU model")
+    region = serializers.CharField(allow_null=True, help_text="null: every region")
+    max_gpus = serializers.IntegerField(allow_null=True, help_text="null: no limit at this level")
+    max_instances = serializers.IntegerField(allow_null=True)
+    used_gpus = serializers.DecimalField(max_digits=10, decimal_places=3)
+    used_instances = serializers.IntegerField()
+    source = serializers.ChoiceField(choices=["plan", "tenant"])

@@ -1,0 +1,100 @@
+"""The permission matrix: the one place that says who may do what inside a tenant.
+
+Pure data and functions (no database access), so the API, the console and the
+tests all read the same table. docs/architecture.md prints it as a table.
+
+An actor's effective permissions are the intersection of
+  * what their role in the tenant allows, and
+  * what the API key's scopes allow (a session has every scope),
+minus the launch permissions while the tenant is suspended (a suspended tenant
+can read, not launch).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpucloud.tenancy.choices import Role, Scope
+
+# Permission names: "<area>.<verb>". Reads end in ".read".
+TENANT_READ = "tenant.read"
+TENANT_MANAGE = "tenant.manage"  # rename, change plan-independent settings
+MEMBERS_READ = "members.read"
+MEMBERS_MANAGE = "members.manage"  # invite, remove, change roles below one's own
+API_KEYS_READ = "api_keys.read"
+API_KEYS_CREATE = "api_keys.create"  # create keys for oneself
+API_KEYS_MANAGE = "api_keys.manage"  # revoke anybody's key in the tenant
+AUDIT_READ = "audit.read"
+QUOTAS_READ = "quotas.read"
+WORKLOADS_READ = "workloads.read"
+WORKLOADS_LAUNCH = "workloads.launch"  # create instances and jobs
+WORKLOADS_MANAGE = "workloads.manage"  # stop and delete workloads
+BILLING_READ = "billing.read"
+BILLING_MANAGE = "billing.manage"  # budgets, alerts, payment settings
+
+_VIEWER = frozenset(
+    {TENANT_READ, MEMBERS_READ, QUOTAS_READ, WORKLOADS_READ, BILLING_READ, API_KEYS_READ}
+)
+_MEMBER = _VIEWER | {API_KEYS_CREATE, WORKLOADS_LAUNCH, WORKLOADS_MANAGE}
+_ADMIN = _MEMBER | {MEMBERS_MANAGE, API_KEYS_MANAGE, AUDIT_READ, BILLING_MANAGE}
+_OWNER = _ADMIN | {TENANT_MANAGE}
+
+ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
+    Role.OWNER: _OWNER,
+    Role.ADMIN: _ADMIN,
+    Role.MEMBER: _MEMBER,
+    Role.VIEWER: _VIEWER,
+}
+
+ALL_PERMISSIONS: frozenset[str] = _OWNER
+
+# A `read` key can only read; `write` adds launching and managing workloads and
+# creating keys; `admin` is everything the role allows.
+SCOPE_PERMISSIONS: dict[str, frozenset[str]] = {
+    Scope.READ: frozenset(p for p in ALL_PERMISSIONS if p.endswith(".read")),
+    Scope.WRITE: frozenset(p for p in ALL_PERMISSIONS if p.endswith(".read"))
+    | {WORKLOADS_LAUNCH, WORKLOADS_MANAGE, API_KEYS_CREATE},
+    Scope.ADMIN: ALL_PERMISSIONS,
+}
+
+# What a suspended tenant may no longer do. Stopping work stays allowed, so a
+# suspended tenant can still cut its own costs.
+SUSPENDED_DENIED: frozenset[str] = frozenset({WORKLOADS_LAUNCH})
+
+# Who may hand out which role: nobody grants a role above their own.
+ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+
+
+def effective_permissions(
+    *, role: str, scopes: Iterable[str] | None, suspended: bool
+) -> frozenset[str]:
+    """Permissions of an actor with `role`; `scopes` is None for a browser session."""
+    perms = ROLE_PERMISSIONS.get(role, frozenset())
+    if scopes is not None:
+        allowed: frozenset[str] = frozenset()
+        for scope in scopes:
+            allowed |= SCOPE_PERMISSIONS.get(scope, frozenset())
+        perms = perms & allowed
+    if suspended:
+        perms = perms - SUSPENDED_DENIED
+    return perms
+
+
+def can_grant_role(*, actor_role: str, role: str) -> bool:
+    """An owner can grant any role; an admin up to admin; nobody else grants roles."""
+    if actor_role == Role.OWNER:
+        return True
+    if actor_role == Role.ADMIN:
+        return ROLE_RANK[role] <= ROLE_RANK[Role.ADMIN]
+    return False
+
+
+def scopes_within_role(*, role: str, scopes: Iterable[str]) -> bool:
+    """A key may not carry a scope that grants more than its creator's role.
+
+    A viewer's key is read-only; members can mint read/write keys; admin keys
+    need the admin role.
+    """
+    allowed = {Role.VIEWER: {Scope.READ}, Role.MEMBER: {Scope.READ, Scope.WRITE}}.get(
+        role, {Scope.READ, Scope.WRITE, Scope.ADMIN}
+    )
+    return set(scopes) <= set(allowed)

@@ -1,0 +1,32 @@
+"""Reads for tenancy. Tenant-owned rows are only ever read through a `tenant=` argument."""
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Tenant
+
+
+def membership_get(*, user, tenant: Tenant) -> Membership | None:
+    if user is None or not user.is_authenticated:
+        return None
+    return Membership.objects.select_related("tenant").filter(user=user, tenant=tenant).first()
+
+
+def membership_list_for_user(*, user) -> QuerySet[Membership]:
+    return Membership.objects.select_related("tenant").filter(user=user).order_by("tenant__name")
+
+
+def member_list(*, tenant: Tenant) -> QuerySet[Membership]:
+    return Membership.objects.for_tenant(tenant).select_related("user")
+
+
+def invitation_list(*, tenant: Tenant) -> QuerySet[Invitation]:
+    return Invitation.objects.for_tenant(tenant).select_related("invited_by")
+
+
+def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
+    return ApiKey.objects.for_tenant(tenant).select_related("created_by")
+
+
+def audit_event_list(*, tenant: Tenant) -> QuerySet[AuditEvent]:
+    return AuditEvent.objects.for_tenant(tenant)

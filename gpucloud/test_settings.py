@@ -1,0 +1,21 @@
+"""Settings for the test suite: the real engines (PostgreSQL, Redis) on this machine by default.
+
+Environment variables still win, so CI or a developer can point the suite elsewhere.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud")
+# A Redis database of its own, so the tests' FLUSHDB between cases touches nothing else.
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key")
+os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
+
+from gpucloud.settings import *  # noqa: E402,F403
+
+# Hashing user passwords is deliberately slow; tests create many users.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
+STORAGES["staticfiles"]["BACKEND"] = "django.contrib.staticfiles.storage.StaticFilesStorage"  # noqa: F405
+WHITENOISE_AUTOREFRESH = True  # no collectstatic before tests

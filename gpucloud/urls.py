@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("gpucloud.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/auth/", include("rest_framework.urls")),
+    path("", include("frontend.urls")),
+]
+
+handler400 = "gpucloud.api.errors.handler400"
+handler403 = "gpucloud.api.errors.handler403"
+handler404 = "gpucloud.api.errors.handler404"
+handler500 = "gpucloud.api.errors.handler500"

@@ -1,0 +1,140 @@
+"""Tenant isolation over every API route: another tenant's objects answer 404, lists never leak.
+
+The route tables below must name every route in the URLconf; a new route that
+is in neither table fails `test_every_route_is_covered`, so isolation is
+checked for it before it ships.
+"""
+from __future__ import annotations
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from gpucloud.tenancy.choices import Role
+from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
+from gpucloud.tenancy.services import api_key_create, invitation_create
+from tests.conftest import make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def _member(actor):
+    user = make_user(f"extra-{actor.tenant.slug}@x.test")
+    return Membership.objects.create(tenant=actor.tenant, user=user, role=Role.MEMBER)
+
+
+def _invitation(actor):
+    invitation, _ = invitation_create(actor=actor.membership, email="inv@x.test", role=Role.MEMBER)
+    return invitation
+
+
+def _api_key(actor):
+    key, _ = api_key_create(membership=actor.membership, name="victim", scopes=["read"])
+    return key
+
+
+def _audit_event(actor):
+    return AuditEvent.objects.filter(tenant=actor.tenant).first()
+
+
+# route name -> factory of one object of the given tenant
+TENANT_OBJECT_ROUTES = {
+    "member-detail": _member,
+    "invitation-detail": _invitation,
+    "api-key-detail": _api_key,
+    "api-key-revoke": _api_key,
+    "audit-event-detail": _audit_event,
+}
+# route name -> the model whose rows a list must restrict to the tenant
+TENANT_LIST_ROUTES = {
+    "member-list": Membership,
+    "invitation-list": Invitation,
+    "api-key-list": ApiKey,
+    "audit-event-list": AuditEvent,
+}
+# routes whose answer is about the caller's own tenant, without an object id
+TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup"}
+# the public catalogue, the same for everybody
+PUBLIC_ROUTES = {
+    "region-list", "region-detail", "gpu-model-list", "gpu-model-detail", "instance-type-list",
+    "instance-type-detail", "price-list", "price-detail", "api-not-found",
+}
+
+
+def api_routes():
+    """(name, pattern) of every route under /api/v1/."""
+    resolver = next(p for p in get_resolver().url_patterns
+                    if isinstance(p, URLResolver) and str(p.pattern) == "api/v1/")
+
+    def walk(patterns):
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                yield from walk(p.url_patterns)
+            elif isinstance(p, URLPattern):
+                yield p.name, p
+    return list(walk(resolver.url_patterns))
+
+
+def test_every_route_is_covered():
+    names = {name for name, _ in api_routes()}
+    covered = set(TENANT_OBJECT_ROUTES) | set(TENANT_LIST_ROUTES) | TENANT_SELF_ROUTES | PUBLIC_ROUTES
+    assert names - covered == set(), "add the new routes to the isolation tables"
+    assert covered - names == set(), "stale names in the isolation tables"
+
+
+def _path(name: str, pk) -> str:
+    from django.urls import reverse
+
+    return reverse(name, kwargs={"pk": pk})
+
+
+def _snapshot():
+    return {
+        model.__name__: sorted(map(str, model.objects.values_list("pk", flat=True)))
+        for model in (Membership, Invitation, ApiKey)
+    } | {"revoked": sorted(str(k) for k in ApiKey.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True))}
+
+
+@pytest.mark.parametrize("route", sorted(TENANT_OBJECT_ROUTES))
+def test_other_tenants_object_answers_404_for_every_method(route, alice, charlie):
+    obj = TENANT_OBJECT_ROUTES[route](charlie)
+    assert obj is not None
+    pattern = dict(api_routes())[route]
+    actions = getattr(pattern.callback, "actions", {})
+    url = _path(route, obj.pk)
+    before = _snapshot()
+    for method in ("get", "patch", "put", "delete", "post"):
+        resp = getattr(alice.client(), method)(url, {"role": "viewer", "name": "x"}, format="json")
+        if method in actions:
+            assert resp.status_code == 404, (route, method, resp.status_code)
+            assert resp.json()["error"]["code"] == "not_found"
+        else:
+            assert resp.status_code == 405, (route, method, resp.status_code)
+    assert _snapshot() == before
+    # ...and the owner still reaches it: the 404 was isolation, not a broken route.
+    if "get" in actions:
+        assert charlie.client().get(url).status_code == 200
+
+
+@pytest.mark.parametrize("route", sorted(TENANT_LIST_ROUTES))
+def test_lists_never_include_another_tenants_rows(route, alice, bob, charlie):
+    for factory in TENANT_OBJECT_ROUTES.values():
+        factory(charlie)
+        factory(alice) if factory is not _member else None
+    from django.urls import reverse
+
+    results = alice.client().get(reverse(route), {"page_size": 200}).json()["results"]
+    assert results, "the list is not empty, or this test proves nothing"
+    model = TENANT_LIST_ROUTES[route]
+    theirs = {str(pk) for pk in model.objects.filter(tenant=charlie.tenant).values_list("pk", flat=True)}
+    assert theirs, "the other tenant has rows of this kind"
+    assert not theirs & {r["id"] for r in results}
+
+
+def test_session_user_without_header_sees_only_own_tenant(alice, charlie):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_login(charlie.user)
+    ids = {m["id"] for m in client.get("/api/v1/members").json()["results"]}
+    assert ids == {str(charlie.membership.pk)}
+    assert client.get(f"/api/v1/members/{alice.membership.pk}").status_code == 404
