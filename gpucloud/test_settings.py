@@ -9,6 +9,8 @@ import os
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpucloud")
 # A Redis database of its own, so the tests' FLUSHDB between cases touches nothing else.
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+# The broker gets its own database too: clearing the cache must not eat queued tasks.
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
 

@@ -7,42 +7,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import pytest
-from django.contrib.auth import get_user_model
-from django.core.cache import cache
-from django.core.management import call_command
-from rest_framework.test import APIClient
 
-from gpucloud.tenancy.choices import Role, Scope
-from gpucloud.tenancy.models import Membership, Tenant
-from gpucloud.tenancy.services import api_key_create, tenant_create
-
-User = get_user_model()
+# Django is imported inside the fixtures, so the pure packages' tests (scheduler/core,
+# agents/host) also run without Django: `pytest -p no:django tests/scheduler/core`.
 
 
 @dataclass
 class Actor:
-    user: object
-    tenant: Tenant
-    membership: Membership
-    key: str  # an admin-scoped (or the role's widest) API key's secret
+    user: Any
+    tenant: Any
+    membership: Any
+    key: str  # an API key's secret with the widest scopes the role allows
 
-    def client(self, key: str | None = None) -> APIClient:
+    def client(self, key: str | None = None):
+        from rest_framework.test import APIClient
+
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {key or self.key}")
         return client
 
 
 def make_user(email: str):
-    return User.objects.create_user(username=email, email=email, password="correct horse battery")
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(username=email, email=email, password="correct horse battery")
 
 
 def _widest_scope(role: str) -> list[str]:
+    from gpucloud.tenancy.choices import Role, Scope
+
     return {Role.VIEWER: [Scope.READ], Role.MEMBER: [Scope.READ, Scope.WRITE]}.get(role, [Scope.ADMIN])
 
 
-def make_actor(email: str, tenant: Tenant | None = None, role: str = Role.OWNER,
-               tenant_name: str = "Tenant") -> Actor:
+def make_actor(email: str, tenant: Any = None, role: str = "owner", tenant_name: str = "Tenant") -> Actor:
+    from gpucloud.tenancy.models import Membership
+    from gpucloud.tenancy.services import api_key_create, tenant_create
+
     user = make_user(email)
     if tenant is None:
         tenant = tenant_create(name=tenant_name, owner=user)
@@ -55,7 +58,12 @@ def make_actor(email: str, tenant: Tenant | None = None, role: str = Role.OWNER,
 
 
 @pytest.fixture(autouse=True)
-def _clean_cache():
+def _clean_cache(request):
+    if not request.config.pluginmanager.has_plugin("django"):  # run with -p no:django
+        yield
+        return
+    from django.core.cache import cache
+
     # Throttle counters live in Redis (a database of the tests' own); start each test at zero.
     cache.clear()
     yield
@@ -68,12 +76,12 @@ def alice(db) -> Actor:
 
 @pytest.fixture
 def bob(alice) -> Actor:
-    return make_actor("bob@acme.test", tenant=alice.tenant, role=Role.MEMBER)
+    return make_actor("bob@acme.test", tenant=alice.tenant, role="member")
 
 
 @pytest.fixture
 def victor(alice) -> Actor:
-    return make_actor("victor@acme.test", tenant=alice.tenant, role=Role.VIEWER)
+    return make_actor("victor@acme.test", tenant=alice.tenant, role="viewer")
 
 
 @pytest.fixture
@@ -83,9 +91,13 @@ def charlie(db) -> Actor:
 
 @pytest.fixture
 def catalog(db):
+    from django.core.management import call_command
+
     call_command("seed_catalog", stdout=open("/dev/null", "w"))
 
 
 @pytest.fixture
-def anon() -> APIClient:
+def anon():
+    from rest_framework.test import APIClient
+
     return APIClient()

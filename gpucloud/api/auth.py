@@ -1,6 +1,7 @@
 """`Authorization: Bearer <api key>` authentication."""
 from __future__ import annotations
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from gpucloud.lib.http import client_ip
@@ -31,3 +32,14 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return f'{self.keyword} realm="api"'
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Documents the Bearer scheme in the OpenAPI schema (lives here so it loads with the class)."""
+
+    target_class = "gpucloud.api.auth.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "A gpucloud API key: `Authorization: Bearer gpc_…`"}

@@ -1,20 +1,6 @@
 """drf-spectacular post-processing: every operation documents the common error responses."""
 from __future__ import annotations
 
-from drf_spectacular.extensions import OpenApiAuthenticatorExtension
-
-
-class ApiKeyAuthenticationScheme(OpenApiAuthenticatorExtension):
-    target_class = "gpucloud.api.auth.ApiKeyAuthentication"
-    name = "ApiKey"
-
-    def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "A gpucloud API key: `Authorization: Bearer gpc_…`",
-        }
-
 _ERRORS = {
     "400": "Invalid input: malformed JSON, unknown fields, wrong types or values.",
     "401": "Missing, unknown, revoked or expired API key.",

@@ -165,3 +165,4 @@ class PublicReadViewSet(ApiView, viewsets.ReadOnlyModelViewSet):
 
     permission_classes = [permissions.AllowAny]
     lookup_field = "code"
+    lookup_value_regex = "[A-Za-z0-9][A-Za-z0-9.-]*"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -17,10 +17,16 @@ from gpucloud.catalogue.choices import GPU_SHARES_MILLI, PriceKind, Vendor
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
 
 
+# Codes appear in URLs and API bodies: lower-case letters, digits, dots and dashes.
+code_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9.\-]*$", "Letters, digits, dots and dashes, starting with a letter or digit."
+)
+
+
 class Region(models.Model):
     """A place with GPU hosts. Work is placed within one region."""
 
-    code = models.SlugField(max_length=32, unique=True)
+    code = models.CharField(max_length=32, unique=True, validators=[code_validator])
     name = models.CharField(max_length=100)
     country = models.CharField(max_length=2, help_text="ISO 3166 country code")
     active = models.BooleanField(default=True)
@@ -35,7 +41,8 @@ class Region(models.Model):
 class GpuModel(models.Model):
     """A GPU product, as the NVML/AMD SMI name maps to it."""
 
-    code = models.SlugField(max_length=32, unique=True, help_text="e.g. H100, MI300X")
+    code = models.CharField(max_length=32, unique=True, validators=[code_validator],
+                            help_text="e.g. H100, MI300X")
     name = models.CharField(max_length=100)
     vendor = models.CharField(max_length=10, choices=Vendor.choices)
     memory_gib = models.PositiveIntegerField(validators=[MinValueValidator(1)])
@@ -63,7 +70,8 @@ class InstanceType(models.Model):
     type has share 1000; a fractional type has gpu_count 1 and share 125/250/500.
     """
 
-    code = models.SlugField(max_length=48, unique=True, help_text="e.g. h100.8x, l40s.quarter")
+    code = models.CharField(max_length=48, unique=True, validators=[code_validator],
+                            help_text="e.g. h100.8x, l40s.quarter")
     name = models.CharField(max_length=100)
     gpu_model = models.ForeignKey(GpuModel, on_delete=models.PROTECT, related_name="instance_types")
     gpu_count = models.PositiveSmallIntegerField(validators=[MinValueValidator(1), MaxValueValidator(64)])

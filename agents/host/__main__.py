@@ -1,0 +1,93 @@
+"""``python -m agents.host``: build the backend and runtime named in the config, run the loop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from agents.host.config import AgentConfig, ConfigError, parse_args
+from agents.host.daemon import Agent
+from agents.host.gpu import GpuBackend
+from agents.host.logs import setup_logging
+from agents.host.runtime import Runtime
+
+logger = logging.getLogger("agents.host")
+
+
+def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None]:
+    """(backend, runtime, resources override) for ``cfg``. Imports vendor modules lazily."""
+    if cfg.runtime == "sim":
+        from agents.host.sim import SimRuntime
+
+        sim_runtime = SimRuntime(seed=cfg.sim_seed)
+    backend: GpuBackend
+    if cfg.gpu_backend == "sim":
+        from agents.host.sim import SimGpuBackend
+
+        backend = SimGpuBackend(
+            model=cfg.sim_model,
+            count=cfg.sim_gpus,
+            hostname=cfg.hostname,
+            seed=cfg.sim_seed,
+            runtime=sim_runtime if cfg.runtime == "sim" else None,
+        )
+    elif cfg.gpu_backend == "nvml":
+        from agents.host.nvml import NvmlBackend
+
+        backend = NvmlBackend()
+    else:
+        from agents.host.amdsmi import AmdSmiBackend
+
+        backend = AmdSmiBackend()
+
+    runtime: Runtime
+    if cfg.runtime == "sim":
+        runtime = sim_runtime
+    else:
+        from agents.host.docker import DockerRuntime, amd_device_nodes
+
+        if cfg.gpu_backend == "amdsmi":
+            nodes = {g.uuid: amd_device_nodes(g.pci_bus_id) for g in backend.inventory()}
+            runtime = DockerRuntime(gpu_vendor="amd", amd_devices=nodes)
+        else:
+            runtime = DockerRuntime(gpu_vendor="nvidia")
+
+    # A simulated host advertises a plausible machine for its GPUs (DGX-like per GPU).
+    resources = None
+    if cfg.gpu_backend == "sim":
+        resources = (max(8, 28 * cfg.sim_gpus), max(32768, 256 * 1024 * cfg.sim_gpus))
+    return backend, runtime, resources
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        cfg = parse_args(argv)
+    except ConfigError as e:
+        print(f"agents.host: {e}", file=sys.stderr)
+        return 2
+    setup_logging(cfg.log_level)
+    try:
+        backend, runtime, resources = build(cfg)
+    except Exception as e:
+        # No driver, no Docker engine: nothing this agent can do on this machine.
+        logger.critical(
+            "cannot start",
+            extra={"error": str(e), "gpu_backend": cfg.gpu_backend, "runtime": cfg.runtime},
+        )
+        return 3
+    agent = Agent(cfg, backend=backend, runtime=runtime, resources=resources)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("signal received; finishing the current iteration", extra={"signal": signum})
+        agent.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

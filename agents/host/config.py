@@ -1,0 +1,127 @@
+"""Agent configuration: environment first, command-line flags override.
+
+Every flag has an environment variable (``GPUCLOUD_<FLAG>``, dashes as underscores);
+bad values fail loudly at start, naming the variable or flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Final
+
+from agents.host.sim import MODELS
+
+GPU_BACKENDS: Final = ("nvml", "amdsmi", "sim")
+RUNTIMES: Final = ("docker", "sim")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    server: str = ""
+    bootstrap_token: str = ""
+    gpu_backend: str = "nvml"
+    runtime: str = "docker"
+    sim_gpus: int = 8
+    sim_model: str = "H100"
+    sim_seed: int = 0
+    state_dir: Path = Path("/var/lib/gpucloud-agent")
+    hostname: str = ""
+    once: bool = False
+    log_level: str = "INFO"
+    request_timeout_s: float = 10.0
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    default_interval_s: float = 10.0  # until the control plane says otherwise
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentConfig:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            key = "GPUCLOUD_" + f.name.upper()
+            if key not in env:
+                continue
+            raw = env[key]
+            values[f.name] = _convert(key, raw, f.type)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def validated(self) -> AgentConfig:
+        """Fill derived defaults and check values; raises ConfigError."""
+        cfg = self
+        if not cfg.hostname:
+            cfg = replace(cfg, hostname=socket.gethostname())
+        if not cfg.server.startswith(("http://", "https://")):
+            raise ConfigError("--server / GPUCLOUD_SERVER must be an http(s) URL")
+        if cfg.gpu_backend not in GPU_BACKENDS:
+            raise ConfigError(f"--gpu-backend must be one of {GPU_BACKENDS}")
+        if cfg.runtime not in RUNTIMES:
+            raise ConfigError(f"--runtime must be one of {RUNTIMES}")
+        if cfg.gpu_backend == "sim" and cfg.sim_model not in MODELS:
+            raise ConfigError(f"--sim-model must be one of {sorted(MODELS)}")
+        if cfg.sim_gpus < 0:
+            raise ConfigError("--sim-gpus must be >= 0")
+        for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s", "default_interval_s"):
+            if getattr(cfg, name) <= 0:
+                raise ConfigError(f"{name} must be > 0")
+        return replace(cfg, server=cfg.server.rstrip("/"))
+
+
+def _convert(key: str, raw: str, typ: object) -> object:
+    t = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if t == "bool":
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if t == "int":
+            return int(raw)
+        if t == "float":
+            return float(raw)
+        if t == "Path":
+            return Path(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a valid {t}") from None
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> AgentConfig:
+    """Flags over environment over defaults. Raises ConfigError (argparse exits on bad syntax)."""
+    base = AgentConfig.from_env(environ)
+    p = argparse.ArgumentParser(
+        prog="python -m agents.host",
+        description="gpucloud host agent. Every flag can also be set as GPUCLOUD_<FLAG>.",
+    )
+    p.add_argument("--server", help="control plane URL (GPUCLOUD_SERVER)")
+    p.add_argument(
+        "--bootstrap-token", help="one-time registration token (GPUCLOUD_BOOTSTRAP_TOKEN)"
+    )
+    p.add_argument("--gpu-backend", choices=GPU_BACKENDS)
+    p.add_argument("--runtime", choices=RUNTIMES)
+    p.add_argument("--sim-gpus", type=int)
+    p.add_argument("--sim-model")
+    p.add_argument("--sim-seed", type=int)
+    p.add_argument("--state-dir", type=Path, help="where the host token is kept")
+    p.add_argument("--hostname", help="name to register under (default: this machine's)")
+    p.add_argument("--once", action="store_const", const=True, help="one iteration, then exit")
+    p.add_argument("--log-level")
+    p.add_argument("--request-timeout-s", type=float)
+    p.add_argument("--backoff-base-s", type=float)
+    p.add_argument("--backoff-cap-s", type=float)
+    p.add_argument("--default-interval-s", type=float)
+    ns = p.parse_args(argv)
+    overrides = {k: v for k, v in vars(ns).items() if v is not None}
+    return replace(base, **overrides).validated()

@@ -1,0 +1,376 @@
+"""The agent loop: register once, then heartbeat -> desired state -> reconcile, forever.
+
+One iteration::
+
+    observe  runtime.list()                       (None if the runtime cannot be listed)
+    sample   backend.sample()                     ([] if the backend fails)
+    report   POST /agent/v1/heartbeat             (observed + remembered exits + missing)
+    decide   reconcile(desired, observed)         (pure; see reconcile.py)
+    act      Stop / Remove / Start                (each failure logged, never fatal)
+
+Failure policy: the control plane unreachable (refused, timeout, 5xx, 429) -> containers
+keep running untouched and the agent retries after ``backoff(attempt)``. 401/403 on a
+heartbeat -> the saved host token is dropped and the agent registers again (if it still
+has a bootstrap token), else keeps retrying. One failing probe or runtime call never
+ends the loop. SIGTERM/SIGINT -> the current iteration finishes, the loop exits 0 and
+containers are left running (the agent may be restarted or upgraded under them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+from agents.host import __version__
+from agents.host.client import ControlPlaneClient, ControlPlaneError, Unauthorized
+from agents.host.config import AgentConfig
+from agents.host.gpu import GpuBackend
+from agents.host.reconcile import Action, Remove, ReportExit, Start, Stop, reconcile
+from agents.host.runtime import Runtime
+from agents.host.state import HostState, clear_state, load_state, save_state
+from agents.protocol import (
+    DesiredContainer,
+    GpuInfo,
+    GpuSample,
+    Heartbeat,
+    HeartbeatResponse,
+    ObservedContainer,
+    RegisterRequest,
+    RegisterResponse,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait before retry ``attempt`` (0 = first retry).
+
+    Exponential (``base * 2**attempt``) up to ``cap``, with "equal jitter": half the
+    delay is fixed, half random, so a fleet of agents that lost the control plane at the
+    same moment does not come back in lock-step, yet none retries in a tight loop.
+    """
+    ceiling = min(cap, base * 2.0 ** min(max(attempt, 0), 62))
+    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+
+
+def merge_exits(
+    observed: list[ObservedContainer], remembered_exits: dict[str, ObservedContainer]
+) -> list[ObservedContainer]:
+    """Observed containers plus remembered exits of containers that have since vanished,
+    so an exit code is never lost and a finished job is never started again."""
+    seen = {o.instance_id for o in observed}
+    return observed + [o for iid, o in sorted(remembered_exits.items()) if iid not in seen]
+
+
+def build_report(
+    view: list[ObservedContainer],
+    desired: Iterable[DesiredContainer],
+    start_errors: dict[str, str],
+) -> list[ObservedContainer]:
+    """What the heartbeat says about containers (pure): the view, plus ``missing`` for
+    desired instances with no container, with the start error if there was one."""
+    report = list(view)
+    seen = {o.instance_id for o in view}
+    for d in desired:
+        if d.instance_id not in seen:
+            report.append(
+                ObservedContainer(
+                    instance_id=d.instance_id,
+                    state="missing",
+                    error=start_errors.get(d.instance_id),
+                )
+            )
+    return report
+
+
+class Client(Protocol):
+    def register(self, req: RegisterRequest) -> RegisterResponse: ...
+
+    def heartbeat(self, token: str, hb: Heartbeat) -> HeartbeatResponse: ...
+
+
+def host_resources() -> tuple[int, int]:
+    """(CPU count, memory MiB) of this machine."""
+    cpus = os.cpu_count() or 1
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return cpus, int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return cpus, int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // (1024 * 1024)
+
+
+class Agent:
+    """One host's agent. No globals: many can run in one process (simulated fleets)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        backend: GpuBackend,
+        runtime: Runtime,
+        client: Client | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        resources: tuple[int, int] | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.runtime = runtime
+        self.client: Client = client or ControlPlaneClient(
+            config.server, timeout_s=config.request_timeout_s
+        )
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.resources = resources or host_resources()
+        self.state: HostState | None = load_state(config.state_dir, config.server)
+        self.interval_s = config.default_interval_s
+        self.failures = 0  # consecutive iterations that did not reach the control plane
+        self.seq = 0
+        self.desired: list[DesiredContainer] = []
+        self.last_ok = False
+        self._inventory: list[GpuInfo] | None = None
+        self._exits: dict[str, ObservedContainer] = {}
+        self._exit_logged: set[str] = set()
+        self._start_errors: dict[str, str] = {}
+        self._stop = threading.Event()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask the loop to exit after the current iteration (safe from a signal handler)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> int:
+        """Loop until ``request_stop()`` (or one iteration with ``--once``); the exit code."""
+        logger.info(
+            "agent starting",
+            extra={
+                "server": self.config.server,
+                "hostname": self.config.hostname,
+                "version": __version__,
+            },
+        )
+        try:
+            while not self._stop.is_set():
+                delay = self.iterate()
+                if self.config.once:
+                    return 0 if self.last_ok else 1
+                self._stop.wait(delay)  # returns early on request_stop()
+        finally:
+            try:
+                self.backend.close()
+            except Exception:
+                logger.exception("gpu backend close failed")
+        logger.info("agent stopped; containers left running", extra={"host_id": self.host_id})
+        return 0
+
+    @property
+    def host_id(self) -> str | None:
+        return self.state.host_id if self.state else None
+
+    # --- one iteration ------------------------------------------------------------------
+
+    def iterate(self) -> float:
+        """One pass; returns the seconds to wait before the next. Never raises."""
+        started = self.clock()
+        try:
+            return self._iterate(started)
+        except Exception:
+            # A bug, not a condition we planned for: log it and keep the host alive.
+            logger.exception("iteration failed", extra={"host_id": self.host_id})
+            return self._retry_delay()
+
+    def _retry_delay(self) -> float:
+        self.last_ok = False
+        delay = backoff(
+            self.failures, self.config.backoff_base_s, self.config.backoff_cap_s, self.rng
+        )
+        self.failures += 1
+        return delay
+
+    def _iterate(self, started: float) -> float:
+        try:
+            if self.state is None:
+                self._register()
+            assert self.state is not None
+            observed = self._observe()
+            view = [] if observed is None else merge_exits(observed, self._exits)
+            report = (
+                None if observed is None else build_report(view, self.desired, self._start_errors)
+            )
+            self.seq += 1
+            hb = Heartbeat(
+                host_id=self.state.host_id,
+                seq=self.seq,
+                gpus=self._sample(),
+                containers=report,
+                agent_version=__version__,
+            )
+            resp = self.client.heartbeat(self.state.host_token, hb)
+        except Unauthorized as e:
+            if self.state is not None:
+                logger.error(
+                    "host token refused; will register again",
+                    extra={"host_id": self.state.host_id, "error": str(e)},
+                )
+                self.state = None
+                clear_state(self.config.state_dir)
+            else:
+                logger.error("registration refused", extra={"error": str(e)})
+            return self._log_retry(e)
+        except ControlPlaneError as e:
+            return self._log_retry(e)
+
+        self.failures, self.last_ok = 0, True
+        self.interval_s = resp.heartbeat_interval_s
+        if resp.host_token and resp.host_token != self.state.host_token:
+            self.state = HostState(self.state.server, self.state.host_id, resp.host_token)
+            save_state(self.config.state_dir, self.state)
+            logger.info("host token rotated", extra={"host_id": self.state.host_id})
+        self.desired = resp.desired
+
+        actions: list[Action] = []
+        if observed is not None:  # without a view of the runtime, acting could duplicate work
+            actions = reconcile(self.desired, view)
+            self._apply(actions)
+        wanted = {d.instance_id for d in self.desired}
+        self._exits = {k: v for k, v in self._exits.items() if k in wanted}
+        self._exit_logged &= wanted
+        self._start_errors = {k: v for k, v in self._start_errors.items() if k in wanted}
+
+        duration_ms = round((self.clock() - started) * 1000, 1)
+        level = (
+            logging.INFO if any(not isinstance(a, ReportExit) for a in actions) else logging.DEBUG
+        )
+        logger.log(
+            level,
+            "iteration",
+            extra={
+                "host_id": self.state.host_id,
+                "seq": self.seq,
+                "desired": len(self.desired),
+                "observed": None if observed is None else len(observed),
+                "actions": [f"{type(a).__name__}:{a.instance_id}" for a in actions],
+                "duration_ms": duration_ms,
+            },
+        )
+        return self.interval_s
+
+    def _log_retry(self, e: ControlPlaneError) -> float:
+        delay = self._retry_delay()
+        logger.warning(
+            "control plane unreachable; containers left as they are",
+            extra={
+                "host_id": self.host_id,
+                "error": str(e),
+                "attempt": self.failures,
+                "retry_in_s": round(delay, 2),
+            },
+        )
+        return delay
+
+    def _register(self) -> None:
+        if not self.config.bootstrap_token:
+            raise Unauthorized("no host token saved and no bootstrap token given")
+        if self._inventory is None:
+            self._inventory = self.backend.inventory()  # an exception here is retried
+        cpus, mem = self.resources
+        resp = self.client.register(
+            RegisterRequest(
+                bootstrap_token=self.config.bootstrap_token,
+                hostname=self.config.hostname,
+                agent_version=__version__,
+                gpu_backend=self.backend.name,
+                runtime=self.runtime.name,
+                cpu_count=cpus,
+                memory_mib=mem,
+                gpus=self._inventory,
+            )
+        )
+        self.state = HostState(self.config.server, resp.host_id, resp.host_token)
+        save_state(self.config.state_dir, self.state)
+        self.interval_s = resp.heartbeat_interval_s
+        logger.info(
+            "registered",
+            extra={"host_id": resp.host_id, "gpus": [g.uuid for g in self._inventory]},
+        )
+
+    def _observe(self) -> list[ObservedContainer] | None:
+        try:
+            observed = self.runtime.list()
+        except Exception as e:
+            logger.error("runtime list failed", extra={"host_id": self.host_id, "error": str(e)})
+            return None
+        for o in observed:
+            if o.state == "exited":
+                self._exits[o.instance_id] = o
+            self._start_errors.pop(o.instance_id, None)
+        return observed
+
+    def _sample(self) -> list[GpuSample]:
+        try:
+            return self.backend.sample()
+        except Exception as e:
+            logger.error("gpu sample failed", extra={"host_id": self.host_id, "error": str(e)})
+            return []
+
+    def _apply(self, actions: list[Action]) -> None:
+        for a in actions:
+            iid = a.instance_id
+            try:
+                if isinstance(a, Start):
+                    cid = self.runtime.run(a.spec)
+                    logger.info(
+                        "container started",
+                        extra={
+                            "host_id": self.host_id,
+                            "instance_id": iid,
+                            "container_id": cid,
+                            "gpus": a.spec.gpu_uuids,
+                        },
+                    )
+                elif isinstance(a, Stop):
+                    self.runtime.stop(iid)
+                    logger.info(
+                        "container stopped", extra={"host_id": self.host_id, "instance_id": iid}
+                    )
+                elif isinstance(a, Remove):
+                    self.runtime.remove(iid)
+                    self._exits.pop(iid, None)
+                    logger.info(
+                        "container removed", extra={"host_id": self.host_id, "instance_id": iid}
+                    )
+                elif isinstance(a, ReportExit) and iid not in self._exit_logged:
+                    self._exit_logged.add(iid)
+                    logger.info(
+                        "container exited",
+                        extra={
+                            "host_id": self.host_id,
+                            "instance_id": iid,
+                            "exit_code": a.exit_code,
+                        },
+                    )
+            except Exception as e:
+                if isinstance(a, Start):
+                    self._start_errors[iid] = str(e)
+                logger.error(
+                    "container action failed",
+                    extra={
+                        "host_id": self.host_id,
+                        "instance_id": iid,
+                        "action": type(a).__name__,
+                        "error": str(e),
+                    },
+                )

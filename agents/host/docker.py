@@ -1,0 +1,248 @@
+"""The Docker Engine runtime (``docker`` SDK, docker-py 7.x).
+
+Every container the agent creates is named ``gpucloud-<instance id>`` and labelled
+``gpucloud.managed=1``, ``gpucloud.instance``, ``gpucloud.tenant`` and ``gpucloud.kind``;
+``list()`` sees only those, so the agent never touches anything else on the host.
+
+Isolation of one tenant's container (see docs/agent.md for the why of each line):
+
+* GPUs: only the assigned UUIDs. NVIDIA through the NVIDIA Container Toolkit
+  (``DeviceRequest(device_ids=[uuids], capabilities=[["gpu"]])``); AMD by passing
+  ``/dev/kfd`` and the assigned GPUs' ``/dev/dri`` nodes.
+* Limits: ``nano_cpus``, ``mem_limit`` with no swap, ``pids_limit``.
+* Privileges: ``privileged=False``, ``cap_drop=["ALL"]`` plus ``CAP_ADD``,
+  ``no-new-privileges``, an init process to reap zombies.
+* Network: one bridge network per tenant (created on demand), so tenants cannot reach
+  each other's containers; published ports get random host ports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Any, Final
+
+from agents.host.runtime import (
+    LABEL_INSTANCE,
+    LABEL_KIND,
+    LABEL_MANAGED,
+    LABEL_TENANT,
+    ContainerSpec,
+    RuntimeError_,
+    container_name,
+)
+from agents.protocol import ContainerState, ObservedContainer
+
+logger = logging.getLogger(__name__)
+
+# Docker's default set minus MKNOD (no device nodes), NET_RAW (no raw sockets: ARP/ICMP
+# spoofing on the tenant bridge), SETPCAP and SETFCAP (no handing capabilities on).
+# What remains is what ordinary images need: package managers and entrypoints that
+# chown/su (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETUID, SETGID), signalling own
+# processes (KILL), binding ports < 1024 (NET_BIND_SERVICE), and sshd's privilege
+# separation (SYS_CHROOT, AUDIT_WRITE).
+CAP_ADD: Final[tuple[str, ...]] = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "SETUID",
+    "SETGID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+    "AUDIT_WRITE",
+)
+SECURITY_OPT: Final[tuple[str, ...]] = ("no-new-privileges:true",)
+STOP_TIMEOUT_S: Final = 10
+_NEVER: Final = "0001-01-01T00:00:00Z"  # Docker's zero time for "not yet"
+
+_STATES: Final[dict[str, ContainerState]] = {
+    "created": "created",
+    "running": "running",
+    "paused": "running",
+    "restarting": "running",
+    "removing": "exited",
+    "exited": "exited",
+    "dead": "exited",
+}
+
+
+def amd_device_nodes(bus_id: str | None, sysfs_root: Path = Path("/sys")) -> list[str]:
+    """/dev/dri nodes (card*, renderD*) of the AMD GPU at ``bus_id``, from sysfs."""
+    if not bus_id:
+        return []
+    drm = sysfs_root / "bus/pci/devices" / bus_id / "drm"
+    try:
+        names = sorted(p.name for p in drm.iterdir())
+    except OSError:
+        return []
+    return [f"/dev/dri/{n}" for n in names if n.startswith(("card", "renderD"))]
+
+
+class DockerRuntime:
+    name = "docker"
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        gpu_vendor: str = "nvidia",
+        amd_devices: dict[str, list[str]] | None = None,
+        stop_timeout_s: int = STOP_TIMEOUT_S,
+    ) -> None:
+        """``amd_devices``: GPU UUID -> its /dev/dri nodes (from ``amd_device_nodes``)."""
+        self._docker: Any = importlib.import_module("docker")
+        self._client = client if client is not None else self._docker.from_env()
+        self._vendor = gpu_vendor
+        self._amd_devices = amd_devices or {}
+        self._stop_timeout_s = stop_timeout_s
+
+    def _get(self, instance_id: str) -> Any:
+        try:
+            return self._client.containers.get(container_name(instance_id))
+        except self._docker.errors.NotFound:
+            return None
+
+    def _network(self, name: str, tenant_id: str) -> str:
+        for net in self._client.networks.list(names=[name]):
+            if net.name == name:  # the names filter matches substrings
+                return name
+        try:
+            self._client.networks.create(
+                name,
+                driver="bridge",
+                labels={LABEL_MANAGED: "1", LABEL_TENANT: tenant_id},
+            )
+        except self._docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: another create won the race; fine
+                raise
+        return name
+
+    def run_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
+        """The ``containers.run`` arguments for ``spec`` (pure; separate for review and tests)."""
+        types = self._docker.types
+        env = dict(spec.env)
+        kwargs: dict[str, Any] = {}
+        if spec.gpu_uuids and self._vendor == "nvidia":
+            kwargs["device_requests"] = [
+                types.DeviceRequest(device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
+            ]
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)
+            # CUDA accepts UUIDs here; they name the same GPUs whatever order they appear in.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)
+            if spec.gpu_milli < 1000:
+                # A share of a GPU: a hint honoured under an MPS daemon, not a hard limit.
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, spec.gpu_milli // 10))
+        elif spec.gpu_uuids and self._vendor == "amd":
+            nodes = ["/dev/kfd"]
+            for u in spec.gpu_uuids:
+                if u not in self._amd_devices:
+                    raise RuntimeError_(f"no /dev/dri nodes known for GPU {u}")
+                nodes += self._amd_devices[u]
+            kwargs["devices"] = [f"{n}:{n}:rwm" for n in nodes]
+            kwargs["group_add"] = ["video"]
+        else:
+            # No GPU assigned: make sure the toolkit does not expose all of them by default.
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        labels = dict(spec.labels)
+        labels.update(
+            {
+                LABEL_MANAGED: "1",
+                LABEL_INSTANCE: spec.instance_id,
+                LABEL_TENANT: spec.tenant_id,
+                LABEL_KIND: spec.kind,
+            }
+        )
+        kwargs.update(
+            image=spec.image,
+            command=list(spec.command) or None,
+            name=container_name(spec.instance_id),
+            detach=True,
+            labels=labels,
+            environment=env,
+            ports={f"{p}/tcp": None for p in spec.ports},
+            nano_cpus=int(spec.vcpus * 1e9),
+            mem_limit=f"{spec.memory_mib}m",
+            memswap_limit=f"{spec.memory_mib}m",  # equal to mem_limit: no swap
+            # PyTorch data loaders live in /dev/shm; Docker's 64 MiB default breaks them.
+            shm_size=f"{max(64, spec.memory_mib // 4)}m",
+            pids_limit=spec.pids_limit,
+            cap_drop=["ALL"],
+            cap_add=list(CAP_ADD),
+            security_opt=list(SECURITY_OPT),
+            privileged=False,
+            init=True,
+            restart_policy={"Name": "no"},  # restarts are the control plane's decision
+        )
+        if spec.network:
+            kwargs["network"] = spec.network
+        return kwargs
+
+    def run(self, spec: ContainerSpec) -> str:
+        existing = self._get(spec.instance_id)
+        if existing is not None:
+            if existing.status == "running":
+                return str(existing.id)
+            existing.remove(force=True)
+        kwargs = self.run_kwargs(spec)
+        try:
+            if spec.network:
+                self._network(spec.network, spec.tenant_id)
+            container = self._client.containers.run(**kwargs)
+        except self._docker.errors.DockerException as e:
+            raise RuntimeError_(str(e)) from e
+        return str(container.id)
+
+    def stop(self, instance_id: str) -> None:
+        c = self._get(instance_id)
+        if c is None:
+            return
+        try:
+            c.stop(timeout=self._stop_timeout_s)
+        except self._docker.errors.NotFound:
+            pass
+
+    def remove(self, instance_id: str) -> None:
+        c = self._get(instance_id)
+        if c is None:
+            return
+        try:
+            c.remove(force=True)
+        except self._docker.errors.NotFound:
+            pass
+
+    def list(self) -> list[ObservedContainer]:
+        out = []
+        for c in self._client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+            iid = c.labels.get(LABEL_INSTANCE)
+            if not iid:
+                continue
+            st = c.attrs.get("State", {})
+            state = _STATES.get(st.get("Status", ""), "exited")
+            ports: dict[str, int] = {}
+            for key, binds in (c.attrs.get("NetworkSettings", {}).get("Ports") or {}).items():
+                if binds:
+                    ports[key.split("/")[0]] = int(binds[0]["HostPort"])
+            started, finished = st.get("StartedAt"), st.get("FinishedAt")
+            out.append(
+                ObservedContainer(
+                    instance_id=iid,
+                    container_id=str(c.id),
+                    state=state,
+                    exit_code=st.get("ExitCode") if state == "exited" else None,
+                    started_at=started if started and started != _NEVER else None,
+                    finished_at=finished if finished and finished != _NEVER else None,
+                    error=st.get("Error") or None,
+                    host_ports=ports,
+                )
+            )
+        return sorted(out, key=lambda o: o.instance_id)
+
+    def logs(self, instance_id: str, tail: int = 100) -> str:
+        c = self._get(instance_id)
+        if c is None:
+            return ""
+        data = c.logs(tail=tail)
+        return data.decode(errors="replace") if isinstance(data, bytes) else str(data)

@@ -1,0 +1,575 @@
+"""The agent protocol: versioned JSON messages between a host agent and the control plane.
+
+Shared by both sides, so it imports nothing but the standard library (no Django, no
+pynvml). Every message is a frozen dataclass with ``to_dict()`` (JSON-ready) and
+``from_dict()`` (validating: a wrong type, a missing field or an unknown enum value
+raises ``ProtocolError`` naming the field).
+
+Endpoints (both ``POST``, JSON bodies, ``Content-Type: application/json``)::
+
+    /agent/v1/register   RegisterRequest  -> RegisterResponse   (no auth; bootstrap token in body)
+    /agent/v1/heartbeat  Heartbeat        -> HeartbeatResponse  (Authorization: Bearer <host token>)
+
+Versioning: every top-level message carries ``"protocol_version": 1``. A receiver refuses
+another major version (``ProtocolError``); unknown keys are ignored so either side may add
+optional fields without a version bump. GPUs are named by UUID everywhere, never by index
+alone. Identifiers of hosts, tenants and instances are strings (the control plane sends
+``str(pk)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeVar, cast
+
+PROTOCOL_VERSION: Final = 1
+
+REGISTER_PATH: Final = "/agent/v1/register"
+HEARTBEAT_PATH: Final = "/agent/v1/heartbeat"
+
+ContainerState = Literal["running", "exited", "created", "missing"]
+CONTAINER_STATES: Final[frozenset[str]] = frozenset({"running", "exited", "created", "missing"})
+WorkloadKind = Literal["instance", "job"]
+WORKLOAD_KINDS: Final[frozenset[str]] = frozenset({"instance", "job"})
+
+# Names of the PCIe/NVLink distance between two GPUs, closest first. NVML's
+# nvmlGpuTopologyLevel_t and AMD SMI link types both map onto these.
+TOPOLOGY_LEVELS: Final[tuple[str, ...]] = (
+    "nvlink",  # direct NVLink / NVSwitch / xGMI
+    "board",  # same board (NVML_TOPOLOGY_INTERNAL)
+    "pcie_switch",  # one PCIe switch (NVML_TOPOLOGY_SINGLE)
+    "pcie_switches",  # several PCIe switches, no host bridge (NVML_TOPOLOGY_MULTIPLE)
+    "host_bridge",  # same PCIe host bridge (NVML_TOPOLOGY_HOSTBRIDGE)
+    "numa_node",  # same NUMA node / CPU socket (NVML_TOPOLOGY_NODE)
+    "system",  # across sockets (NVML_TOPOLOGY_SYSTEM)
+)
+
+T = TypeVar("T")
+
+
+class ProtocolError(ValueError):
+    """A message does not follow the protocol. ``field`` is a dotted path to the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+# --- validation helpers -------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to one JSON object; every error names the full field path."""
+
+    def __init__(self, data: object, path: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ProtocolError(path or "$", "must be an object")
+        self.data: Mapping[str, Any] = data
+        self.path = path
+
+    def _p(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _get(self, key: str, default: object, required: bool) -> object:
+        if key not in self.data or self.data[key] is None:
+            if required:
+                raise ProtocolError(self._p(key), "is required")
+            return default
+        return self.data[key]
+
+    def str_(
+        self, key: str, *, required: bool = True, default: str = "", empty: bool = False
+    ) -> str:
+        v = self._get(key, default, required)
+        if not isinstance(v, str):
+            raise ProtocolError(self._p(key), "must be a string")
+        if required and not empty and not v:
+            raise ProtocolError(self._p(key), "must not be empty")
+        return v
+
+    def opt_str(self, key: str) -> str | None:
+        v = self._get(key, None, False)
+        if v is not None and not isinstance(v, str):
+            raise ProtocolError(self._p(key), "must be a string or null")
+        return v
+
+    def int_(
+        self, key: str, *, required: bool = True, default: int = 0, minimum: int | None = 0
+    ) -> int:
+        v = self._get(key, default, required)
+        # bool is an int subclass in Python; a JSON true is not a count.
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ProtocolError(self._p(key), "must be an integer")
+        if minimum is not None and v < minimum:
+            raise ProtocolError(self._p(key), f"must be >= {minimum}")
+        return v
+
+    def opt_int(self, key: str) -> int | None:
+        if self._get(key, None, False) is None:
+            return None
+        return self.int_(key, minimum=None)
+
+    def float_(
+        self, key: str, *, required: bool = True, default: float = 0.0, minimum: float | None = 0.0
+    ) -> float:
+        v = self._get(key, default, required)
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            raise ProtocolError(self._p(key), "must be a number")
+        if minimum is not None and v < minimum:
+            raise ProtocolError(self._p(key), f"must be >= {minimum}")
+        return float(v)
+
+    def opt_float(self, key: str) -> float | None:
+        if self._get(key, None, False) is None:
+            return None
+        return self.float_(key, minimum=None)
+
+    def bool_(self, key: str, *, required: bool = True, default: bool = False) -> bool:
+        v = self._get(key, default, required)
+        if not isinstance(v, bool):
+            raise ProtocolError(self._p(key), "must be a boolean")
+        return v
+
+    def opt_bool(self, key: str) -> bool | None:
+        if self._get(key, None, False) is None:
+            return None
+        return self.bool_(key)
+
+    def choice(self, key: str, choices: frozenset[str]) -> str:
+        v = self.str_(key)
+        if v not in choices:
+            raise ProtocolError(self._p(key), f"must be one of {sorted(choices)}")
+        return v
+
+    def list_(
+        self, key: str, item: Callable[[object, str], T], *, required: bool = False
+    ) -> list[T]:
+        v = self._get(key, [], required)
+        if not isinstance(v, list):
+            raise ProtocolError(self._p(key), "must be a list")
+        return [item(x, f"{self._p(key)}[{i}]") for i, x in enumerate(v)]
+
+    def opt_list(self, key: str, item: Callable[[object, str], T]) -> list[T] | None:
+        if self._get(key, None, False) is None:
+            return None
+        return self.list_(key, item)
+
+    def str_map(self, key: str) -> dict[str, str]:
+        v = self._get(key, {}, False)
+        if not isinstance(v, Mapping) or not all(
+            isinstance(k, str) and isinstance(x, str) for k, x in v.items()
+        ):
+            raise ProtocolError(self._p(key), "must be an object of strings")
+        return dict(v)
+
+    def int_map(self, key: str) -> dict[str, int]:
+        v = self._get(key, {}, False)
+        if not isinstance(v, Mapping) or not all(
+            isinstance(k, str) and isinstance(x, int) and not isinstance(x, bool)
+            for k, x in v.items()
+        ):
+            raise ProtocolError(self._p(key), "must be an object of integers")
+        return dict(v)
+
+    def version(self) -> None:
+        v = self.int_("protocol_version", required=False, default=PROTOCOL_VERSION)
+        if v != PROTOCOL_VERSION:
+            raise ProtocolError(
+                self._p("protocol_version"), f"unsupported version {v} (speaks {PROTOCOL_VERSION})"
+            )
+
+
+def _str_item(x: object, path: str) -> str:
+    if not isinstance(x, str):
+        raise ProtocolError(path, "must be a string")
+    return x
+
+
+def _int_item(x: object, path: str) -> int:
+    if not isinstance(x, int) or isinstance(x, bool):
+        raise ProtocolError(path, "must be an integer")
+    return x
+
+
+def _port_item(x: object, path: str) -> int:
+    port = _int_item(x, path)
+    if not 1 <= port <= 65535:
+        raise ProtocolError(path, "must be a TCP port 1..65535")
+    return port
+
+
+# --- GPU inventory and samples --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as discovered at registration (static facts)."""
+
+    uuid: str
+    index: int
+    model: str  # e.g. "NVIDIA H100 80GB HBM3", "AMD Instinct MI300X"
+    vendor: str  # "nvidia" | "amd" | "sim"
+    memory_mib: int
+    pci_bus_id: str | None = None  # sysfs form, lower case: "0000:3b:00.0"
+    numa_node: int | None = None
+    # GPUs with the same island id share a direct NVLink / NVSwitch / xGMI fabric.
+    nvlink_island: int | None = None
+    nvlink_peers: list[str] = field(default_factory=list)  # peer UUIDs with a direct link
+    topology: dict[str, str] = field(default_factory=dict)  # peer UUID -> TOPOLOGY_LEVELS item
+    mig_mode: bool | None = None  # None: not supported / unknown
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "model": self.model,
+            "vendor": self.vendor,
+            "memory_mib": self.memory_mib,
+            "pci_bus_id": self.pci_bus_id,
+            "numa_node": self.numa_node,
+            "nvlink_island": self.nvlink_island,
+            "nvlink_peers": list(self.nvlink_peers),
+            "topology": dict(self.topology),
+            "mig_mode": self.mig_mode,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> GpuInfo:
+        r = _Reader(data, path)
+        topology = r.str_map("topology")
+        for peer, level in topology.items():
+            if level not in TOPOLOGY_LEVELS:
+                raise ProtocolError(
+                    r._p(f"topology.{peer}"), f"must be one of {list(TOPOLOGY_LEVELS)}"
+                )
+        return cls(
+            uuid=r.str_("uuid"),
+            index=r.int_("index"),
+            model=r.str_("model"),
+            vendor=r.str_("vendor"),
+            memory_mib=r.int_("memory_mib"),
+            pci_bus_id=r.opt_str("pci_bus_id"),
+            numa_node=r.opt_int("numa_node"),
+            nvlink_island=r.opt_int("nvlink_island"),
+            nvlink_peers=r.list_("nvlink_peers", _str_item),
+            topology=topology,
+            mig_mode=r.opt_bool("mig_mode"),
+        )
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's health and load at heartbeat time. ``None`` means "not supported here".
+
+    ``healthy`` is False when the GPU is lost (fell off the bus) or reported a fatal XID;
+    ``error`` then says why. Probe failures that do not make the GPU unusable leave
+    ``healthy`` True and are listed in ``error``.
+    """
+
+    uuid: str
+    healthy: bool = True
+    error: str | None = None
+    gpu_util: float | None = None  # percent 0..100
+    mem_util: float | None = None  # percent 0..100 (memory controller busy, NVML semantics)
+    mem_used_mib: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    ecc_corrected: int | None = None  # volatile counts since driver load
+    ecc_uncorrected: int | None = None
+    xid_events: list[int] = field(default_factory=list)  # XID codes seen since the last sample
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "healthy": self.healthy,
+            "error": self.error,
+            "gpu_util": self.gpu_util,
+            "mem_util": self.mem_util,
+            "mem_used_mib": self.mem_used_mib,
+            "temperature_c": self.temperature_c,
+            "power_w": self.power_w,
+            "ecc_corrected": self.ecc_corrected,
+            "ecc_uncorrected": self.ecc_uncorrected,
+            "xid_events": list(self.xid_events),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> GpuSample:
+        r = _Reader(data, path)
+        return cls(
+            uuid=r.str_("uuid"),
+            healthy=r.bool_("healthy", required=False, default=True),
+            error=r.opt_str("error"),
+            gpu_util=r.opt_float("gpu_util"),
+            mem_util=r.opt_float("mem_util"),
+            mem_used_mib=r.opt_int("mem_used_mib"),
+            temperature_c=r.opt_float("temperature_c"),
+            power_w=r.opt_float("power_w"),
+            ecc_corrected=r.opt_int("ecc_corrected"),
+            ecc_uncorrected=r.opt_int("ecc_uncorrected"),
+            xid_events=r.list_("xid_events", _int_item),
+        )
+
+
+# --- containers ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DesiredContainer:
+    """One container the control plane wants on this host (an instance or a batch job).
+
+    ``gpu_milli`` is the share of *each* GPU in ``gpu_uuids``: 1000 is a whole GPU, less
+    is a fraction of a shared GPU. ``network`` is the tenant's bridge network name.
+    """
+
+    instance_id: str
+    tenant_id: str
+    kind: WorkloadKind
+    image: str
+    gpu_uuids: list[str] = field(default_factory=list)
+    gpu_milli: int = 1000
+    vcpus: float = 1.0
+    memory_mib: int = 1024
+    pids_limit: int = 4096
+    network: str = ""
+    command: list[str] = field(default_factory=list)  # empty: the image's default
+    env: dict[str, str] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)  # container TCP ports to publish
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "tenant_id": self.tenant_id,
+            "kind": self.kind,
+            "image": self.image,
+            "command": list(self.command),
+            "env": dict(self.env),
+            "ports": list(self.ports),
+            "gpu_uuids": list(self.gpu_uuids),
+            "gpu_milli": self.gpu_milli,
+            "vcpus": self.vcpus,
+            "memory_mib": self.memory_mib,
+            "pids_limit": self.pids_limit,
+            "network": self.network,
+            "labels": dict(self.labels),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> DesiredContainer:
+        r = _Reader(data, path)
+        gpu_milli = r.int_("gpu_milli", required=False, default=1000)
+        if not 0 <= gpu_milli <= 1000:
+            raise ProtocolError(r._p("gpu_milli"), "must be 0..1000")
+        vcpus = r.float_("vcpus", required=False, default=1.0)
+        if vcpus <= 0:
+            raise ProtocolError(r._p("vcpus"), "must be > 0")
+        return cls(
+            instance_id=r.str_("instance_id"),
+            tenant_id=r.str_("tenant_id"),
+            kind=cast(WorkloadKind, r.choice("kind", WORKLOAD_KINDS)),
+            image=r.str_("image"),
+            command=r.list_("command", _str_item),
+            env=r.str_map("env"),
+            ports=r.list_("ports", _port_item),
+            gpu_uuids=r.list_("gpu_uuids", _str_item),
+            gpu_milli=gpu_milli,
+            vcpus=vcpus,
+            memory_mib=r.int_("memory_mib", required=False, default=1024, minimum=4),
+            pids_limit=r.int_("pids_limit", required=False, default=4096, minimum=1),
+            network=r.str_("network", required=False, default=""),
+            labels=r.str_map("labels"),
+        )
+
+
+@dataclass(frozen=True)
+class ObservedContainer:
+    """A gpucloud container as the runtime sees it (or, for ``missing``, as it failed to).
+
+    ``missing``: desired but not present on the host; ``error`` says why (e.g. the image
+    could not be pulled). Times are ISO 8601 UTC strings. ``host_ports`` maps a published
+    container port (as a string, JSON keys are strings) to its port on the host.
+    """
+
+    instance_id: str
+    state: ContainerState
+    container_id: str | None = None
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    error: str | None = None
+    host_ports: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "container_id": self.container_id,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "error": self.error,
+            "host_ports": dict(self.host_ports),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> ObservedContainer:
+        r = _Reader(data, path)
+        return cls(
+            instance_id=r.str_("instance_id"),
+            container_id=r.opt_str("container_id"),
+            state=cast(ContainerState, r.choice("state", CONTAINER_STATES)),
+            exit_code=r.opt_int("exit_code"),
+            started_at=r.opt_str("started_at"),
+            finished_at=r.opt_str("finished_at"),
+            error=r.opt_str("error"),
+            host_ports=r.int_map("host_ports"),
+        )
+
+
+# --- messages ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    """First contact: a one-time bootstrap token plus what this host has."""
+
+    bootstrap_token: str
+    hostname: str
+    agent_version: str
+    gpu_backend: str  # "nvml" | "amdsmi" | "sim"
+    runtime: str  # "docker" | "sim"
+    cpu_count: int
+    memory_mib: int
+    gpus: list[GpuInfo] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "bootstrap_token": self.bootstrap_token,
+            "hostname": self.hostname,
+            "agent_version": self.agent_version,
+            "gpu_backend": self.gpu_backend,
+            "runtime": self.runtime,
+            "cpu_count": self.cpu_count,
+            "memory_mib": self.memory_mib,
+            "gpus": [g.to_dict() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> RegisterRequest:
+        r = _Reader(data, "")
+        r.version()
+        gpus = r.list_("gpus", GpuInfo.from_dict)
+        if len({g.uuid for g in gpus}) != len(gpus):
+            raise ProtocolError("gpus", "GPU UUIDs must be unique")
+        return cls(
+            bootstrap_token=r.str_("bootstrap_token"),
+            hostname=r.str_("hostname"),
+            agent_version=r.str_("agent_version"),
+            gpu_backend=r.str_("gpu_backend"),
+            runtime=r.str_("runtime"),
+            cpu_count=r.int_("cpu_count", minimum=1),
+            memory_mib=r.int_("memory_mib", minimum=1),
+            gpus=gpus,
+        )
+
+
+@dataclass(frozen=True)
+class RegisterResponse:
+    host_id: str
+    host_token: str
+    heartbeat_interval_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "host_id": self.host_id,
+            "host_token": self.host_token,
+            "heartbeat_interval_s": self.heartbeat_interval_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> RegisterResponse:
+        r = _Reader(data, "")
+        r.version()
+        interval = r.float_("heartbeat_interval_s")
+        if interval <= 0:
+            raise ProtocolError("heartbeat_interval_s", "must be > 0")
+        return cls(
+            host_id=r.str_("host_id"),
+            host_token=r.str_("host_token"),
+            heartbeat_interval_s=interval,
+        )
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Periodic report. ``containers`` is None when the runtime could not be listed this
+    time: the control plane must then infer nothing about containers (an empty list, by
+    contrast, means "none are running")."""
+
+    host_id: str
+    seq: int  # increments per heartbeat since agent start; lets the server drop reordered ones
+    gpus: list[GpuSample] = field(default_factory=list)
+    containers: list[ObservedContainer] | None = field(default_factory=list)
+    agent_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "host_id": self.host_id,
+            "seq": self.seq,
+            "agent_version": self.agent_version,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "containers": None
+            if self.containers is None
+            else [c.to_dict() for c in self.containers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Heartbeat:
+        r = _Reader(data, "")
+        r.version()
+        return cls(
+            host_id=r.str_("host_id"),
+            seq=r.int_("seq"),
+            agent_version=r.str_("agent_version", required=False),
+            gpus=r.list_("gpus", GpuSample.from_dict),
+            containers=r.opt_list("containers", ObservedContainer.from_dict),
+        )
+
+
+@dataclass(frozen=True)
+class HeartbeatResponse:
+    """The whole desired set for this host (not a delta: the agent converges to it).
+
+    ``host_token``, when set, replaces the agent's token from the next request on.
+    """
+
+    desired: list[DesiredContainer]
+    heartbeat_interval_s: float
+    host_token: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "desired": [d.to_dict() for d in self.desired],
+            "heartbeat_interval_s": self.heartbeat_interval_s,
+            "host_token": self.host_token,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> HeartbeatResponse:
+        r = _Reader(data, "")
+        r.version()
+        desired = r.list_("desired", DesiredContainer.from_dict, required=True)
+        if len({d.instance_id for d in desired}) != len(desired):
+            raise ProtocolError("desired", "instance ids must be unique")
+        interval = r.float_("heartbeat_interval_s")
+        if interval <= 0:
+            raise ProtocolError("heartbeat_interval_s", "must be > 0")
+        token = r.opt_str("host_token")
+        return cls(desired=desired, heartbeat_interval_s=interval, host_token=token or None)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from agents.host.reconcile import Remove, ReportExit, Start, Stop, reconcile
+from agents.host.sim import SimRuntime
+from agents.protocol import DesiredContainer, ObservedContainer
+
+
+def want(iid: str, **kw: object) -> DesiredContainer:
+    return DesiredContainer(instance_id=iid, tenant_id="t1", kind="instance", image="img", **kw)  # type: ignore[arg-type]
+
+
+def seen(iid: str, state: str, exit_code: int | None = None) -> ObservedContainer:
+    return ObservedContainer(instance_id=iid, state=state, exit_code=exit_code)  # type: ignore[arg-type]
+
+
+A, B = want("a"), want("b")
+
+TABLE = [
+    ("nothing desired, nothing there", [], [], []),
+    ("desired and missing is started", [A], [], [Start(A)]),
+    ("desired and running is left alone", [A], [seen("a", "running")], []),
+    ("desired but only created is recreated", [A], [seen("a", "created")], [Remove("a"), Start(A)]),
+    (
+        "desired and exited is reported, not restarted",
+        [A],
+        [seen("a", "exited", 3)],
+        [ReportExit("a", 3)],
+    ),
+    ("no longer desired and running is stopped", [], [seen("a", "running")], [Stop("a")]),
+    ("no longer desired and exited is removed", [], [seen("a", "exited", 0)], [Remove("a")]),
+    ("unknown created container is removed", [], [seen("x", "created")], [Remove("x")]),
+    ("a missing report is not a container", [A], [seen("a", "missing")], [Start(A)]),
+    (
+        "stops come before removes before starts, each by id",
+        [B, A],
+        [seen("z", "running"), seen("y", "exited", 0), seen("c", "running")],
+        [Stop("c"), Stop("z"), Remove("y"), Start(A), Start(B)],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("desired", "observed", "actions"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE]
+)
+def test_reconcile_table(
+    desired: list[DesiredContainer], observed: list[ObservedContainer], actions: list[object]
+) -> None:
+    assert reconcile(desired, observed) == actions
+
+
+def test_reconcile_is_idempotent_once_actions_are_applied() -> None:
+    rt = SimRuntime(clock=lambda: 1000.0)
+    rt.run(want("old"))
+    rt.run(want("keep"))
+    desired = [want("keep"), want("new")]
+
+    for a in reconcile(desired, rt.list()):
+        if isinstance(a, Start):
+            rt.run(a.spec)
+        elif isinstance(a, Stop):
+            rt.stop(a.instance_id)
+        elif isinstance(a, Remove):
+            rt.remove(a.instance_id)
+    # The stopped container is removed on the next pass (after its exit was reported).
+    assert reconcile(desired, rt.list()) == [Remove("old")]
+    rt.remove("old")
+    assert reconcile(desired, rt.list()) == []
+    assert reconcile(desired, rt.list()) == []
+    assert [o.instance_id for o in rt.list()] == ["keep", "new"]
