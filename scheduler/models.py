@@ -1,0 +1,142 @@
+"""Workloads (instances and batch jobs), their event log, and GPU allocations."""
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from agents.models import Gpu, Host
+from gpucloud.catalogue.models import InstanceType, Region
+from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
+from scheduler.choices import Billing, PriorityClass, State, WorkloadKind
+
+
+class Workload(models.Model):
+    """An instance (interactive rental) or a batch job (run to completion).
+
+    `state` changes only through `scheduler.services.workload_transition`; `reason`
+    says in words why it waits or why it ended.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="workloads")
+    kind = models.CharField(max_length=10, choices=WorkloadKind.choices)
+    name = models.CharField(max_length=100)
+    instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+")
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
+    image = models.CharField(max_length=500)
+    command = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    ports = models.JSONField(default=list, blank=True)
+    ssh_keys = models.JSONField(default=list, blank=True)
+    billing = models.CharField(max_length=10, choices=Billing.choices, default=Billing.ON_DEMAND)
+    priority = models.CharField(max_length=10, choices=PriorityClass.choices, default=PriorityClass.STANDARD)
+    # batch jobs
+    queue = models.CharField(max_length=64, default="default")
+    nodes = models.PositiveSmallIntegerField(default=1)
+    max_retries = models.PositiveSmallIntegerField(default=0)
+    retries = models.PositiveSmallIntegerField(default=0)
+    timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # lifecycle
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    reason = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    # When it (re)entered the queue: age in the queue order counts from here.
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # A preemption notice: the workload stops at stop_by unless it ends first.
+    stop_by = models.DateTimeField(null=True, blank=True)
+    preempted_for = models.UUIDField(null=True, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    # GPU-seconds received over earlier runs (LAS order, simulator parity).
+    attained_gpu_s = models.FloatField(default=0.0)
+    # DELETE hides a workload from its tenant after stopping it; billing keeps the row.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "kind", "-created_at"], name="workload_tenant_list"),
+            models.Index(fields=["state", "region"], name="workload_state_region"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(nodes__gte=1) & Q(nodes__lte=64), name="workload_nodes_range"),
+            models.CheckConstraint(condition=Q(kind=WorkloadKind.JOB) | Q(nodes=1), name="workload_instance_one_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} ({self.state})"
+
+
+class WorkloadEvent(models.Model):
+    """One transition of a workload: the event log billing and notifications read."""
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=10, choices=State.choices, blank=True)
+    to_state = models.CharField(max_length=10, choices=State.choices)
+    reason = models.CharField(max_length=500, blank=True)
+    actor = models.CharField(max_length=200, default="scheduler")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '∅'} → {self.to_state}"
+
+
+class Allocation(models.Model):
+    """A share of one GPU held by a workload. Active from placement until a terminal state.
+
+    The partial unique constraint lets a GPU carry at most one active whole-GPU
+    allocation; `Gpu.used_milli`'s CHECK bounds fractional shares.
+    """
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="allocations")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="allocations")
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="allocations")
+    milli = models.PositiveSmallIntegerField()
+    vcpus = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["workload", "gpu"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu"], condition=Q(active=True, milli=1000), name="allocation_one_whole_per_gpu"),
+            models.UniqueConstraint(fields=["gpu", "workload"], condition=Q(active=True), name="allocation_once_per_workload"),
+            models.CheckConstraint(condition=Q(milli__gte=1) & Q(milli__lte=1000), name="allocation_milli_range"),
+        ]
+        indexes = [models.Index(fields=["workload"], condition=Q(active=True), name="allocation_active")]
+
+    def __str__(self) -> str:
+        return f"{self.milli}m of {self.gpu_id} for {self.workload_id}"
+
+
+class RegionSchedulerSettings(models.Model):
+    """Per-region scheduling policy and mode, chosen by operators in the admin."""
+
+    region = models.OneToOneField(Region, on_delete=models.CASCADE, related_name="scheduler_settings")
+    policy = models.CharField(max_length=32, default="gpucloud")
+    mode = models.CharField(max_length=10, blank=True, help_text="static, dynamic or hybrid; empty: the policy's own")
+    notice_s = models.PositiveIntegerField(default=30)
+    reclaim_idle_util = models.FloatField(default=0.05)
+    reclaim_idle_s = models.PositiveIntegerField(default=3600)
+
+    class Meta:
+        verbose_name = "region scheduler settings"
+        verbose_name_plural = "region scheduler settings"
+
+    def __str__(self) -> str:
+        return f"{self.region}: {self.policy}"

@@ -1,0 +1,269 @@
+"""Writes for workloads: launch, the one transition function, stop, delete, requeue.
+
+Only `workload_transition` / `workloads_transition` write `Workload.state`. Every
+transition is a guarded UPDATE (`WHERE state = old`): zero rows means another
+actor won the race, which is not an error. Leaving a GPU-holding state releases
+the workload's allocations in the same transaction.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.models import Gpu, Host
+from gpucloud.catalogue.models import InstanceType, Price, Region
+from gpucloud.lib.errors import Conflict, InvalidInput
+from gpucloud.tenancy.audit import audit_record, current_actor
+from gpucloud.tenancy.models import Tenant
+from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
+from scheduler.lifecycle import can_transition
+from scheduler.models import Allocation, Workload, WorkloadEvent
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    """What a user asks for. Validated for shape by the API; for meaning here."""
+
+    kind: str
+    name: str
+    instance_type: str
+    region: str
+    image: str
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ports: list[int] = field(default_factory=list)
+    ssh_keys: list[str] = field(default_factory=list)
+    billing: str = Billing.ON_DEMAND
+    priority: str = "standard"
+    queue: str = "default"
+    nodes: int = 1
+    max_retries: int = 0
+    timeout_s: int | None = None
+
+
+def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
+    it = InstanceType.objects.select_related("gpu_model").filter(code=spec.instance_type, active=True).first()
+    if it is None:
+        raise InvalidInput(f"Unknown instance type {spec.instance_type!r}.",
+                           code="unknown_instance_type",
+                           fields={"instance_type": [f"No instance type {spec.instance_type!r}."]})
+    region = Region.objects.filter(code=spec.region, active=True).first()
+    if region is None:
+        raise InvalidInput(f"Unknown region {spec.region!r}.", code="unknown_region",
+                           fields={"region": [f"No region {spec.region!r}."]})
+    if not Price.objects.filter(instance_type=it, region=region, kind=spec.billing,
+                                effective_from__lte=timezone.now()).exists():
+        raise InvalidInput(
+            f"{it.code} is not offered {spec.billing.replace('_', '-')} in {region.code}.",
+            code="not_offered",
+            fields={"instance_type": [f"Not offered in {region.code} as {spec.billing}."]},
+        )
+    if it.gpu_share_milli < 1000 and spec.nodes > 1:
+        raise InvalidInput("A fractional GPU type runs on one node.", fields={"nodes": ["Must be 1."]})
+    return it, region
+
+
+def _record(workload: Workload, old: str, new: str, reason: str, now: datetime) -> WorkloadEvent:
+    return WorkloadEvent(workload_id=workload.pk if isinstance(workload, Workload) else workload,
+                         from_state=old, to_state=new, reason=reason[:500],
+                         actor=current_actor().label[:200], created_at=now)
+
+
+@transaction.atomic
+def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workload:
+    """Queue an instance or a batch job. It waits PENDING until the scheduler places it."""
+    it, region = _resolve(spec)
+    now = timezone.now()
+    workload = Workload.objects.create(
+        tenant=tenant, kind=spec.kind, name=spec.name, instance_type=it, region=region,
+        image=spec.image, command=spec.command, env=spec.env, ports=spec.ports, ssh_keys=spec.ssh_keys,
+        billing=spec.billing, priority=spec.priority, queue=spec.queue, nodes=spec.nodes,
+        max_retries=spec.max_retries, timeout_s=spec.timeout_s, state=State.PENDING,
+        reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
+    )
+    _record(workload, "", State.PENDING, "submitted", now).save()
+    audit_record(tenant=tenant, action=f"{spec.kind}.launch", obj=workload, object_repr=spec.name,
+                 data={"instance_type": it.code, "region": region.code, "billing": spec.billing,
+                       "priority": spec.priority})
+    _trigger_cycle_on_commit(region.pk)
+    return workload
+
+
+def _trigger_cycle_on_commit(region_id: int) -> None:
+    from scheduler.tasks import trigger_cycle
+
+    transaction.on_commit(lambda: trigger_cycle(region_id))
+
+
+# ---------------------------------------------------------------- transitions
+
+
+def _timestamps(new: str, now: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if new == State.RUNNING:
+        values["started_at"] = now
+    if new in TERMINAL:
+        values["ended_at"] = now
+    if new == State.PENDING:
+        # back in the queue: age counts from now, the notice is gone
+        values.update(queued_at=now, stop_by=None, preempted_for=None, started_at=None, ended_at=None)
+    return values
+
+
+@transaction.atomic
+def workload_transition(*, workload: Workload, to: str, reason: str = "",
+                        now: datetime | None = None, **extra: Any) -> bool:
+    """Move `workload` to `to` if it is still in the state we loaded. Returns whether it moved.
+
+    Records the event, releases GPUs when leaving a holding state, and asks for a
+    scheduling cycle when GPUs were freed or work was queued.
+    """
+    old = workload.state
+    if not can_transition(old, to):
+        raise Conflict(f"A {workload.kind} cannot go from {old} to {to}.", code="illegal_transition")
+    now = now or timezone.now()
+    values = {"state": to, "reason": reason[:500], **_timestamps(to, now), **extra}
+    if Workload.objects.filter(pk=workload.pk, state=old).update(**values) == 0:
+        return False  # somebody else moved it first
+    for key, value in values.items():
+        setattr(workload, key, value)
+    _record(workload, old, to, reason, now).save()
+    if old in HOLDING and to not in HOLDING:
+        release_allocations(workload_ids=[workload.pk], now=now)
+    if to == State.PENDING or (old in HOLDING and to not in HOLDING):
+        _trigger_cycle_on_commit(workload.region_id)
+    return True
+
+
+def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str = "",
+                         now: datetime | None = None, reasons: dict[UUID, str] | None = None) -> list[UUID]:
+    """The bulk form of `workload_transition` for the scheduling cycle: one UPDATE, one INSERT.
+
+    Call inside atomic(). Returns the ids that moved (those still in `old`).
+    """
+    if not can_transition(old, to):
+        raise Conflict(f"Cannot go from {old} to {to}.", code="illegal_transition")
+    now = now or timezone.now()
+    ids = list(ids)
+    moved: list[UUID] = []
+    for start in range(0, len(ids), 5000):
+        chunk = ids[start:start + 5000]
+        locked = list(Workload.objects.select_for_update(skip_locked=True)
+                      .filter(pk__in=chunk, state=old).values_list("pk", flat=True))
+        if not locked:
+            continue
+        values = {"state": to, "reason": reason[:500], **_timestamps(to, now)}
+        if to in HOLDING:
+            values["queue_position"] = None
+        Workload.objects.filter(pk__in=locked).update(**values)
+        moved.extend(locked)
+    if reasons:
+        for pk in moved:
+            if reasons.get(pk):
+                Workload.objects.filter(pk=pk).update(reason=reasons[pk][:500])
+    WorkloadEvent.objects.bulk_create(
+        [WorkloadEvent(workload_id=pk, from_state=old, to_state=to,
+                       reason=((reasons or {}).get(pk) or reason)[:500],
+                       actor=current_actor().label[:200], created_at=now) for pk in moved],
+        batch_size=2000,
+    )
+    if old in HOLDING and to not in HOLDING:
+        release_allocations(workload_ids=moved, now=now)
+    return moved
+
+
+def release_allocations(*, workload_ids: Iterable[UUID], now: datetime | None = None) -> int:
+    """Free the GPUs, vCPUs and memory the workloads hold. Call inside atomic(). Idempotent."""
+    now = now or timezone.now()
+    rows = list(
+        Allocation.objects.select_for_update().filter(workload_id__in=list(workload_ids), active=True)
+        .values("id", "gpu_id", "host_id", "milli", "vcpus", "memory_mib")
+    )
+    if not rows:
+        return 0
+    per_gpu: dict[str, int] = defaultdict(int)
+    per_host: dict[Any, list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        per_gpu[r["gpu_id"]] += r["milli"]
+        per_host[r["host_id"]][0] += r["vcpus"]
+        per_host[r["host_id"]][1] += r["memory_mib"]
+    Allocation.objects.filter(pk__in=[r["id"] for r in rows]).update(active=False, released_at=now)
+    whole = [g for g, m in per_gpu.items() if m == 1000]
+    if whole:
+        # a GPU held at 1000 milli is either whole or full of shares; both leave it empty
+        Gpu.objects.filter(uuid__in=whole).update(whole=False, used_milli=0)
+    for gpu, milli in per_gpu.items():
+        if milli != 1000:
+            Gpu.objects.filter(uuid=gpu).update(used_milli=F("used_milli") - milli)
+    for host, (vcpus, mem) in per_host.items():
+        if vcpus or mem:
+            Host.objects.filter(pk=host).update(used_vcpus=F("used_vcpus") - vcpus,
+                                                used_memory_mib=F("used_memory_mib") - mem)
+    return len(rows)
+
+
+# ---------------------------------------------------------------- user actions
+
+
+@transaction.atomic
+def workload_stop(*, workload: Workload, reason: str = "stopped by user") -> Workload:
+    """Stop a workload. Idempotent: stopping a stopped workload changes nothing.
+
+    Work that never started on a host stops at once; started work goes STOPPING
+    until its agent reports the container gone.
+    """
+    workload = Workload.objects.select_for_update().get(pk=workload.pk)
+    if workload.state in TERMINAL or workload.state == State.STOPPING:
+        return workload
+    if workload.state in (State.PENDING, State.SCHEDULED):
+        target = State.STOPPED
+    else:
+        target = State.STOPPING
+    workload_transition(workload=workload, to=target, reason=reason)
+    audit_record(tenant=workload.tenant, action=f"{workload.kind}.stop", obj=workload,
+                 object_repr=workload.name)
+    return workload
+
+
+@transaction.atomic
+def workload_delete(*, workload: Workload) -> None:
+    """Terminate: stop it if it runs, and hide it from the tenant's lists. Billing keeps the row."""
+    workload_stop(workload=workload, reason="terminated by user")
+    Workload.objects.filter(pk=workload.pk).update(deleted_at=timezone.now())
+    audit_record(tenant=workload.tenant, action=f"{workload.kind}.delete", obj=workload,
+                 object_repr=workload.name)
+
+
+@transaction.atomic
+def workload_requeue_or_end(*, workload: Workload, ended: str, reason: str) -> Workload:
+    """A run ended as `ended` (FAILED, PREEMPTED, LOST). Requeue a batch job that may retry.
+
+    Preemption and host loss do not spend a job's retries (it was not the job's
+    fault); a failure does. Instances stay ended: a rental restarted elsewhere would
+    surprise its owner.
+    """
+    if not workload_transition(workload=workload, to=ended, reason=reason):
+        return workload
+    if workload.kind != WorkloadKind.JOB:
+        return workload
+    if ended == State.FAILED:
+        if workload.retries >= workload.max_retries:
+            return workload
+        Workload.objects.filter(pk=workload.pk).update(retries=F("retries") + 1)
+        workload.refresh_from_db()
+        again = f"retry {workload.retries} of {workload.max_retries} after: {reason}"
+    else:
+        again = f"requeued after: {reason}"
+    workload_transition(workload=workload, to=State.PENDING, reason=again)
+    return workload
