@@ -1,13 +1,15 @@
-"""GPU hosts and their GPUs, as the agents report them.
+"""GPU hosts and their GPUs, as the agents report them, and the bootstrap tokens hosts join with.
 
 `Gpu.whole` / `Gpu.used_milli` are the booking counters the scheduler claims with
 guarded UPDATEs; the CHECK constraints below make over-booking a GPU impossible
-even if two scheduling cycles ever ran at once (invariant 1).
+even if two scheduling cycles ever ran at once (invariant 1). The agent API never
+writes them.
 """
 from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -28,9 +30,14 @@ class Host(models.Model):
     # What running work has booked; the scheduler claims these with guarded UPDATEs too.
     used_vcpus = models.PositiveIntegerField(default=0)
     used_memory_mib = models.PositiveBigIntegerField(default=0)
-    token_hash = models.CharField(max_length=64, blank=True)
+    # SHA-256 of the host token (shown once, to the agent). Indexed: every heartbeat looks it up.
+    token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     agent_version = models.CharField(max_length=50, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The highest heartbeat `seq` applied: an older one that arrives late is not applied again.
+    last_seq = models.PositiveBigIntegerField(default=0)
+    # When the liveness task marked it DOWN; its work is LOST HOST_LOST_GRACE_S later.
+    down_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -79,3 +86,36 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host.name}#{self.index} {self.uuid}"
+
+
+class BootstrapToken(models.Model):
+    """A one-time token that lets one new host join a region.
+
+    Operators create it in the admin; the secret is shown once and stored as SHA-256
+    (random 256-bit, so a plain hash suffices, as for API keys). The first successful
+    registration consumes it (`used_at`, `host`); after `expires_at` it admits nothing.
+    """
+
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="bootstrap_tokens")
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=16, editable=False,
+                              help_text="the first characters, to recognise it")
+    note = models.CharField(max_length=200, blank=True,
+                            help_text="e.g. the rack or machine it is for")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="empty: never expires")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", editable=False,
+    )
+    used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    host = models.ForeignKey(
+        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="bootstrap_tokens",
+        editable=False,
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.region})"

@@ -13,6 +13,15 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 app.conf.beat_schedule = {
+    # The scheduling loop: a cycle per region every SCHEDULER_TICK_S; submissions trigger one at once.
+    "scheduler-tick": {
+        "task": "scheduler.tasks.schedule_tick_task",
+        "schedule": float(os.environ.get("SCHEDULER_TICK_S", "2")),
+    },
+    # Safety net: free allocations whose workload no longer holds GPUs, repair counter drift.
+    "allocations-audit": {"task": "scheduler.tasks.allocations_audit_task", "schedule": 60.0},
+    # Host liveness: silent hosts go DOWN, work on hosts DOWN past the grace period is LOST.
+    "hosts-liveness": {"task": "agents.tasks.hosts_liveness_task", "schedule": 5.0},
     # Keep the audit log bounded: events older than AUDIT_RETENTION_DAYS are purged nightly.
     "audit-retention": {
         "task": "gpucloud.tenancy.tasks.audit_purge_task",

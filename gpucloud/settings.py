@@ -85,6 +85,13 @@ DATABASES = {
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The demo's web, worker, beat and agents all write. Take SQLite's write lock at BEGIN, so
+    # a second writer waits (up to `timeout` s) instead of failing at once with "database is
+    # locked" when its read transaction tries to upgrade; WAL lets readers go on meanwhile.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        transaction_mode="IMMEDIATE", timeout=20, init_command="PRAGMA journal_mode=WAL;"
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "")
@@ -173,6 +180,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "RoleEnum": "gpucloud.tenancy.choices.Role",
         "PriceKindEnum": "gpucloud.catalogue.choices.PriceKind",
+        "WorkloadStateEnum": "scheduler.choices.State",
+        "WorkloadKindEnum": "scheduler.choices.WorkloadKind",
     },
 }
 
@@ -200,10 +209,27 @@ INVITATION_TTL_DAYS = env_int("INVITATION_TTL_DAYS", 7)
 DEFAULT_PLAN = env_str("DEFAULT_PLAN", "starter")
 # Plan defaults for quotas; Quota rows per tenant override or narrow them.
 PLAN_QUOTAS: dict[str, dict[str, int]] = {
-    "starter": {"max_gpus": 8, "max_instances": 4},
+    "starter": {"max_gpus": 8, "max_instances": 8},
     "team": {"max_gpus": 64, "max_instances": 32},
     "enterprise": {"max_gpus": 1024, "max_instances": 512},
 }
+
+# Scheduler.
+SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "gpucloud")
+SCHEDULER_TICK_S = env_int("SCHEDULER_TICK_S", 2)
+SCHEDULER_CYCLE_TIME_LIMIT_S = env_int("SCHEDULER_CYCLE_TIME_LIMIT_S", 60)
+# One cycle per region at a time. Only the concurrency tests switch this off, to
+# prove the database alone still refuses a double booking.
+SCHEDULER_LOCK = env_bool("SCHEDULER_LOCK", True)
+
+# Host agents (docs/agent.md). Agents heartbeat every AGENT_HEARTBEAT_INTERVAL_S; a host
+# silent for HOST_DOWN_AFTER_S goes DOWN (no new work), and the work of a host DOWN for
+# HOST_LOST_GRACE_S more becomes LOST (GPUs freed, jobs requeued).
+AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 5)
+HOST_DOWN_AFTER_S = env_int("HOST_DOWN_AFTER_S", 30)
+HOST_LOST_GRACE_S = env_int("HOST_LOST_GRACE_S", 120)
+AGENT_PIDS_LIMIT = env_int("AGENT_PIDS_LIMIT", 4096)
+AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeats need 12/min
 
 LOGGING = {
     "version": 1,

@@ -24,6 +24,7 @@ from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.lib.errors import Conflict, InvalidInput
 from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
+from scheduler import bulk
 from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
@@ -80,10 +81,31 @@ def _record(workload: Workload, old: str, new: str, reason: str, now: datetime) 
                          actor=current_actor().label[:200], created_at=now)
 
 
+def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec) -> None:
+    """Refuse at once what no amount of waiting could admit: more GPUs than a quota allows.
+
+    Work that fits the limit but not the current usage is queued and waits with a reason.
+    """
+    from scheduler.snapshot import tenant_views
+
+    need = it.gpu_milli_total * spec.nodes
+    for view in tenant_views({str(tenant.pk)}):
+        for q in view.quotas:
+            if q.gpu_model not in (None, it.gpu_model.code) or q.region not in (None, region.code):
+                continue
+            if q.max_gpus is not None and need > q.max_gpus * 1000:
+                scope = " ".join(x for x in (q.gpu_model, "GPUs", f"in {q.region}" if q.region else "") if x)
+                raise InvalidInput(
+                    f"This asks for {need / 1000:g} GPUs but your quota allows {q.max_gpus} {scope}.",
+                    code="quota_exceeded", fields={"instance_type": ["More GPUs than your quota allows."]},
+                )
+
+
 @transaction.atomic
 def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workload:
     """Queue an instance or a batch job. It waits PENDING until the scheduler places it."""
     it, region = _resolve(spec)
+    _check_quota_ceiling(tenant, it, region, spec)
     now = timezone.now()
     workload = Workload.objects.create(
         tenant=tenant, kind=spec.kind, name=spec.name, instance_type=it, region=region,
@@ -156,28 +178,20 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
         raise Conflict(f"Cannot go from {old} to {to}.", code="illegal_transition")
     now = now or timezone.now()
     ids = list(ids)
-    moved: list[UUID] = []
-    for start in range(0, len(ids), 5000):
-        chunk = ids[start:start + 5000]
-        locked = list(Workload.objects.select_for_update(skip_locked=True)
-                      .filter(pk__in=chunk, state=old).values_list("pk", flat=True))
-        if not locked:
-            continue
-        values = {"state": to, "reason": reason[:500], **_timestamps(to, now)}
-        if to in HOLDING:
-            values["queue_position"] = None
-        Workload.objects.filter(pk__in=locked).update(**values)
-        moved.extend(locked)
+    values: dict[str, Any] = {"state": to, "reason": reason[:500], **_timestamps(to, now)}
+    if to in HOLDING:
+        values["queue_position"] = None
+    moved = bulk.set_state(ids, old=old, values=values)
     if reasons:
         for pk in moved:
             if reasons.get(pk):
                 Workload.objects.filter(pk=pk).update(reason=reasons[pk][:500])
-    WorkloadEvent.objects.bulk_create(
-        [WorkloadEvent(workload_id=pk, from_state=old, to_state=to,
-                       reason=((reasons or {}).get(pk) or reason)[:500],
-                       actor=current_actor().label[:200], created_at=now) for pk in moved],
-        batch_size=2000,
-    )
+    actor = current_actor().label[:200]
+    bulk.insert_events([
+        WorkloadEvent(workload_id=pk, from_state=old, to_state=to, reason=((reasons or {}).get(pk) or reason)[:500],
+                      actor=actor, created_at=now)
+        for pk in moved
+    ])
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=moved, now=now)
     return moved

@@ -7,6 +7,7 @@ from rest_framework.routers import SimpleRouter
 from gpucloud.api.errors import not_found
 from gpucloud.catalogue.api import views as catalogue
 from gpucloud.tenancy.api import views as tenancy
+from scheduler.api import views as scheduler
 
 
 class Router(SimpleRouter):
@@ -21,6 +22,8 @@ router.register("members", tenancy.MemberViewSet, basename="member")
 router.register("invitations", tenancy.InvitationViewSet, basename="invitation")
 router.register("api-keys", tenancy.ApiKeyViewSet, basename="api-key")
 router.register("audit-events", tenancy.AuditEventViewSet, basename="audit-event")
+router.register("instances", scheduler.InstanceViewSet, basename="instance")
+router.register("jobs", scheduler.JobViewSet, basename="job")
 router.register("regions", catalogue.RegionViewSet, basename="region")
 router.register("gpu-models", catalogue.GpuModelViewSet, basename="gpu-model")
 router.register("instance-types", catalogue.InstanceTypeViewSet, basename="instance-type")

@@ -115,12 +115,11 @@ class Usage:
 
 
 def tenant_usage(*, tenant: Tenant) -> Usage:
-    """GPUs (milli) and instances the tenant holds, keyed by (GPU model, region).
+    """GPUs (milli) and workloads the tenant holds now, keyed by (GPU model, region)."""
+    from scheduler.selectors import usage_by_scope  # scheduler builds on the catalogue, not back
 
-    Workloads (instances and batch jobs) arrive with the scheduler app; until
-    they do, no tenant can hold a GPU, so the usage is empty.
-    """
-    return Usage(gpu_milli={}, instances={})
+    gpu_milli, instances = usage_by_scope(tenant=tenant)
+    return Usage(gpu_milli=gpu_milli, instances=instances)
 
 
 def _sum(usage: dict[tuple[str, str], int], gpu_model: str | None, region: str | None) -> int:

@@ -12,6 +12,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
+from scheduler.models import Workload
 from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db
@@ -36,6 +37,22 @@ def _audit_event(actor):
     return AuditEvent.objects.filter(tenant=actor.tenant).first()
 
 
+def _workload(kind):
+    def make(actor):
+        from django.core.management import call_command
+
+        from gpucloud.catalogue.models import InstanceType, Region
+        from scheduler.models import Workload
+
+        if not InstanceType.objects.exists():
+            call_command("seed_catalog", stdout=open("/dev/null", "w"))
+        return Workload.objects.create(
+            tenant=actor.tenant, kind=kind, name=f"{kind}-{actor.tenant.slug}", image="busybox",
+            instance_type=InstanceType.objects.get(code="h100.1x"), region=Region.objects.get(code="us-east-1"),
+        )
+    return make
+
+
 # route name -> factory of one object of the given tenant
 TENANT_OBJECT_ROUTES = {
     "member-detail": _member,
@@ -43,6 +60,10 @@ TENANT_OBJECT_ROUTES = {
     "api-key-detail": _api_key,
     "api-key-revoke": _api_key,
     "audit-event-detail": _audit_event,
+    "instance-detail": _workload("instance"),
+    "instance-stop": _workload("instance"),
+    "job-detail": _workload("job"),
+    "job-stop": _workload("job"),
 }
 # route name -> the model whose rows a list must restrict to the tenant
 TENANT_LIST_ROUTES = {
@@ -50,6 +71,8 @@ TENANT_LIST_ROUTES = {
     "invitation-list": Invitation,
     "api-key-list": ApiKey,
     "audit-event-list": AuditEvent,
+    "instance-list": Workload,
+    "job-list": Workload,
 }
 # routes whose answer is about the caller's own tenant, without an object id
 TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup"}
@@ -91,7 +114,7 @@ def _snapshot():
     return {
         model.__name__: sorted(map(str, model.objects.values_list("pk", flat=True)))
         for model in (Membership, Invitation, ApiKey)
-    } | {"revoked": sorted(str(k) for k in ApiKey.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True))}
+    } | {"workloads": sorted(Workload.objects.values_list("state", "deleted_at"), key=str)} | {"revoked": sorted(str(k) for k in ApiKey.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True))}
 
 
 @pytest.mark.parametrize("route", sorted(TENANT_OBJECT_ROUTES))
@@ -120,11 +143,11 @@ def test_lists_never_include_another_tenants_rows(route, alice, bob, charlie):
     for factory in TENANT_OBJECT_ROUTES.values():
         factory(charlie)
         factory(alice) if factory is not _member else None
+    model = TENANT_LIST_ROUTES[route]
     from django.urls import reverse
 
     results = alice.client().get(reverse(route), {"page_size": 200}).json()["results"]
     assert results, "the list is not empty, or this test proves nothing"
-    model = TENANT_LIST_ROUTES[route]
     theirs = {str(pk) for pk in model.objects.filter(tenant=charlie.tenant).values_list("pk", flat=True)}
     assert theirs, "the other tenant has rows of this kind"
     assert not theirs & {r["id"] for r in results}

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.django_db
 
 def test_plan_default_is_shown_when_no_tenant_wide_row(alice, catalog):
     rows = alice.client().get("/api/v1/quotas").json()
-    assert rows == [{"gpu_model": None, "region": None, "max_gpus": 8, "max_instances": 4,
+    assert rows == [{"gpu_model": None, "region": None, "max_gpus": 8, "max_instances": 8,
                      "used_gpus": "0.000", "used_instances": 0, "source": "plan"}]
 
 

@@ -1,13 +1,15 @@
 """`make demo`: the whole platform on one laptop, on embedded defaults.
 
 Migrates, seeds the catalogue and demo accounts, starts a Celery worker and beat
-on the filesystem broker, serves the web app, and stops everything on Ctrl-C.
-Later capabilities add their processes (simulated GPU hosts) to PROCESSES.
+on the filesystem broker, serves the web app, starts simulated GPU hosts (real agents
+with the sim GPU backend and sim runtime, each with its own state dir under
+var/agents/ and a fresh one-time bootstrap token), and stops everything on Ctrl-C.
 """
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +17,47 @@ import time
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+
+# Simulated hosts: (host name, GPU model, GPU count), all in one region.
+SIM_HOSTS = [("sim-h100-1", "H100", 8), ("sim-a100-1", "A100", 8), ("sim-l40s-1", "L40S", 4)]
+SIM_REGION = "us-east-1"
+
+
+def _sim_hosts(port: int) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(name, argv, extra env) per simulated host, each with a new bootstrap token.
+
+    A token is minted on every start: an agent whose saved host token still works never
+    uses it, and one whose database was reset registers again with it. Unused tokens of
+    earlier starts are deleted so the admin's list stays short.
+    """
+    from agents.models import BootstrapToken
+    from agents.services import bootstrap_token_create
+    from gpucloud.catalogue.models import Region
+
+    region = Region.objects.get(code=SIM_REGION)
+    out = []
+    for seed, (name, model, count) in enumerate(SIM_HOSTS):
+        note = f"demo {name}"
+        BootstrapToken.objects.filter(note=note, used_at__isnull=True).delete()
+        _, secret = bootstrap_token_create(region=region, note=note)
+        argv = [sys.executable, "-m", "agents.host", "--server", f"http://127.0.0.1:{port}",
+                "--gpu-backend", "sim", "--runtime", "sim", "--sim-model", model,
+                "--sim-gpus", str(count), "--sim-seed", str(seed), "--hostname", name,
+                "--state-dir", str(settings.VAR_DIR / "agents" / name), "--log-level", "WARNING"]
+        # Through the environment, so the token does not show in `ps`.
+        out.append((f"agent {name}", argv, {"GPUCLOUD_BOOTSTRAP_TOKEN": secret}))
+    return out
+
+
+def _wait_for_port(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    # Not fatal: the agents keep retrying with backoff.
 
 
 def _processes(port: int) -> list[tuple[str, list[str]]]:
@@ -45,9 +88,14 @@ class Command(BaseCommand):
         children: list[tuple[str, subprocess.Popen]] = []
         for name, argv in _processes(port):
             children.append((name, subprocess.Popen(argv, env=os.environ.copy())))
+        _wait_for_port(port)  # agents would only log "unreachable" until the web listens
+        for name, argv, env in _sim_hosts(port):
+            children.append((name, subprocess.Popen(argv, env={**os.environ, **env})))
         url = f"http://127.0.0.1:{port}"
         self.stdout.write(self.style.SUCCESS(f"\ngpucloud is up: {url}"))
         self.stdout.write(f"API docs:       {url}/api/docs/")
+        hosts = ", ".join(f"{name} ({count}x {model})" for name, model, count in SIM_HOSTS)
+        self.stdout.write(f"GPU hosts:      {hosts} in {SIM_REGION} (simulated)")
         call_command("demo_setup")  # prints the logins again, below the URL
         self.stdout.write("Ctrl-C stops everything.\n")
 

@@ -1,0 +1,555 @@
+"""Writes of the agent protocol's control-plane side: bootstrap tokens, registration,
+heartbeats (GPU samples and container states -> lifecycle transitions), host liveness.
+
+Workload states change only through `scheduler.services` (`workload_transition`,
+`workload_requeue_or_end`); GPU booking counters are the scheduler's and never written
+here. How a container's state moves its workload:
+
+    observed container         workload                 becomes
+    ------------------         --------                 -------
+    created                    SCHEDULED                STARTING
+    running                    SCHEDULED, STARTING      RUNNING
+    exited 0, job              SCHEDULED..RUNNING       (RUNNING ->) SUCCEEDED
+    exited N, job              SCHEDULED..RUNNING       (RUNNING ->) FAILED, requeued if retries left
+    exited N, instance         SCHEDULED..RUNNING       (RUNNING ->) FAILED "container exited with code N"
+    missing + error            SCHEDULED..RUNNING       FAILED "could not start: <error>"
+    exited / missing / absent  STOPPING                 STOPPED
+    host silent > HOST_DOWN_AFTER_S                     host DOWN (no new work)
+    host DOWN > HOST_LOST_GRACE_S  any holding state    LOST, jobs requeued
+
+An exited container passes through RUNNING first, so billing and
+the event log see that it started even when it ended between two heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Final
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.choices import HostState
+from agents.liveness import is_lost
+from agents.models import BootstrapToken, Gpu, Host
+from agents.protocol import GpuInfo, GpuSample, Heartbeat, ObservedContainer, RegisterRequest
+from agents.selectors import hash_token, host_attempts
+from gpucloud.catalogue.models import GpuModel, Region
+from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
+from gpucloud.tenancy.audit import audit_record
+from scheduler.choices import HOLDING, State, WorkloadKind
+from scheduler.lifecycle import can_transition
+from scheduler.models import Workload
+from scheduler.services import workload_requeue_or_end, workload_transition
+
+logger = logging.getLogger(__name__)
+
+BOOTSTRAP_PREFIX: Final = "gpb_"
+HOST_TOKEN_PREFIX: Final = "gph_"
+_SECRET_BYTES: Final = 32  # 256 bits
+IDLE_BELOW: Final = 0.05  # utilisation under 5 % counts as idle (the reclaimer reads idle_since)
+# Heartbeats at most this many behind the newest applied one are late duplicates; a seq
+# further back can only be an agent that restarted (seq counts from 1 per agent start).
+SEQ_REORDER_WINDOW: Final = 16
+
+
+class TokenRefused(ServiceError):
+    """A bootstrap or host token that is unknown, used, expired or for another host."""
+
+    status = 401
+    code = "authentication_failed"
+
+
+# --- bootstrap tokens ---------------------------------------------------------------
+
+
+def bootstrap_token_prepare(*, token: BootstrapToken) -> str:
+    """Give an unsaved token its secret; returns the secret, which is never stored."""
+    secret = BOOTSTRAP_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
+    token.token_hash = hash_token(secret)
+    token.prefix = secret[:12]
+    return secret
+
+
+@transaction.atomic
+def bootstrap_token_create(
+    *, region: Region, note: str = "", expires_at: datetime | None = None, created_by=None
+) -> tuple[BootstrapToken, str]:
+    """A new one-time token for a host to join `region`. Show the secret once."""
+    token = BootstrapToken(region=region, note=note, expires_at=expires_at, created_by=created_by)
+    secret = bootstrap_token_prepare(token=token)
+    token.save()
+    bootstrap_token_record(token=token)
+    return token, secret
+
+
+def bootstrap_token_record(*, token: BootstrapToken) -> None:
+    audit_record(
+        tenant=None,
+        action="bootstrap_token.create",
+        obj=token,
+        data={"region": token.region.code, "prefix": token.prefix},
+    )
+
+
+# --- GPU models -----------------------------------------------------------------------
+
+# Product names the drivers report -> catalogue codes, most specific first. Anything not
+# listed falls back to the first word of the name that is a catalogue code.
+DRIVER_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    "nvidia h100 80gb hbm3": ("H100",),
+    "nvidia h100 pcie": ("H100-PCIE", "H100"),
+    "nvidia h100 nvl": ("H100-NVL", "H100"),
+    "nvidia h200": ("H200",),
+    "nvidia h200 nvl": ("H200-NVL", "H200"),
+    "nvidia a100-sxm4-80gb": ("A100",),
+    "nvidia a100-sxm4-40gb": ("A100-40GB", "A100"),
+    "nvidia a100 80gb pcie": ("A100-PCIE", "A100"),
+    "nvidia a100-pcie-40gb": ("A100-PCIE-40GB", "A100-PCIE", "A100"),
+    "nvidia l40s": ("L40S",),
+    "amd instinct mi300x": ("MI300X",),
+    "amd instinct mi300x oam": ("MI300X",),
+}
+_VENDOR_WORDS: Final = {"NVIDIA", "AMD", "INSTINCT", "TESLA", "GEFORCE", "RADEON", "QUADRO"}
+
+
+def gpu_model_code(name: str, codes: Iterable[str]) -> str | None:
+    """The catalogue code for a driver's product name (pure); None if none fits.
+
+    `H100` or `h100` -> H100; `NVIDIA H100 80GB HBM3` -> H100; `AMD Instinct MI300X` -> MI300X.
+    """
+    by_upper = {c.upper(): c for c in codes}
+    key = name.strip()
+    if key.upper() in by_upper:
+        return by_upper[key.upper()]
+    for candidate in DRIVER_NAMES.get(" ".join(key.lower().split()), ()):
+        if candidate.upper() in by_upper:
+            return by_upper[candidate.upper()]
+    for word in re.split(r"[\s\-_/]+", key.upper()):
+        if word and word not in _VENDOR_WORDS and word in by_upper:
+            return by_upper[word]
+    return None
+
+
+# --- registration -----------------------------------------------------------------------
+
+
+def _trigger_cycle_on_commit(region_id: int) -> None:
+    """New or returning capacity: ask the scheduler to look at the queue again."""
+    from scheduler.tasks import trigger_cycle
+
+    transaction.on_commit(lambda: trigger_cycle(region_id))
+
+
+def _resolve_models(gpus: list[GpuInfo]) -> dict[str, GpuModel]:
+    catalogue = {m.code: m for m in GpuModel.objects.all()}
+    out: dict[str, GpuModel] = {}
+    problems: dict[str, list[str]] = {}
+    indexes: dict[int, str] = {}
+    for i, g in enumerate(gpus):
+        code = gpu_model_code(g.model, catalogue)
+        if code is None:
+            problems[f"gpus[{i}].model"] = [f"No GPU model in the catalogue matches {g.model!r}."]
+        else:
+            out[g.uuid] = catalogue[code]
+        if g.index in indexes:
+            problems[f"gpus[{i}].index"] = [f"Index {g.index} is also GPU {indexes[g.index]}'s."]
+        indexes[g.index] = g.uuid
+    if problems:
+        first = next(iter(problems.values()))[0]
+        raise InvalidInput(first, fields=problems)
+    return out
+
+
+def _island(g: GpuInfo) -> int:
+    # The scheduler treats GPUs with equal islands as linked; a GPU with no NVLink gets an
+    # island of its own (negative, so it never equals a driver-reported one).
+    return g.nvlink_island if g.nvlink_island is not None else -1 - g.index
+
+
+def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> None:
+    """Make the host's Gpu rows match the inventory, never touching booking counters.
+
+    GPUs that vanished from the inventory are kept (their allocation history stays) but
+    marked unhealthy and moved to indexes >= 10000, so they take no new work.
+    """
+    uuids = [g.uuid for g in gpus]
+    elsewhere = Gpu.objects.filter(uuid__in=uuids).exclude(host=host)
+    busy = elsewhere.filter(allocations__active=True).values_list("uuid", flat=True).first()
+    if busy:
+        raise Conflict(
+            f"GPU {busy} is in use on another host.",
+            code="gpu_in_use",
+            fields={"gpus": [f"GPU {busy} is booked on another host."]},
+        )
+    # (host, index) is unique and checked row by row: first move every row of this host
+    # out of the way (all current indexes are < 20000), then write the final ones.
+    Gpu.objects.filter(host=host).update(index=F("index") + 20000)
+    existing = {g.uuid: g for g in Gpu.objects.filter(uuid__in=uuids)}
+    vanished = list(Gpu.objects.filter(host=host).exclude(uuid__in=uuids).order_by("index"))
+    changed: list[Gpu] = []
+    for n, row in enumerate(vanished):
+        row.index, row.healthy = 10000 + n, False
+        changed.append(row)
+        logger.warning("gpu vanished from inventory host=%s gpu=%s", host.pk, row.uuid)
+    new: list[Gpu] = []
+    for g in gpus:
+        values = {
+            "host": host,
+            "index": g.index,
+            "gpu_model": models[g.uuid],
+            "memory_mib": g.memory_mib,
+            "pci_bus_id": g.pci_bus_id or "",
+            "numa_node": g.numa_node or 0,
+            "nvlink_island": _island(g),
+            "healthy": True,
+        }
+        row = existing.get(g.uuid)
+        if row is None:
+            new.append(Gpu(uuid=g.uuid, **values))
+            continue
+        for k, v in values.items():
+            setattr(row, k, v)
+        changed.append(row)
+    if changed:
+        Gpu.objects.bulk_update(
+            changed,
+            [
+                "host",
+                "index",
+                "gpu_model",
+                "memory_mib",
+                "pci_bus_id",
+                "numa_node",
+                "nvlink_island",
+                "healthy",
+            ],
+        )
+    Gpu.objects.bulk_create(new)
+
+
+@transaction.atomic
+def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple[Host, str]:
+    """Consume a bootstrap token; create or refresh the host and its GPUs; a new host token.
+
+    Re-registering a known host name (a reinstalled agent, a lost state dir) rotates its
+    token and refreshes its inventory; its bookings and its work are left as they are.
+    """
+    now = now or timezone.now()
+    boot = (
+        BootstrapToken.objects.select_for_update()
+        .select_related("region")
+        .filter(token_hash=hash_token(req.bootstrap_token))
+        .first()
+    )
+    if boot is None or boot.used_at is not None or (boot.expires_at and boot.expires_at <= now):
+        logger.warning(
+            "registration refused host=%s token=%s",
+            req.hostname,
+            "unknown"
+            if boot is None
+            else f"{boot.prefix} used={boot.used_at} expires={boot.expires_at}",
+        )
+        raise TokenRefused("The bootstrap token is unknown, already used or expired.")
+    models = _resolve_models(req.gpus)
+    token = HOST_TOKEN_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
+    host = Host.objects.select_for_update().filter(name=req.hostname).first()
+    if host is None:
+        try:
+            with transaction.atomic():
+                host = Host.objects.create(
+                    name=req.hostname,
+                    region=boot.region,
+                    state=HostState.READY,
+                    vcpus=req.cpu_count,
+                    memory_mib=req.memory_mib,
+                    token_hash=hash_token(token),
+                    agent_version=req.agent_version[:50],
+                    last_heartbeat_at=now,
+                    created_at=now,
+                )
+        except IntegrityError:
+            raise Conflict(f"Host {req.hostname!r} is registering concurrently; retry.") from None
+        action = "host.register"
+    else:
+        if host.region_id != boot.region_id:
+            raise Conflict(
+                f"Host {host.name!r} is registered in {host.region}; "
+                f"this token is for {boot.region}.",
+                code="host_in_other_region",
+                fields={"hostname": ["Registered in another region."]},
+            )
+        if req.cpu_count < host.used_vcpus or req.memory_mib < host.used_memory_mib:
+            raise Conflict(
+                f"Host {host.name!r} reports less CPU or memory than its running work has booked.",
+                code="host_shrunk",
+            )
+        host.vcpus, host.memory_mib = req.cpu_count, req.memory_mib
+        host.token_hash = hash_token(token)
+        host.agent_version = req.agent_version[:50]
+        host.last_heartbeat_at = now
+        host.last_seq = 0  # a new agent process: its seq starts again at 1
+        if host.state == HostState.DOWN:
+            host.state, host.down_since = HostState.READY, None
+        host.save(
+            update_fields=[
+                "vcpus",
+                "memory_mib",
+                "token_hash",
+                "agent_version",
+                "last_heartbeat_at",
+                "last_seq",
+                "state",
+                "down_since",
+            ]
+        )
+        action = "host.reregister"
+    _sync_gpus(host, req.gpus, models)
+    BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(used_at=now, host=host)
+    audit_record(
+        tenant=None,
+        action=action,
+        obj=host,
+        data={"region": boot.region.code, "gpus": len(req.gpus), "bootstrap": boot.prefix},
+    )
+    _trigger_cycle_on_commit(host.region_id)
+    logger.info(
+        "%s host=%s name=%s region=%s gpus=%d",
+        action,
+        host.pk,
+        host.name,
+        boot.region.code,
+        len(req.gpus),
+    )
+    return host, token
+
+
+# --- heartbeats ---------------------------------------------------------------------
+
+
+@dataclass
+class HeartbeatOutcome:
+    applied: bool  # False: a late, reordered heartbeat; only liveness was taken from it
+    transitions: list[tuple[str, str]] = field(default_factory=list)  # (workload id, new state)
+
+
+def seq_is_fresh(seq: int, last_seq: int) -> bool:
+    """Apply heartbeat `seq` after `last_seq`? (pure)
+
+    Newer: yes. A 1, or a seq far behind: the agent restarted and counts again from 1,
+    yes. Slightly behind or equal: a late or repeated request, no.
+    """
+    return seq > last_seq or seq == 1 or seq < last_seq - SEQ_REORDER_WINDOW
+
+
+def _apply_samples(host: Host, samples: list[GpuSample], now: datetime) -> None:
+    rows = {g.uuid: g for g in Gpu.objects.filter(host=host)}
+    changed = []
+    for s in samples:
+        g = rows.get(s.uuid)
+        if g is None:
+            logger.warning("sample of an unknown gpu host=%s gpu=%s", host.pk, s.uuid)
+            continue
+        g.healthy, g.sampled_at = s.healthy, now
+        if s.gpu_util is not None:
+            g.utilisation = min(1.0, max(0.0, s.gpu_util / 100))
+            g.idle_since = (g.idle_since or now) if g.utilisation < IDLE_BELOW else None
+        if s.mem_used_mib is not None:
+            g.memory_used_mib = max(0, s.mem_used_mib)
+        if not s.healthy:
+            logger.warning("gpu unhealthy host=%s gpu=%s error=%s", host.pk, s.uuid, s.error)
+        changed.append(g)
+    if changed:
+        # Only the measured fields: the booking counters may change under us (the scheduler).
+        Gpu.objects.bulk_update(
+            changed, ["healthy", "sampled_at", "utilisation", "idle_since", "memory_used_mib"]
+        )
+
+
+class _Mover:
+    """Applies transitions for one heartbeat; each is a guarded update in its own savepoint."""
+
+    def __init__(self, host: Host, now: datetime, outcome: HeartbeatOutcome) -> None:
+        self.host, self.now, self.outcome = host, now, outcome
+
+    def to(self, w: Workload, state: str, reason: str, **extra) -> bool:
+        if not can_transition(w.state, state):
+            return False
+        moved = workload_transition(workload=w, to=state, reason=reason, now=self.now, **extra)
+        if moved:
+            self.outcome.transitions.append((str(w.pk), state))
+        return moved
+
+    def end(self, w: Workload, reason: str, exit_code: int | None = None) -> None:
+        """FAILED, requeued when a job has retries left (scheduler.services decides)."""
+        if not can_transition(w.state, State.FAILED):
+            return
+        if exit_code is not None:
+            # Not a state: the exit code is a fact reported alongside it.
+            Workload.objects.filter(pk=w.pk).update(exit_code=exit_code)
+        old = w.state
+        workload_requeue_or_end(workload=w, ended=State.FAILED, reason=reason)
+        if w.state != old:
+            self.outcome.transitions.append((str(w.pk), State.FAILED))
+
+    def ran(self, w: Workload) -> None:
+        """An exited container did run: record RUNNING first if no heartbeat saw it running."""
+        if w.state in (State.SCHEDULED, State.STARTING):
+            self.to(w, State.RUNNING, "container running")
+
+    def observe(self, w: Workload, o: ObservedContainer) -> None:
+        if w.state == State.STOPPING:
+            if o.state in ("exited", "missing"):
+                self.to(w, State.STOPPED, "container stopped", exit_code=o.exit_code)
+            return
+        if w.state not in (State.SCHEDULED, State.STARTING, State.RUNNING):
+            return
+        if o.state == "created":
+            self.to(w, State.STARTING, "container created")
+        elif o.state == "running":
+            self.to(w, State.RUNNING, "container running")
+        elif o.state == "missing":
+            if o.error:
+                self.end(w, f"could not start: {o.error}")
+        elif o.state == "exited":
+            self.ran(w)
+            code = o.exit_code
+            if w.kind == WorkloadKind.JOB and code == 0:
+                self.to(w, State.SUCCEEDED, "exited with code 0", exit_code=0)
+            else:
+                self.end(w, f"container exited with code {code}", exit_code=code)
+
+
+def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) -> HeartbeatOutcome:
+    """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
+
+    The desired set is read afterwards (`selectors.host_desired_containers`), so it
+    reflects the transitions made here.
+    """
+    if hb.host_id != str(host.pk):
+        raise TokenRefused("This host token belongs to another host.")
+    now = now or timezone.now()
+    with transaction.atomic():
+        # One heartbeat of a host at a time; the liveness task's DOWN update waits too.
+        locked = Host.objects.select_for_update().get(pk=host.pk)
+        outcome = HeartbeatOutcome(applied=seq_is_fresh(hb.seq, locked.last_seq))
+        fields = ["last_heartbeat_at", "agent_version"]
+        locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
+        locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
+        came_back = locked.state == HostState.DOWN
+        if came_back:
+            locked.state, locked.down_since = HostState.READY, None
+            fields += ["state", "down_since"]
+            logger.info("host back host=%s name=%s", locked.pk, locked.name)
+            _trigger_cycle_on_commit(locked.region_id)
+        if outcome.applied:
+            locked.last_seq = hb.seq
+            fields.append("last_seq")
+        locked.save(update_fields=fields)
+        if not outcome.applied:
+            logger.info(
+                "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
+            )
+            return outcome
+        _apply_samples(locked, hb.gpus, now)
+        if hb.containers is None:
+            return outcome  # the agent could not list its runtime: infer nothing
+        mover = _Mover(locked, now, outcome)
+        attempts = host_attempts(host=locked)
+        reported = set()
+        for o in hb.containers:
+            reported.add(o.instance_id)
+            w = attempts.get(o.instance_id)
+            if w is None:
+                continue  # an earlier attempt, or work that is no longer here: the agent stops it
+            mover.observe(w, o)
+        for iid, w in attempts.items():
+            if iid not in reported and w.state == State.STOPPING:
+                mover.to(w, State.STOPPED, "container gone")
+    if outcome.transitions:
+        logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
+    return outcome
+
+
+# --- liveness -------------------------------------------------------------------------
+
+
+@dataclass
+class LivenessOutcome:
+    down: list[str] = field(default_factory=list)  # host ids marked DOWN now
+    lost: list[str] = field(default_factory=list)  # workload ids moved to LOST now
+
+
+def hosts_mark_down(*, now: datetime | None = None) -> list[str]:
+    """Hosts silent for more than HOST_DOWN_AFTER_S go DOWN: they take no new work."""
+    now = now or timezone.now()
+    interval = float(settings.AGENT_HEARTBEAT_INTERVAL_S)
+    tolerance = settings.HOST_DOWN_AFTER_S / interval
+    down = []
+    for pk, name, seen in Host.objects.exclude(state=HostState.DOWN).values_list(
+        "pk", "name", "last_heartbeat_at"
+    ):
+        if not is_lost(seen, now, interval, tolerance):
+            continue
+        # Guarded on the value we read: a heartbeat that landed meanwhile wins.
+        if (
+            Host.objects.filter(pk=pk, last_heartbeat_at=seen)
+            .exclude(state=HostState.DOWN)
+            .update(state=HostState.DOWN, down_since=now)
+        ):
+            logger.warning("host down host=%s name=%s last_heartbeat_at=%s", pk, name, seen)
+            down.append(str(pk))
+    return down
+
+
+def hosts_lose_workloads(*, now: datetime | None = None) -> list[str]:
+    """Work on hosts DOWN for longer than HOST_LOST_GRACE_S becomes LOST.
+
+    Their GPUs are freed; jobs go back to the queue without spending a retry.
+    """
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.HOST_LOST_GRACE_S)
+    hosts = {
+        pk: (name, since or seen)
+        for pk, name, since, seen in Host.objects.filter(state=HostState.DOWN).values_list(
+            "pk", "name", "down_since", "last_heartbeat_at"
+        )
+        if (since or seen) is None or (since or seen) <= cutoff
+    }
+    if not hosts:
+        return []
+    lost = []
+    victims = (
+        Workload.objects.filter(
+            state__in=HOLDING, allocations__active=True, allocations__host__in=list(hosts)
+        )
+        .distinct()
+        .order_by("created_at")
+    )
+    for w in victims:
+        host_id = (
+            w.allocations.filter(active=True, host__in=list(hosts))
+            .values_list("host_id", flat=True)
+            .first()
+        )
+        name, since = hosts.get(host_id, ("?", None))
+        when = f" since {since:%Y-%m-%d %H:%M:%S} UTC" if since else ""
+        old = w.state
+        workload_requeue_or_end(workload=w, ended=State.LOST, reason=f"host {name} down{when}")
+        if w.state != old:
+            lost.append(str(w.pk))
+            logger.warning("workload lost workload=%s host=%s", w.pk, host_id)
+    return lost
+
+
+def hosts_check_liveness(*, now: datetime | None = None) -> LivenessOutcome:
+    """The liveness tick: mark silent hosts DOWN, then lose the work of long-DOWN ones."""
+    now = now or timezone.now()
+    return LivenessOutcome(down=hosts_mark_down(now=now), lost=hosts_lose_workloads(now=now))

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import logging
+import time
+
+from celery import shared_task
+
+from agents.services import hosts_check_liveness
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(ignore_result=True, soft_time_limit=30, time_limit=60)
+def hosts_liveness_task() -> dict[str, int]:
+    """Every few seconds (beat): silent hosts go DOWN; work on long-DOWN hosts becomes LOST."""
+    t0 = time.perf_counter()
+    outcome = hosts_check_liveness()
+    stats = {"down": len(outcome.down), "lost": len(outcome.lost)}
+    level = logging.WARNING if outcome.down or outcome.lost else logging.DEBUG
+    logger.log(
+        level,
+        "hosts liveness down=%s lost=%s duration_ms=%.1f",
+        outcome.down,
+        outcome.lost,
+        (time.perf_counter() - t0) * 1000,
+    )
+    return stats

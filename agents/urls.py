@@ -1,0 +1,12 @@
+"""The agent API, mounted at /agent/v1/ (paths as in agents/protocol.py, no trailing slash)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from agents.api.views import HostHeartbeatApi, HostRegisterApi
+
+urlpatterns = [
+    path("register", HostRegisterApi.as_view(), name="agent-register"),
+    path("heartbeat", HostHeartbeatApi.as_view(), name="agent-heartbeat"),
+]

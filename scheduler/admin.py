@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from scheduler.models import Allocation, RegionSchedulerSettings, Workload, WorkloadEvent
+
+
+class EventInline(admin.TabularInline):
+    model = WorkloadEvent
+    extra = 0
+    can_delete = False
+    fields = ["created_at", "from_state", "to_state", "reason", "actor"]
+    readonly_fields = fields
+
+
+@admin.register(Workload)
+class WorkloadAdmin(admin.ModelAdmin):
+    list_display = ["name", "kind", "tenant", "state", "instance_type", "region", "priority", "billing",
+                    "created_at", "reason"]
+    list_filter = ["kind", "state", "priority", "billing", "region", "instance_type__gpu_model"]
+    search_fields = ["name", "id", "tenant__name", "tenant__slug"]
+    list_select_related = ["tenant", "instance_type", "region"]
+    date_hierarchy = "created_at"
+    inlines = [EventInline]
+    # State changes go through the lifecycle services, never a form.
+    readonly_fields = ["state", "reason", "queue_position", "started_at", "ended_at", "stop_by",
+                       "preempted_for", "retries", "exit_code", "deleted_at"]
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):
+    list_display = ["gpu", "host", "workload", "milli", "active", "created_at", "released_at"]
+    list_filter = ["active", "host__region"]
+    search_fields = ["gpu__uuid", "host__name", "workload__name"]
+    list_select_related = ["gpu", "host", "workload"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(WorkloadEvent)
+class WorkloadEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "workload", "from_state", "to_state", "reason", "actor"]
+    list_filter = ["to_state"]
+    search_fields = ["workload__name", "reason"]
+    list_select_related = ["workload"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(RegionSchedulerSettings)
+class RegionSchedulerSettingsAdmin(admin.ModelAdmin):
+    list_display = ["region", "policy", "mode", "notice_s", "reclaim_idle_util", "reclaim_idle_s"]
+    search_fields = ["region__code"]

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import re
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from gpucloud.api.serializers import StrictSerializer
+from scheduler.choices import Billing, PriorityClass, State
+from scheduler.models import Workload, WorkloadEvent
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# name[:tag][@digest], with an optional registry host; what `docker pull` accepts, roughly.
+_IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
+_SSH_KEY = re.compile(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp\d+|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( .*)?$")
+
+
+@extend_schema_field({"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}],
+                      "description": "arguments, or one string run by /bin/sh -c"})
+class CommandField(serializers.Field):
+    """A list of arguments, or one string run by /bin/sh -c."""
+
+    default_error_messages = {"invalid": "Give a list of strings or one string."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            if len(data) > 8192:
+                self.fail("invalid")
+            return ["/bin/sh", "-c", data] if data.strip() else []
+        if isinstance(data, list) and all(isinstance(a, str) for a in data) and len(data) <= 256 \
+                and sum(len(a) for a in data) <= 65536:
+            return data
+        self.fail("invalid")
+
+    def to_representation(self, value):
+        return value
+
+
+class WorkloadCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=100, min_length=1)
+    instance_type = serializers.CharField(max_length=48, help_text="e.g. h100.8x, l40s.quarter")
+    region = serializers.CharField(max_length=32, help_text="e.g. us-east-1")
+    image = serializers.CharField(max_length=500, help_text="a container image, e.g. pytorch/pytorch:2.4.0")
+    command = CommandField(required=False, default=list)
+    env = serializers.DictField(child=serializers.CharField(max_length=4096, allow_blank=True),
+                                required=False, default=dict)
+    ports = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=65535),
+                                  required=False, default=list, max_length=20)
+    ssh_keys = serializers.ListField(child=serializers.CharField(max_length=4096), required=False,
+                                     default=list, max_length=10)
+    billing = serializers.ChoiceField(choices=Billing.choices, default=Billing.ON_DEMAND)
+    priority = serializers.ChoiceField(choices=PriorityClass.choices, default=PriorityClass.STANDARD)
+
+    def validate_image(self, value: str) -> str:
+        if not _IMAGE.match(value):
+            raise serializers.ValidationError("Not a container image reference.")
+        return value
+
+    def validate_env(self, value: dict) -> dict:
+        if len(value) > 100:
+            raise serializers.ValidationError("At most 100 variables.")
+        bad = [k for k in value if not _ENV_KEY.match(k)]
+        if bad:
+            raise serializers.ValidationError(f"Invalid variable names: {', '.join(sorted(bad)[:5])}.")
+        return value
+
+    def validate_ports(self, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("Each port once.")
+        return value
+
+    def validate_ssh_keys(self, value: list[str]) -> list[str]:
+        for key in value:
+            if not _SSH_KEY.match(key.strip()):
+                raise serializers.ValidationError("Not an OpenSSH public key (ssh-ed25519 AAAA… comment).")
+        return [k.strip() for k in value]
+
+
+class JobCreateSerializer(WorkloadCreateSerializer):
+    queue = serializers.RegexField(r"^[a-z0-9][a-z0-9-]*$", max_length=64, default="default")
+    nodes = serializers.IntegerField(min_value=1, max_value=64, default=1,
+                                     help_text="hosts for a multi-node job, placed all or nothing")
+    max_retries = serializers.IntegerField(min_value=0, max_value=20, default=0)
+    timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, required=False, allow_null=True)
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WorkloadEvent
+        fields = ["created_at", "from_state", "to_state", "reason", "actor"]
+
+
+class WorkloadSerializer(serializers.ModelSerializer):
+    instance_type = serializers.CharField(source="instance_type.code")
+    region = serializers.CharField(source="region.code")
+    state = serializers.ChoiceField(choices=State.choices)
+    host = serializers.SerializerMethodField(help_text="the host it runs on (the first, for multi-node jobs)")
+    hosts = serializers.SerializerMethodField()
+    gpus = serializers.SerializerMethodField(help_text="UUIDs of the GPUs it holds")
+    gpu_share_milli = serializers.IntegerField(source="instance_type.gpu_share_milli")
+
+    class Meta:
+        model = Workload
+        fields = ["id", "name", "kind", "state", "reason", "queue_position", "instance_type", "region",
+                  "image", "command", "env", "ports", "ssh_keys", "billing", "priority", "host", "hosts",
+                  "gpus", "gpu_share_milli", "created_at", "started_at", "ended_at", "stop_by"]
+        read_only_fields = fields
+
+    def get_hosts(self, obj) -> list[str]:
+        return sorted({a.host.name for a in obj.active_allocations})
+
+    def get_host(self, obj) -> str | None:
+        hosts = self.get_hosts(obj)
+        return hosts[0] if hosts else None
+
+    def get_gpus(self, obj) -> list[str]:
+        return [a.gpu_id for a in sorted(obj.active_allocations, key=lambda a: (a.host.name, a.gpu_id))]
+
+
+class WorkloadDetailSerializer(WorkloadSerializer):
+    events = EventSerializer(many=True, read_only=True)
+
+    class Meta(WorkloadSerializer.Meta):
+        fields = [*WorkloadSerializer.Meta.fields, "events"]
+        read_only_fields = fields
+
+
+_JOB_FIELDS = ["queue", "nodes", "max_retries", "retries", "timeout_s", "exit_code"]
+
+
+class JobSerializer(WorkloadSerializer):
+    class Meta(WorkloadSerializer.Meta):
+        fields = [*WorkloadSerializer.Meta.fields, *_JOB_FIELDS]
+        read_only_fields = fields
+
+
+class JobDetailSerializer(WorkloadDetailSerializer):
+    class Meta(WorkloadDetailSerializer.Meta):
+        fields = [*WorkloadDetailSerializer.Meta.fields, *_JOB_FIELDS]
+        read_only_fields = fields

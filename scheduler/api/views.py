@@ -1,0 +1,99 @@
+"""Instances and batch jobs: launch, list, inspect, stop, delete."""
+from __future__ import annotations
+
+import django_filters
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from gpucloud.api.views import TenantViewSet
+from gpucloud.tenancy import permissions as perms
+from scheduler import selectors, services
+from scheduler.api import serializers as s
+from scheduler.choices import PriorityClass, State, WorkloadKind
+from scheduler.models import Workload
+
+
+class WorkloadFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=State.choices)
+    priority = django_filters.ChoiceFilter(choices=PriorityClass.choices)
+    name = django_filters.CharFilter(lookup_expr="icontains", max_length=100)
+
+    class Meta:
+        model = Workload
+        fields = ["state", "priority", "name", "billing"]
+
+
+class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                       TenantViewSet):
+    kind: str
+    create_serializer: type
+    detail_serializer: type
+    filterset_class = WorkloadFilter
+    ordering_fields = ["created_at", "state", "name"]
+    permission_map = {
+        "list": perms.WORKLOADS_READ, "retrieve": perms.WORKLOADS_READ,
+        "create": perms.WORKLOADS_LAUNCH, "stop": perms.WORKLOADS_MANAGE,
+        "destroy": perms.WORKLOADS_MANAGE,
+    }
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Workload.objects.none()
+        select = selectors.workload_detail_list if self.action == "retrieve" else selectors.workload_list
+        return select(tenant=self.tenant, kind=self.kind)
+
+    def get_serializer_class(self):
+        return self.detail_serializer if self.action in ("retrieve", "stop") else self.serializer_class
+
+    def _detail(self, workload: Workload, code: int = status.HTTP_200_OK) -> Response:
+        fresh = selectors.workload_detail_list(tenant=self.tenant, kind=self.kind).get(pk=workload.pk)
+        return Response(self.detail_serializer(fresh).data, status=code)
+
+    def create(self, request, *args, **kwargs):
+        ser = self.create_serializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        spec = services.WorkloadSpec(kind=self.kind, **ser.validated_data)
+        workload = services.workload_launch(tenant=self.tenant, spec=spec, user=request.user)
+        return self._detail(workload, status.HTTP_201_CREATED)
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def stop(self, request, *args, **kwargs):
+        """Stop it: queued work is cancelled, running work stops (its GPUs are freed)."""
+        workload = services.workload_stop(workload=self.get_object())
+        return self._detail(workload)
+
+    def destroy(self, request, *args, **kwargs):
+        """Terminate: stop it if needed and remove it from your lists (billing keeps its history)."""
+        services.workload_delete(workload=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InstanceViewSet(_WorkloadViewSet):
+    """Interactive GPU instances: rented until you stop them."""
+
+    kind = WorkloadKind.INSTANCE
+    serializer_class = s.WorkloadSerializer
+    detail_serializer = s.WorkloadDetailSerializer
+    create_serializer = s.WorkloadCreateSerializer
+
+    @extend_schema(request=s.WorkloadCreateSerializer, responses={201: s.WorkloadDetailSerializer})
+    def create(self, request, *args, **kwargs):
+        """Launch an instance. It answers at once with state `pending`; the scheduler places it."""
+        return super().create(request, *args, **kwargs)
+
+
+class JobViewSet(_WorkloadViewSet):
+    """Batch jobs: run to completion, retried up to `max_retries`, optionally on several hosts."""
+
+    kind = WorkloadKind.JOB
+    serializer_class = s.JobSerializer
+    detail_serializer = s.JobDetailSerializer
+    create_serializer = s.JobCreateSerializer
+
+    @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobDetailSerializer})
+    def create(self, request, *args, **kwargs):
+        """Submit a batch job. It answers at once with state `pending`; the scheduler places it."""
+        return super().create(request, *args, **kwargs)

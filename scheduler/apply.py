@@ -1,0 +1,268 @@
+"""A plan → guarded writes, in one transaction.
+
+The core already made sure one cycle never books a GPU twice. The database is the
+second line: every GPU is claimed with a guarded UPDATE (`WHERE whole = false AND
+used_milli = 0` for a whole GPU; `used_milli + share <= 1000` for a share) and the
+CHECK constraints on `agents_gpu` refuse anything else. A placement whose GPUs or
+host resources cannot all be claimed is dropped whole (gang semantics hold in
+the database too) and its workload stays PENDING for the next cycle.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.models import Gpu, Host
+from scheduler import bulk, core
+from scheduler.choices import State
+from scheduler.models import Workload
+from scheduler.services import workloads_transition
+from gpucloud.tenancy.models import Tenant
+from scheduler.snapshot import CycleInput, tenant_views
+
+logger = logging.getLogger(__name__)
+_CHUNK = 4000
+
+
+@dataclass
+class ApplyResult:
+    placed: int = 0
+    conflicts: int = 0  # placements the database refused (another cycle won)
+    rejected: int = 0
+    preempt_notices: int = 0
+    waiting: int = 0
+
+
+def _claim_whole(uuids: list[str]) -> set[str]:
+    """Book GPUs whole; returns those that were free."""
+    got: set[str] = set()
+    table = Gpu._meta.db_table
+    with connection.cursor() as cur:
+        for i in range(0, len(uuids), _CHUNK):
+            chunk = uuids[i:i + _CHUNK]
+            marks = ",".join(["%s"] * len(chunk))
+            cur.execute(
+                f"UPDATE {table} SET whole = true, used_milli = 1000 "
+                f"WHERE uuid IN ({marks}) AND whole = false AND used_milli = 0 AND healthy "
+                "RETURNING uuid",
+                chunk,
+            )
+            got.update(r[0] for r in cur.fetchall())
+    return got
+
+
+def _claim_shares(per_gpu: dict[str, int]) -> set[str]:
+    """Add fractional shares, GPU by GPU; returns the GPUs where the whole sum fitted."""
+    if connection.vendor == "postgresql":
+        got: set[str] = set()
+        items = list(per_gpu.items())
+        with connection.cursor() as cur:
+            for i in range(0, len(items), _CHUNK):
+                chunk = items[i:i + _CHUNK]
+                values = ",".join(["(%s, %s::int)"] * len(chunk))
+                cur.execute(
+                    f"UPDATE {Gpu._meta.db_table} AS g SET used_milli = g.used_milli + v.m "
+                    f"FROM (VALUES {values}) AS v(uuid, m) "
+                    "WHERE g.uuid = v.uuid AND NOT g.whole AND g.healthy AND g.used_milli + v.m <= 1000 "
+                    "RETURNING g.uuid",
+                    [x for pair in chunk for x in pair],
+                )
+                got.update(r[0] for r in cur.fetchall())
+        return got
+    return {
+        uuid for uuid, milli in per_gpu.items()
+        if Gpu.objects.filter(uuid=uuid, whole=False, healthy=True, used_milli__lte=1000 - milli)
+        .update(used_milli=F("used_milli") + milli)
+    }
+
+
+def _unclaim(whole: list[str], shares: dict[str, int]) -> None:
+    if whole:
+        Gpu.objects.filter(uuid__in=whole).update(whole=False, used_milli=0)
+    for uuid, milli in shares.items():
+        Gpu.objects.filter(uuid=uuid).update(used_milli=F("used_milli") - milli)
+
+
+def _claim_hosts(need: dict[str, list[int]]) -> set[str]:
+    """Book vCPUs and memory per host; returns the hosts that had room."""
+    if connection.vendor == "postgresql":
+        got: set[str] = set()
+        items = list(need.items())
+        with connection.cursor() as cur:
+            for i in range(0, len(items), _CHUNK):
+                chunk = items[i:i + _CHUNK]
+                values = ",".join(["(%s::uuid, %s::int, %s::bigint)"] * len(chunk))
+                cur.execute(
+                    f"UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus + v.vc, "
+                    "used_memory_mib = h.used_memory_mib + v.mem "
+                    f"FROM (VALUES {values}) AS v(id, vc, mem) "
+                    "WHERE h.id = v.id AND h.used_vcpus + v.vc <= h.vcpus "
+                    "AND h.used_memory_mib + v.mem <= h.memory_mib RETURNING h.id",
+                    [x for host, (vc, mem) in chunk for x in (host, vc, mem)],
+                )
+                got.update(str(r[0]) for r in cur.fetchall())
+        return got
+    ok = set()
+    for host, (vcpus, mem) in need.items():
+        if Host.objects.filter(
+            pk=host, used_vcpus__lte=F("vcpus") - vcpus, used_memory_mib__lte=F("memory_mib") - mem
+        ).update(used_vcpus=F("used_vcpus") + vcpus, used_memory_mib=F("used_memory_mib") + mem):
+            ok.add(host)
+    return ok
+
+
+def apply(*, plan: core.Plan, cycle: CycleInput, now: datetime) -> ApplyResult:
+    """Write the plan. Call inside atomic() while holding the region's cycle lock."""
+    result = ApplyResult()
+    requests = {r.request_id: r for r in cycle.queue}
+    places = [d for d in plan.decisions if isinstance(d, core.Place) and d.request_id in requests]
+    _apply_places(places, requests, now, result)
+    _apply_waits(plan, cycle, result)
+    rejects = {UUID(d.request_id): d.reason for d in plan.decisions if isinstance(d, core.Reject)}
+    if rejects:
+        moved = workloads_transition(ids=rejects, old=State.PENDING, to=State.FAILED, now=now,
+                                     reason="rejected", reasons=rejects)
+        result.rejected = len(moved)
+    for d in plan.decisions:
+        if isinstance(d, core.Preempt):
+            stop_by = now + timedelta(seconds=d.notice_s)
+            result.preempt_notices += Workload.objects.filter(
+                pk=d.victim_id, stop_by__isnull=True, state__in=[State.SCHEDULED, State.STARTING, State.RUNNING]
+            ).update(stop_by=stop_by, preempted_for=d.because_request_id,
+                     reason=(d.reason or "preempted")[:500] + f"; stopping at {stop_by:%H:%M:%S} UTC")
+    return result
+
+
+def _apply_places(places: list[core.Place], requests: dict[str, core.PlacementRequest],
+                  now: datetime, result: ApplyResult) -> None:
+    if not places:
+        return
+    # 1. the workloads: only those still PENDING (a user may have stopped one meanwhile)
+    pending = set(
+        str(pk) for pk in Workload.objects.select_for_update(skip_locked=True)
+        .filter(pk__in=[p.request_id for p in places], state=State.PENDING).values_list("pk", flat=True)
+    )
+    places = [p for p in places if p.request_id in pending]
+    places = _within_quota(places, requests, result)
+    # 2. host vCPUs and memory, then the GPUs: guarded updates
+    host_need: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for p in places:
+        req = requests[p.request_id]
+        for hp in p.placements:
+            host_need[hp.host_id][0] += req.vcpus
+            host_need[hp.host_id][1] += req.memory_mib
+    hosts_ok = _claim_hosts(host_need)
+    whole_wanted = [g for p in places for hp in p.placements if hp.milli == core.WHOLE for g in hp.gpus]
+    whole_got = _claim_whole(whole_wanted)
+    share_wanted: dict[str, int] = defaultdict(int)
+    for p in places:
+        for hp in p.placements:
+            if hp.milli != core.WHOLE:
+                for g in hp.gpus:
+                    share_wanted[g] += hp.milli
+    shares_got = _claim_shares(dict(share_wanted)) if share_wanted else set()
+    accepted: list[core.Place] = []
+    drop_hosts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    give_back_whole: list[str] = []
+    give_back_shares: dict[str, int] = defaultdict(int)
+    for p in places:
+        req = requests[p.request_id]
+        ok = all(
+            hp.host_id in hosts_ok
+            and all(g in (whole_got if hp.milli == core.WHOLE else shares_got) for g in hp.gpus)
+            for hp in p.placements
+        )
+        if ok:
+            accepted.append(p)
+            continue
+        # all or nothing: give back what this placement got
+        result.conflicts += 1
+        for hp in p.placements:
+            for g in hp.gpus:
+                if hp.milli == core.WHOLE and g in whole_got:
+                    give_back_whole.append(g)
+                elif hp.milli != core.WHOLE and g in shares_got:
+                    give_back_shares[g] += hp.milli
+            if hp.host_id in hosts_ok:
+                drop_hosts[hp.host_id][0] += req.vcpus
+                drop_hosts[hp.host_id][1] += req.memory_mib
+    _unclaim(give_back_whole, give_back_shares)
+    for host, (vcpus, mem) in drop_hosts.items():
+        Host.objects.filter(pk=host).update(used_vcpus=F("used_vcpus") - vcpus,
+                                            used_memory_mib=F("used_memory_mib") - mem)
+    if not accepted:
+        return
+    # 3. allocation rows, then the state change with its events
+    rows: list[tuple] = []
+    for p in accepted:
+        req = requests[p.request_id]
+        for hp in p.placements:
+            for i, g in enumerate(hp.gpus):
+                # (gpu, host, workload, milli, vcpus, memory): the host's CPU and memory
+                # booking rides on its first GPU row
+                rows.append((g, hp.host_id, p.request_id, hp.milli,
+                             req.vcpus if i == 0 else 0, req.memory_mib if i == 0 else 0))
+    bulk.insert_allocations(rows, now=now)
+    moved = workloads_transition(ids=[UUID(p.request_id) for p in accepted], old=State.PENDING,
+                                 to=State.SCHEDULED, reason="placed", now=now)
+    assert len(moved) == len(accepted), "workloads were locked above"
+    result.placed = len(accepted)
+
+
+def _within_quota(places: list[core.Place], requests: dict[str, core.PlacementRequest],
+                  result: ApplyResult) -> list[core.Place]:
+    """Re-check quotas against the database under the tenants' row locks.
+
+    The region lock serialises cycles of one region, but quotas span regions: two
+    regions' cycles could each admit up to a tenant-wide limit. Locking the tenant
+    rows (in id order, so cycles cannot deadlock) and counting committed usage makes
+    the limit hold whatever runs at once (invariant 2).
+    """
+    tenant_ids = sorted({requests[p.request_id].tenant_id for p in places})
+    if not tenant_ids:
+        return places
+    list(Tenant.objects.select_for_update().filter(pk__in=tenant_ids).order_by("pk").values_list("pk"))
+    rules = {t.tenant_id: [[q, q.used_gpu_milli or 0, q.used_instances or 0] for q in t.quotas]
+             for t in tenant_views(set(tenant_ids))}
+    kept = []
+    for p in places:
+        req = requests[p.request_id]
+        applying = [r for r in rules.get(req.tenant_id, ())
+                    if (r[0].gpu_model is None or r[0].gpu_model == req.gpu_model)
+                    and (r[0].region is None or r[0].region == req.region)]
+        fits = all(
+            (q.max_gpus is None or used + req.total_milli <= q.max_gpus * core.WHOLE)
+            and (q.max_instances is None or n + 1 <= q.max_instances)
+            for q, used, n in applying
+        )
+        if not fits:
+            result.conflicts += 1
+            continue
+        for r in applying:
+            r[1] += req.total_milli
+            r[2] += 1
+        kept.append(p)
+    return kept
+
+
+def _apply_waits(plan: core.Plan, cycle: CycleInput, result: ApplyResult) -> None:
+    """Reasons and queue positions; only rows whose text or position changed are written."""
+    position: dict[str, int] = defaultdict(int)
+    changed: dict[str, tuple[str, int]] = {}
+    for d in plan.decisions:
+        if not isinstance(d, core.Wait):
+            continue
+        result.waiting += 1
+        model = cycle.gpu_model_of.get(d.request_id, "")
+        position[model] += 1
+        new = (d.reason[:500], position[model])
+        if cycle.shown.get(d.request_id) != new:
+            changed[d.request_id] = new
+    bulk.set_wait_reasons(changed)

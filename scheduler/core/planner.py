@@ -1,0 +1,956 @@
+"""``plan()``: one scheduling cycle over a snapshot and a queue.
+
+    queue ──order──▶ admission ──▶ candidates (index) ──filter──▶ score ──▶ Place
+                         │ reject/quota        │ none fit
+                         ▼                     ▼
+                  Reject / Wait      preempt (dynamic classes) ──▶ Preempt* + Wait
+                                               │ no victims
+                                               ▼
+                                 reserve for the head (backfill) ──▶ Wait
+    after the queue: reclaim idle GPUs (dynamic) ▸ migration suggestions (defrag)
+
+See docs/scheduler.md for the full story.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
+
+from . import plugins as _plugins  # noqa: F401  (registers the built-in plugins)
+from .framework import (
+    FILTERS,
+    OK,
+    PLACEMENTS,
+    SCORES,
+    CycleContext,
+    Filter,
+    Score,
+)
+from .model import (
+    CLASS_RANK,
+    WHOLE,
+    ClusterSnapshot,
+    Decision,
+    HostPlacement,
+    Migrate,
+    Place,
+    PlacementRequest,
+    Plan,
+    PlanCounters,
+    Preempt,
+    Reject,
+    TenantView,
+    Wait,
+)
+from .plugins import frag_model, pick_share, pick_whole
+from .policy import Policy, get_policy
+from .queue import ShareBook, make_order
+from .quota import QuotaBook
+from .state import INF, N_SHARE_BUCKETS, SHARE_BUCKET, AllocState, Fleet, HostState, Pool
+
+_T = TypeVar("_T")
+
+
+class _Miss:
+    """Why a request found no room: filter failures by name, hosts examined."""
+
+    __slots__ = ("fails", "examined")
+
+    def __init__(self, fails: Counter[str], examined: int) -> None:
+        self.fails = fails
+        self.examined = examined
+
+
+_Shape = tuple[int, int, int, int, float]
+
+
+def _first_two(r: tuple[int, str, HostState]) -> tuple[int, str]:
+    return r[0], r[1]
+
+
+def _dominated(frontier: list[tuple[_Shape, _T]] | None, shape: _Shape) -> _T | None:
+    """The payload of a remembered failure ``shape`` is at least as large as."""
+    if frontier:
+        for f, payload in frontier:
+            if (
+                shape[0] >= f[0]
+                and shape[1] >= f[1]
+                and shape[2] >= f[2]
+                and shape[3] >= f[3]
+                and shape[4] >= f[4]
+            ):
+                return payload
+    return None
+
+
+BASE_FILTERS = ("ready", "gpu-model", "region", "gpus", "resources")
+
+
+def plan(
+    snapshot: ClusterSnapshot,
+    queue: Iterable[PlacementRequest],
+    policy: Policy | str,
+    *,
+    now: float,
+) -> Plan:
+    """Decide one cycle. Pure: same arguments, same plan.
+
+    ``queue`` holds the pending requests (any order; the policy orders them).
+    Running work, tenants and idle data come in ``snapshot``.
+    """
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    reqs = list(queue)
+    # A cycle allocates hundreds of thousands of small objects and frees none of
+    # them before it ends; the cyclic GC would re-scan them over and over for
+    # nothing (about a third of the run time at 100k GPUs). Pause it, restore it.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _Planner(snapshot, reqs, pol, now).run()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def derive_mix(
+    reqs: Sequence[PlacementRequest], top: int = 8
+) -> tuple[tuple[int, int, float], ...]:
+    """The typical request mix for fragmentation scores: the ``top`` most common
+    shapes of the queue, as (gpus_per_node, gpu_milli, probability)."""
+    counts = Counter((r.gpus_per_node, r.gpu_milli) for r in reqs)
+    if not counts:
+        return ((1, WHOLE, 1.0),)
+    common = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    total = sum(c for _k, c in common)
+    return tuple((g, m, c / total) for (g, m), c in common)
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:g}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+class _Planner:
+    def __init__(
+        self, snapshot: ClusterSnapshot, reqs: list[PlacementRequest], policy: Policy, now: float
+    ) -> None:
+        self.p = policy
+        self.now = now
+        self.reqs = reqs
+        self.fleet = Fleet(snapshot, now)
+        self.spec = PLACEMENTS[policy.placement]
+        self.k = max(1, policy.k if policy.k is not None else self.spec.k)
+        self.mix = policy.mix or derive_mix(reqs)
+        self.frag = frag_model(self.mix)
+        ctx = CycleContext(now=now, mix=self.mix, require_island=policy.topology == "require")
+        names = list(BASE_FILTERS)
+        if policy.topology == "require":
+            names.append("nvlink")
+        names.append("reservation")
+        names.extend(policy.extra_filters)
+        self.filters: list[Filter] = [FILTERS[n](ctx) for n in names]
+        self.hot: list[Filter] = []
+        self.hot_one: list[Filter] = []
+        self.hot_multi: list[Filter] = []
+        self.reserving = False
+        self.pick_hot_filters()
+        self.scores: list[Score] = [SCORES[n](ctx, w) for n, w in self.spec.scores]
+        self.tenants: dict[str, TenantView] = {t.tenant_id: t for t in snapshot.tenants}
+        self.book = ShareBook(self.fleet, snapshot)
+        self.quota = QuotaBook(self.fleet, snapshot)
+        self.decisions: list[Decision] = []
+        self.failed: dict[tuple[object, ...], list[tuple[_Shape, _Miss]]] = {}
+        self.blocked: dict[str, str] = {}  # gpu model -> first blocked request id
+        self.reservation: dict[str, float] = {}  # gpu model -> reserved start
+        self.ahead: dict[str, int] = {}  # gpu model -> requests already waiting
+        self.waiting_milli: dict[str, int] = {}
+        self.under_notice: dict[str, list[AllocState]] = {}
+        for st in self.fleet.allocs.values():
+            pf = st.alloc.preempting_for
+            if st.alloc.preempting and pf is not None:
+                self.under_notice.setdefault(pf, []).append(st)
+        self.n = Counter[str]()
+        self.pool_cache: dict[tuple[str, str | None, tuple[str, ...]], list[Pool]] = {}
+        self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, bool]]] = {}
+        # (pool, class rank) -> hosts that still hold work that class could preempt
+        self.victim_hosts: dict[tuple[str, str, int], dict[HostState, None]] = {}
+
+    # ------------------------------------------------------------------ the cycle
+
+    def run(self) -> Plan:
+        order = make_order(self.p, self.reqs, self.book)
+        while (req := order.pop()) is not None:
+            placed = self.decide(req)
+            order.done(req, placed)
+        if self.p.reclaim:
+            self.reclaim()
+        if self.p.defrag:
+            self.defragment()
+        n = self.n
+        return Plan(
+            policy=self.p.name,
+            now=self.now,
+            decisions=tuple(self.decisions),
+            counters=PlanCounters(
+                placed=n["placed"],
+                backfilled=n["backfilled"],
+                waiting=n["waiting"],
+                rejected=n["rejected"],
+                preempted=n["preempted"],
+                reclaimed=n["reclaimed"],
+                migrations=n["migrations"],
+                placed_gpu_milli=n["placed_gpu_milli"],
+                hosts_examined=n["examined"],
+            ),
+        )
+
+    def wait(self, req: PlacementRequest, reason: str, *, capacity: bool = True) -> bool:
+        if capacity:
+            ahead = self.ahead.get(req.gpu_model, 0)
+            if ahead:
+                reason = f"{reason}; {_plural(ahead, 'request')} ahead of you"
+            self.ahead[req.gpu_model] = ahead + 1
+            self.waiting_milli[req.gpu_model] = (
+                self.waiting_milli.get(req.gpu_model, 0) + req.total_milli
+            )
+        self.decisions.append(Wait(req.request_id, reason))
+        self.n["waiting"] += 1
+        return False
+
+    def reject(self, req: PlacementRequest, reason: str) -> bool:
+        self.decisions.append(Reject(req.request_id, reason))
+        self.n["rejected"] += 1
+        return False
+
+    def decide(self, req: PlacementRequest) -> bool:
+        bad = self.invalid(req) or self.never_fits(req)
+        if bad:
+            return self.reject(req, bad)
+        return self.admit(req)
+
+    def admit(self, req: PlacementRequest) -> bool:
+        tenant = self.tenants.get(req.tenant_id)
+        if tenant is not None and tenant.budget_exhausted:
+            return self.wait(req, "budget: the tenant's budget is spent", capacity=False)
+        excluded: tuple[str, ...] = ()
+        if self.quota.has_rules(req.tenant_id):
+            q = self.quota.check(req, req.region)
+            if q is not None:
+                is_reject, why = q
+                return self.reject(req, why) if is_reject else self.wait(req, why, capacity=False)
+            if req.region is None:
+                ex = []
+                why = ""
+                for pool in self.fleet.pools_by_model.get(req.gpu_model, ()):
+                    if pool.region in ex:
+                        continue
+                    q = self.quota.check(req, pool.region)
+                    if q is not None:
+                        ex.append(pool.region)
+                        why = why or q[1]
+                pools_left = [
+                    p
+                    for p in self.fleet.pools_by_model.get(req.gpu_model, ())
+                    if p.region not in ex
+                ]
+                if not pools_left:
+                    return self.wait(req, why, capacity=False)
+                excluded = tuple(ex)
+        model = req.gpu_model
+        if self.p.head_of_line and not self.p.backfill and model in self.blocked:
+            return self.wait(req, f"waiting behind an earlier {model} request")
+        pkey0 = (model, req.region, excluded)
+        pools = self.pool_cache.get(pkey0)
+        if pools is None:
+            pools = self.pool_cache[pkey0] = [
+                p
+                for p in self.fleet.pools_by_model.get(model, ())
+                if (req.region is None or p.region == req.region) and p.region not in excluded
+            ]
+        # Capacity only shrinks within a cycle, so once a shape failed, any request
+        # at least as large (per resource) fails too: remember the minimal failures.
+        key = (model, req.region, req.gpus_per_node == 0, excluded)
+        shape = (
+            req.gpus_per_node or req.gpu_milli,
+            req.nodes,
+            req.vcpus,
+            req.memory_mib,
+            INF if req.expected_duration is None else req.expected_duration,
+        )
+        memo = _dominated(self.failed.get(key), shape)
+        if memo is None:
+            placement = self.find(req, pools)
+            if isinstance(placement, tuple):
+                self.commit(req, placement)
+                return True
+            memo = placement
+            self.failed.setdefault(key, []).append((shape, memo))
+        failure = self.why(req, memo.fails, memo.examined)
+        # no room now: preempt lower classes, or wait for victims already under notice
+        if self.may_preempt(req):
+            pending = [a for a in self.under_notice.get(req.request_id, ()) if a.doomed]
+            if pending:
+                self.reserve_hosts_of(req, pending)
+                return self.wait(
+                    req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
+                )
+            pkey = (*key, CLASS_RANK.get(req.priority, 1))
+            known = _dominated(self.no_victims.get(pkey), shape) is not None
+            victims = [] if known else self.find_victims(req, pools)
+            if not victims:
+                # victims only ever get fewer within a cycle, so this shape stays unservable
+                if not known:
+                    self.no_victims.setdefault(pkey, []).append((shape, True))
+            else:
+                for a in victims:
+                    a.doomed = True
+                    self.decisions.append(
+                        Preempt(
+                            a.alloc.request_id,
+                            req.request_id,
+                            self.p.notice_s,
+                            f"preempted to make room for {req.priority}-class work; "
+                            f"stops in {self.p.notice_s:g} s",
+                        )
+                    )
+                    self.n["preempted"] += 1
+                return self.wait(
+                    req, f"waiting for {self.victim_words(victims)} to stop", capacity=False
+                )
+        if model not in self.blocked:
+            self.blocked[model] = req.request_id
+            if self.p.backfill:
+                self.reserve(req, pools)
+        return self.wait(req, failure)
+
+    def pick_hot_filters(self) -> None:
+        """The filters the candidate loop runs. Besides ``indexed`` filters it
+        leaves out what the walk guarantees for whole-GPU requests (``gpus``: the
+        bucket has >= g free), ``nvlink`` for single GPUs, and ``reservation``
+        until some host is reserved; each saves a call per host examined."""
+        self.hot = [
+            f for f in self.filters if not f.indexed and (f.name != "reservation" or self.reserving)
+        ]
+        self.hot_multi = [f for f in self.hot if f.name != "gpus"]
+        self.hot_one = [f for f in self.hot_multi if f.name != "nvlink"]
+
+    def mark_reserved(self, hs: HostState, at: float, request_id: str) -> None:
+        hs.reserved_at = at
+        hs.reserved_for = request_id
+        if not self.reserving:
+            self.reserving = True
+            self.pick_hot_filters()
+
+    # ------------------------------------------------------------------ admission
+
+    @staticmethod
+    def invalid(req: PlacementRequest) -> str:
+        if req.nodes < 1:
+            return "a request needs at least one node"
+        if req.gpus_per_node < 0 or req.vcpus < 0 or req.memory_mib < 0:
+            return "GPU, vCPU and memory amounts cannot be negative"
+        if req.gpus_per_node == 0:
+            if not 0 < req.gpu_milli < WHOLE:
+                return "a fractional GPU share must be between 1 and 999 milli-GPUs"
+            if req.nodes > 1:
+                return "fractional GPU shares are single-node"
+        elif req.gpu_milli != WHOLE:
+            return "whole-GPU requests take whole GPUs (gpu_milli must be 1000)"
+        return ""
+
+    def never_fits(self, req: PlacementRequest) -> str:
+        f = self.fleet
+        model, region = req.gpu_model, req.region
+        where = f" in {region}" if region else ""
+        biggest = f.max_gpus.get((model, region))
+        if biggest is None:
+            return f"the fleet has no {model} GPUs{where}"
+        g = req.gpus_per_node
+        if g > biggest:
+            return (
+                f"asks for {g} {model} GPUs on one host but the largest {model} host{where} "
+                f"has {biggest}"
+            )
+        if req.nodes > 1:
+            have = f.hosts_with.get((model, region, max(g, 1)), 0)
+            if req.nodes > have:
+                return (
+                    f"asks for {req.nodes} hosts with {g} {model} GPUs each but the fleet{where} "
+                    f"has {have}"
+                )
+        if req.vcpus > f.max_vcpus:
+            return f"asks for {req.vcpus} vCPUs but the largest host has {f.max_vcpus}"
+        if req.memory_mib > f.max_mem:
+            return (
+                f"asks for {_gib(req.memory_mib)} GiB memory but the largest host has "
+                f"{_gib(f.max_mem)} GiB"
+            )
+        return ""
+
+    # ------------------------------------------------------------------ placement
+
+    def what(self, req: PlacementRequest) -> str:
+        if req.gpus_per_node == 0:
+            return f"a {req.gpu_milli / 10:g}% share of a {req.gpu_model} GPU free"
+        g = req.gpus_per_node
+        return f"{g} free {req.gpu_model} GPU{'s' if g > 1 else ''}"
+
+    def candidates(
+        self, req: PlacementRequest, pools: Sequence[Pool], need: int
+    ) -> tuple[list[HostState], Counter[str] | None, int]:
+        """Walk the index buckets that can hold ``req`` and return up to ``need``
+        hosts passing every filter, plus why the others failed."""
+        out: list[HostState] = []
+        fails: Counter[str] | None = None
+        examined = 0
+        limit = self.p.scan_limit
+        g = req.gpus_per_node
+        hot = self.hot if g == 0 else self.hot_one if g == 1 else self.hot_multi
+        if g > 0 and self.spec.scan == "fullest":
+            # the common case, walked inline (no generator): hosts with >= g free
+            # GPUs, fewest free first
+            top = max([p.max_gpus for p in pools], default=0)
+            for c in range(g, top + 1):
+                for pool in pools:
+                    if c >= len(pool.by_free):
+                        continue
+                    for hs in pool.by_free[c]:
+                        examined += 1
+                        for flt in hot:
+                            st = flt.filter(req, hs)
+                            if st is not OK and st.code:
+                                if fails is None:
+                                    fails = Counter()
+                                fails[flt.name] += 1
+                                break
+                        else:
+                            out.append(hs)
+                            if len(out) >= need:
+                                return out, fails, examined
+                        if examined >= limit:
+                            return out, fails, examined
+            return out, fails, examined
+        for hs in self.walk(req, pools):
+            examined += 1
+            for flt in hot:
+                st = flt.filter(req, hs)
+                if st is not OK and st.code:
+                    if fails is None:
+                        fails = Counter()
+                    fails[flt.name] += 1
+                    break
+            else:
+                out.append(hs)
+                if len(out) >= need:
+                    break
+            if examined >= limit:
+                break
+        return out, fails, examined
+
+    def walk(self, req: PlacementRequest, pools: Sequence[Pool]) -> Iterator[HostState]:
+        """Hosts from the index buckets that can hold ``req``, in scan order.
+
+        Whole GPUs: buckets of hosts with >= g free GPUs, fewest first (packing)
+        or most first (spreading). Shares: GPUs already carrying shares with
+        enough room (packing shares together), then hosts with a free GPU.
+        The caller must stop iterating before it changes the index.
+        """
+        g = req.gpus_per_node
+        fullest = self.spec.scan == "fullest"
+        top = max([p.max_gpus for p in pools], default=0)
+        if g > 0:
+            for c in range(g, top + 1) if fullest else range(top, g - 1, -1):
+                for pool in pools:
+                    if c < len(pool.by_free):
+                        yield from pool.by_free[c]
+            return
+        m = req.gpu_milli
+        seen: set[HostState] = set()
+        lo = m // SHARE_BUCKET
+        shared_order = (
+            range(lo, N_SHARE_BUCKETS) if fullest else range(N_SHARE_BUCKETS - 1, lo - 1, -1)
+        )
+        fresh_order = range(1, top + 1) if fullest else range(top, 0, -1)
+        for phase in ("shared", "fresh") if fullest else ("fresh", "shared"):
+            if phase == "shared":
+                for b in shared_order:
+                    for pool in pools:
+                        for hs, i in pool.shared[b]:
+                            if hs in seen or WHOLE - hs.milli[i] < m:
+                                continue
+                            seen.add(hs)
+                            yield hs
+            else:
+                for c in fresh_order:
+                    for pool in pools:
+                        if c < len(pool.by_free):
+                            for hs in pool.by_free[c]:
+                                if hs not in seen:
+                                    seen.add(hs)
+                                    yield hs
+
+    def find(self, req: PlacementRequest, pools: Sequence[Pool]) -> tuple[HostState, ...] | _Miss:
+        """The hosts to use (one per node), or why none fit (filter failures and
+        hosts examined, turned into words by ``why``)."""
+        if req.nodes > 1 and req.region is None:
+            # a gang stays in one region: try regions in name order
+            fails: Counter[str] = Counter()
+            examined = 0
+            for region in sorted({p.region for p in pools}):
+                got = self.find_in(req, [p for p in pools if p.region == region])
+                if isinstance(got, tuple):
+                    return got
+                fails.update(got.fails)
+                examined += got.examined
+            return _Miss(fails, examined)
+        return self.find_in(req, pools)
+
+    def find_in(
+        self, req: PlacementRequest, pools: Sequence[Pool]
+    ) -> tuple[HostState, ...] | _Miss:
+        nodes = req.nodes
+        feasible, fails, examined = self.candidates(req, pools, max(self.k, nodes))
+        self.n["examined"] += examined
+        if len(feasible) < nodes:
+            return _Miss(fails if fails is not None else Counter(), examined)
+        if self.scores and len(feasible) > nodes:
+            # rank by (-weighted score, host_id); written out flat, it is the hot loop
+            # Scores depend only on the request's shape and the host, so a host's
+            # total is cached until something lands on it: the runners-up of one
+            # request are usually the candidates of the next.
+            shape = (req.gpus_per_node, req.gpu_milli, req.vcpus, req.memory_mib)
+            ranked = []
+            scores = self.scores
+            for hs in feasible:
+                cache = hs.scores
+                if cache is None:
+                    cache = hs.scores = {}
+                total = cache.get(shape)
+                if total is None:
+                    total = 0
+                    for sc in scores:
+                        total += sc.weight * sc.score(req, hs)
+                    cache[shape] = total
+                ranked.append((-total, hs.host_id, hs))
+            if nodes == 1:
+                return (min(ranked, key=_first_two)[2],)
+            ranked.sort(key=_first_two)
+            return tuple(r[2] for r in ranked[:nodes])
+        return tuple(feasible[:nodes])
+
+    def why(self, req: PlacementRequest, fails: Counter[str], examined: int) -> str:
+        where = f" in {req.region}" if req.region else ""
+        what = self.what(req)
+        subject = "no host" if req.nodes == 1 else f"fewer than {req.nodes} hosts"
+        verb = "has" if req.nodes == 1 else "have"
+        if examined == 0 or not fails:
+            return f"{subject}{where} {verb} {what}"
+        top = max(fails.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        if top == "resources":
+            return (
+                f"{subject}{where} with {what} {verb} {req.vcpus} vCPUs and "
+                f"{_gib(req.memory_mib)} GiB memory free"
+            )
+        if top == "nvlink":
+            return f"{subject}{where} {verb} {what} on one NVLink island"
+        if top == "reservation":
+            at = self.reservation.get(req.gpu_model)
+            when = (
+                f" (starting in {max(at - self.now, 0):.0f} s)"
+                if at is not None and at > self.now
+                else ""
+            )
+            return f"the free {req.gpu_model} GPUs are reserved for an earlier request{when}"
+        if top == "gpus":
+            return f"{subject}{where} {verb} {what}"
+        return f"{subject}{where} {verb} {what} ({top})"
+
+    def commit(self, req: PlacementRequest, hosts: tuple[HostState, ...]) -> None:
+        out: list[HostPlacement] = []
+        g = req.gpus_per_node
+        slices = self.fleet.slices
+        for hs in hosts:
+            pool = hs.pool
+            assert pool is not None
+            uuids = hs.uuids
+            if g > 0:
+                idxs = pick_whole(hs, g)
+                assert idxs is not None
+                pool.take_whole(hs, idxs)
+                out.append(HostPlacement(hs.host_id, tuple([uuids[i] for i in idxs]), WHOLE))
+            else:
+                i = pick_share(hs, req.gpu_milli, self.spec.share_pick, self.mix, self.frag)
+                assert i is not None
+                pool.take_share(hs, i, req.gpu_milli)
+                out.append(HostPlacement(hs.host_id, (uuids[i],), req.gpu_milli))
+            res = hs.res
+            res.free_vcpus -= req.vcpus
+            res.free_mem -= req.memory_mib
+            host_slices = slices[hs.host_id]
+            if len(host_slices) == 1:
+                hs.scores = None
+            else:
+                for sl in host_slices:
+                    sl.scores = None
+        backfilled = req.gpu_model in self.blocked
+        self.decisions.append(Place(req.request_id, tuple(out), backfilled))
+        if self.quota.rules:
+            self.quota.charge(req, hosts[0].region)
+        n = self.n
+        n["placed"] += 1
+        n["placed_gpu_milli"] += (g * WHOLE if g else req.gpu_milli) * req.nodes
+        if backfilled:
+            n["backfilled"] += 1
+
+    # ------------------------------------------------------------------ preemption
+
+    def may_preempt(self, req: PlacementRequest) -> bool:
+        return self.p.preemption and self.p.mode != "static"
+
+    def victim_words(self, victims: Sequence[AllocState]) -> str:
+        kinds = {a.alloc.kind for a in victims}
+        noun = "instance" if kinds == {"instance"} else "job" if kinds == {"job"} else "workload"
+        return f"{len(victims)} preempted {noun}{'s' if len(victims) != 1 else ''}"
+
+    def eligible(self, req: PlacementRequest, a: AllocState) -> bool:
+        return (
+            not a.doomed
+            and a.rank > CLASS_RANK.get(req.priority, 1)
+            and self.p.mode_for(a.alloc.priority) == "dynamic"
+        )
+
+    def fits_with(self, req: PlacementRequest, hs: HostState, gone: Sequence[AllocState]) -> bool:
+        """Would ``req`` fit on ``hs`` (ignoring reservations) once ``gone`` stopped?"""
+        whole = hs.whole[:]
+        milli = hs.milli[:]
+        vcpus = hs.res.free_vcpus
+        mem = hs.res.free_mem
+        for a in gone:
+            al = a.alloc
+            vcpus += al.vcpus
+            mem += al.memory_mib
+            for p in al.placements:
+                if p.host_id != hs.host_id:
+                    continue
+                for u in p.gpus:
+                    i = hs.pos.get(u)
+                    if i is None:
+                        continue
+                    if whole[i]:
+                        whole[i] = False
+                        milli[i] = 0
+                    else:
+                        milli[i] = max(0, milli[i] - p.milli)
+        if vcpus < req.vcpus or mem < req.memory_mib:
+            return False
+        g = req.gpus_per_node
+        if g == 0:
+            m = req.gpu_milli
+            return any(not whole[i] and WHOLE - milli[i] >= m for i in range(hs.total))
+        free = [i for i in range(hs.total) if milli[i] == 0 and not whole[i]]
+        if len(free) < g:
+            return False
+        if g > 1 and self.p.topology == "require":
+            per: dict[int, int] = {}
+            sizes: dict[int, int] = {}
+            for i in range(hs.total):
+                sizes[hs.island[i]] = sizes.get(hs.island[i], 0) + 1
+            for i in free:
+                per[hs.island[i]] = per.get(hs.island[i], 0) + 1
+            if not any(c >= g for c in per.values()) and g <= max(sizes.values()):
+                return False
+        return True
+
+    def host_victims(self, req: PlacementRequest, hs: HostState) -> list[AllocState] | None:
+        elig = [a for a in hs.allocs if self.eligible(req, a)]
+        if not elig:
+            pool = hs.pool
+            if pool is not None:
+                hosts = self.victim_hosts.get(
+                    (pool.region, pool.model, CLASS_RANK.get(req.priority, 1))
+                )
+                if hosts is not None:
+                    hosts.pop(hs, None)
+            return None
+        if req.gpus_per_node > 0:
+            # cheap bound before the exact check
+            if hs.free + sum(a.gpu_count for a in elig) < req.gpus_per_node:
+                return None
+        now = self.now
+        elig.sort(
+            key=lambda a: (a.alloc.billing != "spot", now - a.alloc.started_at, a.alloc.request_id)
+        )
+        chosen: list[AllocState] = []
+        for a in elig:
+            chosen.append(a)
+            if self.fits_with(req, hs, chosen):
+                break
+        else:
+            return None
+        # drop victims that turned out unnecessary (greedy over-picks small ones)
+        for a in list(reversed(chosen[:-1])):
+            trial = [x for x in chosen if x is not a]
+            if self.fits_with(req, hs, trial):
+                chosen = trial
+        return chosen
+
+    def find_victims(self, req: PlacementRequest, pools: Sequence[Pool]) -> list[AllocState]:
+        """The cheapest victims - spot first, then least work lost - on the fewest
+        hosts that make ``req`` fit; [] when no set of lower-class work would."""
+        if req.nodes > 1 and req.region is None:
+            for region in sorted({p.region for p in pools}):
+                got = self.victims_in(req, [p for p in pools if p.region == region])
+                if got:
+                    return got
+            return []
+        return self.victims_in(req, pools)
+
+    def victims_in(self, req: PlacementRequest, pools: Sequence[Pool]) -> list[AllocState]:
+        now = self.now
+        options: list[tuple[tuple[int, float, int], str, HostState, list[AllocState]]] = []
+        want = max(self.p.preempt_candidates, req.nodes)
+        rank = CLASS_RANK.get(req.priority, 1)
+        for pool in pools:
+            hosts: Iterable[HostState]
+            if req.nodes > 1:
+                hosts = pool.hosts
+            else:
+                hosts = self.preemptible_hosts(pool, rank)
+            for hs in list(hosts):
+                if hs.reserved_at is not None and hs.reserved_for != req.request_id:
+                    continue
+                if req.gpus_per_node > hs.total:
+                    continue
+                if req.nodes > 1 and self.fits_with(req, hs, ()):
+                    # a gang may combine free hosts with hosts that need victims
+                    options.append(((0, 0.0, 0), hs.host_id, hs, []))
+                else:
+                    vs = self.host_victims(req, hs)
+                    if vs is None:
+                        continue
+                    cost = (
+                        sum(a.alloc.billing != "spot" for a in vs),
+                        sum(now - a.alloc.started_at for a in vs),
+                        len(vs),
+                    )
+                    options.append((cost, hs.host_id, hs, vs))
+                if len(options) >= want:
+                    break
+            else:
+                continue
+            break
+        options.sort(key=lambda o: (o[0], o[1]))
+        if len(options) < req.nodes:
+            return []
+        picked = options[: req.nodes]
+        victims: dict[str, AllocState] = {}
+        for _c, _h, _hs, vs in picked:
+            for a in vs:
+                victims.setdefault(a.alloc.request_id, a)
+        if victims:
+            for _c, _h, hs, _vs in picked:
+                self.mark_reserved(hs, now, req.request_id)
+        return [victims[k] for k in sorted(victims)]
+
+    def preemptible_hosts(self, pool: Pool, rank: int) -> dict[HostState, None]:
+        """Hosts of ``pool`` holding work a request of class ``rank`` could preempt,
+        built once per cycle and pruned as victims get chosen."""
+        key = (pool.region, pool.model, rank)
+        hosts = self.victim_hosts.get(key)
+        if hosts is None:
+            hosts = {}
+            for hs in pool.hosts:
+                if any(
+                    not a.doomed
+                    and a.rank > rank
+                    and self.p.mode_for(a.alloc.priority) == "dynamic"
+                    for a in hs.allocs
+                ):
+                    hosts[hs] = None
+            self.victim_hosts[key] = hosts
+        return hosts
+
+    def reserve_hosts_of(self, req: PlacementRequest, allocs: Sequence[AllocState]) -> None:
+        for a in allocs:
+            for p in a.alloc.placements:
+                hs = self.fleet.host_slice(p.host_id, req.gpu_model)
+                if hs is not None and hs.reserved_at is None:
+                    self.mark_reserved(hs, self.now, req.request_id)
+
+    # ------------------------------------------------------------------ backfill
+
+    def earliest_fit(self, req: PlacementRequest, hs: HostState) -> float:
+        """When ``req`` could start on ``hs`` if running work ends as expected."""
+        if self.fits_with(req, hs, ()):
+            return self.now
+        ends = sorted(
+            ((a.end, a.alloc.request_id, a) for a in hs.allocs if a.end < INF),
+            key=lambda t: (t[0], t[1]),
+        )
+        if not ends:
+            return INF
+        if (
+            req.gpus_per_node > 0
+            and hs.free + sum(a.gpu_count for _e, _i, a in ends) < req.gpus_per_node
+        ):
+            return INF
+        gone: list[AllocState] = []
+        for end, _rid, a in ends:
+            gone.append(a)
+            if self.fits_with(req, hs, gone):
+                return max(end, self.now)
+        return INF
+
+    def reserve(self, req: PlacementRequest, pools: Sequence[Pool]) -> None:
+        """EASY backfill: hold the hosts where the blocked head starts earliest.
+
+        Later work may use those hosts only if it ends before the reserved start
+        (ReservationFilter). When no start time is known (open-ended work), the
+        hosts closest to fitting are held outright so the head cannot starve.
+        """
+        if req.nodes > 1 and req.region is None:
+            regions = sorted({p.region for p in pools})
+            pools = [p for p in pools if p.region == regions[0]] if regions else []
+        times: list[tuple[float, str, HostState]] = []
+        for pool in pools:
+            for hs in pool.hosts:
+                if hs.reserved_at is not None or req.gpus_per_node > hs.total:
+                    continue
+                t = self.earliest_fit(req, hs)
+                if t < INF:
+                    times.append((t, hs.host_id, hs))
+        times.sort(key=lambda x: (x[0], x[1]))
+        if len(times) >= req.nodes:
+            chosen = times[: req.nodes]
+            at = max(t for t, _h, _hs in chosen)
+            for _t, _h, hs in chosen:
+                self.mark_reserved(hs, at, req.request_id)
+            self.reservation[req.gpu_model] = at
+            return
+        # unknown end times: hold the hosts with the most free GPUs outright
+        best = sorted(
+            (hs for pool in pools for hs in pool.hosts if hs.reserved_at is None),
+            key=lambda hs: (-hs.free, -(WHOLE * hs.total - sum(hs.milli)), hs.host_id),
+        )[: req.nodes]
+        for hs in best:
+            self.mark_reserved(hs, self.now, req.request_id)
+        self.reservation[req.gpu_model] = self.now
+
+    # ------------------------------------------------------------------ dynamic mode
+
+    def reclaim(self) -> None:
+        """Dynamic classes: work whose GPUs all stayed below the utilisation
+        threshold for ``reclaim_idle_s`` gets a Preempt with notice - only while
+        requests for that GPU model wait, when ``reclaim_under_pressure``."""
+        p = self.p
+        demand = dict(self.waiting_milli)
+        if p.reclaim_under_pressure and not any(v > 0 for v in demand.values()):
+            return
+        for rid in sorted(self.fleet.allocs):
+            a = self.fleet.allocs[rid]
+            al = a.alloc
+            if a.doomed or p.mode_for(al.priority) != "dynamic":
+                continue
+            model = self.fleet.model_of(al)
+            if p.reclaim_under_pressure and demand.get(model, 0) <= 0:
+                continue
+            idle_for = INF
+            any_gpu = False
+            for pl in al.placements:
+                for hs in self.fleet.slices.get(pl.host_id, ()):
+                    for u in pl.gpus:
+                        i = hs.pos.get(u)
+                        if i is None:
+                            continue
+                        any_gpu = True
+                        since = hs.idle_since[i]
+                        if hs.util[i] >= p.reclaim_idle_util or since is None:
+                            idle_for = -INF
+                        else:
+                            idle_for = min(idle_for, self.now - since)
+            if not any_gpu or idle_for < p.reclaim_idle_s:
+                continue
+            a.doomed = True
+            milli = sum(len(pl.gpus) * pl.milli for pl in al.placements)
+            demand[model] = demand.get(model, 0) - milli
+            self.decisions.append(
+                Preempt(
+                    rid,
+                    None,
+                    p.notice_s,
+                    f"reclaimed: GPUs below {p.reclaim_idle_util:.0%} utilisation for "
+                    f"{idle_for / 3600:.1f} h while others wait; stops in {p.notice_s:g} s",
+                )
+            )
+            self.n["reclaimed"] += 1
+
+    def defragment(self) -> None:
+        """Suggest moving restartable single-host whole-GPU work that sits alone on
+        a host onto a host that is already partly used, so whole hosts free up for
+        large gangs. Capacity on the target is booked; the source is freed only
+        when the move is applied."""
+        done = 0
+        for rid in sorted(self.fleet.allocs):
+            if done >= self.p.max_migrations:
+                break
+            a = self.fleet.allocs[rid]
+            al = a.alloc
+            if (
+                a.doomed
+                or not al.restartable
+                or len(al.placements) != 1
+                or al.placements[0].milli != WHOLE
+                or self.p.mode_for(al.priority) != "dynamic"
+            ):
+                continue
+            src = al.placements[0]
+            model = self.fleet.model_of(al)
+            hs = self.fleet.host_slice(src.host_id, model)
+            g = len(src.gpus)
+            if hs is None or hs.pool is None or len(hs.allocs) != 1 or hs.total - hs.free != g:
+                continue
+            probe = PlacementRequest(
+                request_id=rid,
+                tenant_id=al.tenant_id,
+                gpu_model=model,
+                gpus_per_node=g,
+                vcpus=al.vcpus,
+                memory_mib=al.memory_mib,
+                region=hs.region,
+                expected_duration=None if al.expected_end is None else al.expected_end - self.now,
+            )
+            target = None
+            for c in range(g, hs.pool.max_gpus):
+                for cand in hs.pool.by_free[c]:
+                    if cand is hs or cand.free == cand.total:
+                        continue
+                    if all(f.filter(probe, cand).ok for f in self.hot):
+                        target = cand
+                        break
+                if target is not None:
+                    break
+            if target is None:
+                continue
+            idxs = pick_whole(target, g)
+            assert idxs is not None
+            target.pool.take_whole(target, idxs)  # type: ignore[union-attr]
+            target.res.free_vcpus -= al.vcpus
+            target.res.free_mem -= al.memory_mib
+            target.scores = None
+            a.doomed = True
+            self.decisions.append(
+                Migrate(
+                    rid,
+                    al.placements,
+                    (HostPlacement(target.host_id, tuple(target.uuids[i] for i in idxs), WHOLE),),
+                    f"defragment: frees host {hs.host_id} for larger requests",
+                )
+            )
+            self.n["migrations"] += 1
+            done += 1

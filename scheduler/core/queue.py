@@ -1,0 +1,198 @@
+"""Queue orders. ``make_order`` returns an object the planner pops requests from
+and tells what happened, so orders that depend on decisions (weighted DRF) stay
+incremental: a heap of tenants per class keyed by (dominant share / weight, age
+of the tenant's oldest request, tenant id), lazily refreshed when a tenant's
+share changes. Pop and update are O(log tenants), never a re-sort.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable
+
+from .model import CLASS_RANK, WHOLE, ClusterSnapshot, PlacementRequest
+from .policy import Policy
+from .state import Fleet
+
+
+class ShareBook:
+    """Per-tenant usage and weighted dominant-resource share.
+
+    Resources are the GPUs of each model (milli), vCPUs and memory; capacity is
+    the ready fleet. share = max(used_r / capacity_r) / weight.
+    """
+
+    def __init__(self, fleet: Fleet, snapshot: ClusterSnapshot) -> None:
+        self.fleet = fleet
+        self.weight: dict[str, float] = {t.tenant_id: max(t.weight, 1e-9) for t in snapshot.tenants}
+        self.gpu: dict[str, dict[str, int]] = {}
+        self.cpu: dict[str, int] = {}
+        self.mem: dict[str, int] = {}
+        self.share_of: dict[str, float] = {}
+        self.raw: dict[str, float] = {}  # unweighted dominant share
+        self.inv_cap = {m: 1.0 / c for m, c in fleet.cap_milli.items() if c}
+        self.inv_cpu = 1.0 / fleet.cap_vcpus if fleet.cap_vcpus else 0.0
+        self.inv_mem = 1.0 / fleet.cap_mem if fleet.cap_mem else 0.0
+        for st in fleet.allocs.values():
+            a = st.alloc
+            model = fleet.model_of(a)
+            milli = sum(len(p.gpus) * p.milli for p in a.placements)
+            n = len(a.placements)
+            self._add(a.tenant_id, model, milli, a.vcpus * n, a.memory_mib * n)
+
+    def _add(self, tenant: str, model: str, milli: int, vcpus: int, mem: int) -> None:
+        # usage only grows within a cycle, so the dominant share is a running max
+        g = self.gpu.get(tenant)
+        if g is None:
+            g = self.gpu[tenant] = {}
+        used = g[model] = g.get(model, 0) + milli
+        cpu = self.cpu[tenant] = self.cpu.get(tenant, 0) + vcpus
+        mem_used = self.mem[tenant] = self.mem.get(tenant, 0) + mem
+        s = max(
+            self.raw.get(tenant, 0.0),
+            used * self.inv_cap.get(model, 0.0),
+            cpu * self.inv_cpu,
+            mem_used * self.inv_mem,
+        )
+        self.raw[tenant] = s
+        self.share_of[tenant] = s / self.weight.get(tenant, 1.0)
+
+    def share(self, tenant: str) -> float:
+        return self.share_of.get(tenant, 0.0)
+
+    def charge(self, req: PlacementRequest) -> None:
+        n = req.nodes
+        g = req.gpus_per_node
+        milli = (g * WHOLE if g else req.gpu_milli) * n
+        self._add(req.tenant_id, req.gpu_model, milli, req.vcpus * n, req.memory_mib * n)
+
+
+class Order:
+    """Static orders: one sort up front."""
+
+    def __init__(self, reqs: list[PlacementRequest]) -> None:
+        self._reqs = reqs
+        self._i = 0
+
+    def pop(self) -> PlacementRequest | None:
+        if self._i >= len(self._reqs):
+            return None
+        r = self._reqs[self._i]
+        self._i += 1
+        return r
+
+    def done(self, req: PlacementRequest, placed: bool) -> None:
+        """Called after each decision; static orders ignore it."""
+
+
+class FairOrder(Order):
+    """Class, then weighted dominant share (live), then age."""
+
+    def __init__(self, reqs: Iterable[PlacementRequest], book: ShareBook, classes: bool) -> None:
+        super().__init__([])
+        self.book = book
+        self.version: dict[str, int] = {}
+        lanes: dict[int, dict[str, list[PlacementRequest]]] = {}
+        for r in reqs:
+            rank = CLASS_RANK.get(r.priority, 1) if classes else 0
+            lanes.setdefault(rank, {}).setdefault(r.tenant_id, []).append(r)
+        self.ranks = sorted(lanes)
+        self.queues: dict[int, dict[str, deque[PlacementRequest]]] = {}
+        self.heaps: dict[int, list[tuple[float, float, str, int]]] = {}
+        for rank in self.ranks:
+            qs: dict[str, deque[PlacementRequest]] = {}
+            heap: list[tuple[float, float, str, int]] = []
+            for tenant, lst in lanes[rank].items():
+                lst.sort(key=lambda r: (r.submitted_at, r.request_id))
+                qs[tenant] = deque(lst)
+                heap.append((book.share(tenant), lst[0].submitted_at, tenant, 0))
+            heapq.heapify(heap)
+            self.queues[rank] = qs
+            self.heaps[rank] = heap
+        self._ri = 0
+        self._current: tuple[int, str] | None = None
+
+    def pop(self) -> PlacementRequest | None:
+        while self._ri < len(self.ranks):
+            rank = self.ranks[self._ri]
+            heap = self.heaps[rank]
+            while heap:
+                share, age, tenant, ver = heap[0]
+                if ver != self.version.get(tenant, 0):
+                    # the tenant placed work since this entry was pushed: refresh
+                    q = self.queues[rank][tenant]
+                    heapq.heapreplace(
+                        heap,
+                        (
+                            self.book.share(tenant),
+                            q[0].submitted_at,
+                            tenant,
+                            self.version.get(tenant, 0),
+                        ),
+                    )
+                    continue
+                heapq.heappop(heap)
+                self._current = (rank, tenant)
+                return self.queues[rank][tenant].popleft()
+            self._ri += 1
+        return None
+
+    def done(self, req: PlacementRequest, placed: bool) -> None:
+        assert self._current is not None
+        rank, tenant = self._current
+        book = self.book
+        if placed:
+            book.charge(req)
+            ver = self.version[tenant] = self.version.get(tenant, 0) + 1
+        else:
+            ver = self.version.get(tenant, 0)
+        q = self.queues[rank][tenant]
+        if q:
+            heapq.heappush(
+                self.heaps[rank], (book.share_of.get(tenant, 0.0), q[0].submitted_at, tenant, ver)
+            )
+        self._current = None
+
+
+def las_queue(attained: float, thresholds: tuple[float, ...]) -> int:
+    for i, t in enumerate(thresholds):
+        if attained < t:
+            return i
+    return len(thresholds)
+
+
+def make_order(policy: Policy, queue: Iterable[PlacementRequest], book: ShareBook) -> Order:
+    kind = policy.queue_order
+    reqs = list(queue)
+    if kind in ("gpucloud", "drf"):
+        return FairOrder(reqs, book, classes=kind == "gpucloud")
+    inf = math.inf
+    if kind == "fifo":
+        reqs.sort(key=lambda r: (r.submitted_at, r.request_id))
+    elif kind == "priority":
+        reqs.sort(key=lambda r: (CLASS_RANK.get(r.priority, 1), r.submitted_at, r.request_id))
+    elif kind == "sjf":
+        reqs.sort(
+            key=lambda r: (
+                inf if r.expected_duration is None else r.expected_duration,
+                r.submitted_at,
+                r.request_id,
+            )
+        )
+    elif kind == "srtf":
+        # remaining = expected duration minus service already received (per GPU)
+        def remaining(r: PlacementRequest) -> float:
+            if r.expected_duration is None:
+                return inf
+            per_gpu = max(r.total_milli / 1000, 1e-9)
+            return max(r.expected_duration - r.attained_service / per_gpu, 0.0)
+
+        reqs.sort(key=lambda r: (remaining(r), r.submitted_at, r.request_id))
+    elif kind == "las":
+        th = policy.las_thresholds
+        reqs.sort(key=lambda r: (las_queue(r.attained_service, th), r.submitted_at, r.request_id))
+    else:
+        raise ValueError(f"unknown queue order {kind!r}")
+    return Order(reqs)

@@ -1,0 +1,42 @@
+"""Reads for workloads. Always through `tenant=`."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Prefetch, QuerySet
+
+from gpucloud.tenancy.models import Tenant
+from scheduler.choices import HOLDING
+from scheduler.models import Allocation, Workload, WorkloadEvent
+
+
+def workload_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
+    return (
+        Workload.objects.for_tenant(tenant)
+        .filter(kind=kind, deleted_at__isnull=True)
+        .select_related("instance_type__gpu_model", "region")
+        .prefetch_related(
+            Prefetch("allocations", queryset=Allocation.objects.filter(active=True).select_related("host"),
+                     to_attr="active_allocations"),
+        )
+    )
+
+
+def workload_detail_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
+    return workload_list(tenant=tenant, kind=kind).prefetch_related(
+        Prefetch("events", queryset=WorkloadEvent.objects.order_by("created_at", "id"))
+    )
+
+
+def usage_by_scope(*, tenant: Tenant) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """GPU milli and workload counts the tenant holds, per (GPU model code, region code)."""
+    gpu_milli: dict[tuple[str, str], int] = defaultdict(int)
+    count: dict[tuple[str, str], int] = defaultdict(int)
+    for model, region, n, share, nodes in (
+        Workload.objects.for_tenant(tenant).filter(state__in=HOLDING)
+        .values_list("instance_type__gpu_model__code", "region__code", "instance_type__gpu_count",
+                     "instance_type__gpu_share_milli", "nodes")
+    ):
+        gpu_milli[(model, region)] += n * share * nodes
+        count[(model, region)] += 1
+    return dict(gpu_milli), dict(count)

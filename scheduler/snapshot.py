@@ -1,0 +1,185 @@
+"""ORM → the core's plain data: one region's fleet, running work, tenants and queue.
+
+A handful of queries per cycle, whatever the fleet size: hosts, GPUs, active
+allocations with their workloads, pending workloads, tenants' quotas and usage.
+Values come out of the database as tuples (`values_list`), not model instances:
+at 100,000 GPUs building model objects alone would cost seconds.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+
+from agents.choices import HostState
+from agents.models import Gpu, Host
+from gpucloud.catalogue.models import Quota, Region
+from gpucloud.tenancy.models import Tenant
+from scheduler import core
+from scheduler.choices import HOLDING, State, WorkloadKind
+from scheduler.models import Allocation, Workload
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+@dataclass(frozen=True)
+class CycleInput:
+    snapshot: core.ClusterSnapshot
+    queue: tuple[core.PlacementRequest, ...]
+    # what apply needs that the core does not: per request, what the user sees now
+    # (reason, queue position) and its GPU model
+    shown: dict[str, tuple[str, int | None]]
+    gpu_model_of: dict[str, str]
+
+
+def build(*, region_id: int) -> CycleInput:
+    """Everything one cycle of `region_id` needs. Regions are named by code in the core."""
+    code = Region.objects.values_list("code", flat=True).get(pk=region_id)
+    hosts = _hosts(region_id, code)
+    allocations = _allocations(region_id)
+    queue, reasons, models = _queue(region_id, code)
+    tenant_ids = {r.tenant_id for r in queue} | {a.tenant_id for a in allocations}
+    tenants = tenant_views(tenant_ids)
+    snapshot = core.ClusterSnapshot(hosts=hosts, allocations=allocations, tenants=tenants)
+    return CycleInput(snapshot=snapshot, queue=queue, shown=reasons, gpu_model_of=models)
+
+
+def _hosts(region_id: int, code: str) -> tuple[core.HostView, ...]:
+    host_rows = list(
+        Host.objects.filter(region_id=region_id)
+        .values_list("id", "state", "vcpus", "memory_mib", "used_vcpus", "used_memory_mib")
+    )
+    gpus: dict[object, list[core.GpuView]] = defaultdict(list)
+    for (uuid, host_id, index, model, island, numa, whole, used, util, idle, healthy) in (
+        Gpu.objects.filter(host__region_id=region_id)
+        .values_list("uuid", "host_id", "index", "gpu_model__code", "nvlink_island", "numa_node",
+                     "whole", "used_milli", "utilisation", "idle_since", "healthy")
+        .order_by("host_id", "index")
+    ):
+        if not healthy and not whole and not used:
+            continue  # a broken GPU takes no new work; a booked one still shows its booking
+        gpus[host_id].append(core.GpuView(
+            uuid=uuid, index=index, model=model, nvlink_island=island, numa_node=numa,
+            whole=whole, used_milli=used, utilisation=util, idle_since=_ts(idle),
+        ))
+    return tuple(
+        core.HostView(
+            host_id=str(host_id), region=code, ready=state == HostState.READY,
+            gpus=tuple(gpus.get(host_id, ())), free_vcpus=vcpus - used_vcpus,
+            free_memory_mib=mem - used_mem, total_vcpus=vcpus, total_memory_mib=mem,
+        )
+        for host_id, state, vcpus, mem, used_vcpus, used_mem in host_rows
+    )
+
+
+def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
+    rows = (
+        Allocation.objects.filter(active=True, host__region_id=region_id)
+        .values_list("workload_id", "host_id", "gpu_id", "milli", "vcpus", "memory_mib",
+                      "workload__tenant_id", "workload__priority", "workload__billing",
+                      "workload__kind", "workload__started_at", "workload__created_at",
+                      "workload__timeout_s", "workload__stop_by", "workload__preempted_for",
+                      "workload__instance_type__gpu_model__code")
+        .order_by("workload_id", "host_id", "gpu_id")
+    )
+    grouped: dict[object, dict] = {}
+    for (wid, host, gpu, milli, vcpus, mem, tenant, prio, billing, kind, started, created,
+         timeout, stop_by, preempted_for, model) in rows:
+        entry = grouped.get(wid)
+        if entry is None:
+            begun = _ts(started) or _ts(created) or 0.0
+            entry = grouped[wid] = {
+                "tenant": str(tenant), "priority": prio, "billing": billing, "kind": kind,
+                "started": begun, "end": begun + timeout if timeout else None,
+                "stop_by": _ts(stop_by), "for": str(preempted_for) if preempted_for else None,
+                "model": model, "hosts": defaultdict(list), "milli": milli, "vcpus": 0, "mem": 0,
+            }
+        entry["hosts"][str(host)].append(gpu)
+        entry["vcpus"] = max(entry["vcpus"], vcpus)
+        entry["mem"] = max(entry["mem"], mem)
+    return tuple(
+        core.Allocation(
+            request_id=str(wid), tenant_id=e["tenant"], gpu_model=e["model"],
+            placements=tuple(core.HostPlacement(host_id=h, gpus=tuple(g), milli=e["milli"])
+                             for h, g in sorted(e["hosts"].items())),
+            priority=e["priority"], billing=e["billing"], kind=e["kind"], started_at=e["started"],
+            expected_end=e["end"], restartable=e["kind"] == WorkloadKind.JOB,
+            vcpus=e["vcpus"], memory_mib=e["mem"],
+            preempting=e["stop_by"] is not None, preempting_for=e["for"], stop_by=e["stop_by"],
+        )
+        for wid, e in grouped.items()
+    )
+
+
+def _queue(region_id: int, code: str):
+    rows = (
+        Workload.objects.filter(region_id=region_id, state=State.PENDING)
+        .values_list("id", "tenant_id", "kind", "priority", "billing", "nodes", "queued_at",
+                     "timeout_s", "attained_gpu_s", "reason", "queue_position", "instance_type__gpu_count",
+                     "instance_type__gpu_share_milli", "instance_type__vcpus",
+                     "instance_type__memory_gib", "instance_type__gpu_model__code")
+    )
+    queue, reasons, models = [], {}, {}
+    for (wid, tenant, kind, prio, billing, nodes, queued, timeout, attained, reason, position, count,
+         share, vcpus, mem_gib, model) in rows:
+        rid = str(wid)
+        fractional = share < 1000
+        queue.append(core.PlacementRequest(
+            request_id=rid, tenant_id=str(tenant), gpu_model=model,
+            gpus_per_node=0 if fractional else count, gpu_milli=share, nodes=nodes,
+            vcpus=vcpus, memory_mib=mem_gib * 1024, region=code, kind=kind,
+            priority=prio, billing=billing, submitted_at=queued.timestamp(),
+            expected_duration=float(timeout) if timeout else None, attained_service=attained,
+            restartable=kind == WorkloadKind.JOB,
+        ))
+        reasons[rid] = (reason, position)
+        models[rid] = model
+    return tuple(queue), reasons, models
+
+
+def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
+    """Weights and quota rules, with usage counted across every region (quotas are global)."""
+    if not tenant_ids:
+        return ()
+    # tenant -> {(model, region): (gpu milli, workloads)}
+    usage: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for tenant, model, region, count, share, nodes in (
+        Workload.objects.filter(tenant_id__in=tenant_ids, state__in=HOLDING)
+        .values_list("tenant_id", "instance_type__gpu_model__code", "region__code",
+                     "instance_type__gpu_count", "instance_type__gpu_share_milli", "nodes")
+    ):
+        cell = usage[str(tenant)][(model, region)]
+        cell[0] += count * share * nodes
+        cell[1] += 1
+
+    def used(tenant: str, model: str | None, region: str | None, i: int) -> int:
+        return sum(v[i] for (m, r), v in usage.get(tenant, {}).items()
+                   if (model is None or m == model) and (region is None or r == region))
+
+    rules: dict[str, list[core.QuotaRule]] = defaultdict(list)
+    has_wide: set[str] = set()
+    for tenant, model, region, max_gpus, max_n in Quota.objects.filter(tenant_id__in=tenant_ids).values_list(
+        "tenant_id", "gpu_model__code", "region__code", "max_gpus", "max_instances"
+    ):
+        t, r = str(tenant), region
+        if model is None and region is None:
+            has_wide.add(t)
+        rules[t].append(core.QuotaRule(
+            max_gpus=max_gpus, max_instances=max_n, gpu_model=model, region=r,
+            used_gpu_milli=used(t, model, r, 0), used_instances=used(t, model, r, 1),
+        ))
+    views = []
+    for tenant_id, plan, weight in Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight"):
+        t = str(tenant_id)
+        if t not in has_wide:
+            default = settings.PLAN_QUOTAS.get(plan, {})
+            rules[t].append(core.QuotaRule(
+                max_gpus=default.get("max_gpus"), max_instances=default.get("max_instances"),
+                used_gpu_milli=used(t, None, None, 0), used_instances=used(t, None, None, 1),
+            ))
+        views.append(core.TenantView(tenant_id=t, weight=float(weight), quotas=tuple(rules[t])))
+    return tuple(views)

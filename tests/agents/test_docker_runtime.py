@@ -1,0 +1,250 @@
+"""`DockerRuntime` against a real Docker engine: limits, privileges, labels, logs, stop,
+what `list()` sees, and per-tenant networks that keep tenants apart.
+
+No registry is needed: the test image is built here from the host's static busybox
+(Debian's `busybox-static`). There are no GPUs here, so specs carry none. Everything a
+test creates carries a tenant id unique to this run and is removed at the end. With
+no engine the tests fail (never skip): `.ci/run` installs and starts one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import secrets
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker  # a requirement: missing, the module fails to import (no skipping)
+import pytest
+
+from agents.host.docker import CAP_ADD, DockerRuntime
+from agents.host.runtime import LABEL_MANAGED, LABEL_TENANT, container_name
+from agents.protocol import DesiredContainer
+
+BUSYBOX = Path("/bin/busybox")
+# (busybox-static's wget crashes in its static resolver even for an IP; nc does not)
+APPLETS = ["sh", "sleep", "echo", "printf", "cat", "grep", "nc", "httpd", "mkdir", "true", "false"]
+# The tag follows the contents, so a changed applet list builds a new image.
+IMAGE = (
+    "gpucloud/test-busybox:"
+    + hashlib.sha256(
+        repr((APPLETS, BUSYBOX.stat().st_size if BUSYBOX.exists() else 0)).encode()
+    ).hexdigest()[:12]
+)
+RUN = secrets.token_hex(4)  # this run's mark on everything it creates
+TENANT_A, TENANT_B = f"test-{RUN}-a", f"test-{RUN}-b"
+
+
+def _image_tar() -> bytes:
+    """A root filesystem of one static busybox and its applet links, as a tar stream."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in ("bin", "tmp"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
+            tar.addfile(info)
+        tar.add(str(BUSYBOX), arcname="bin/busybox")
+        for name in APPLETS:
+            link = tarfile.TarInfo(f"bin/{name}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[object]:
+    try:
+        c = docker.from_env(timeout=60)
+        c.ping()
+    except Exception as e:  # noqa: BLE001 - any failure here means "no engine"
+        pytest.fail(
+            f"No Docker engine reachable ({e}). Install docker.io and start "
+            f"`dockerd --storage-driver=vfs &` (as .ci/run does).",
+            pytrace=False,
+        )
+    try:
+        c.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        if not BUSYBOX.is_file():
+            pytest.fail("/bin/busybox is missing: apt-get install busybox-static", pytrace=False)
+        repo, tag = IMAGE.split(":")
+        c.api.import_image_from_data(_image_tar(), repository=repo, tag=tag)
+    yield c
+    # Clean up everything this run made, whatever the tests left behind.
+    for ctr in c.containers.list(all=True, filters={"label": f"gpucloud.test.run={RUN}"}):
+        ctr.remove(force=True)
+    for tenant in (TENANT_A, TENANT_B):
+        for ctr in c.containers.list(all=True, filters={"label": f"{LABEL_TENANT}={tenant}"}):
+            ctr.remove(force=True)
+        for net in c.networks.list(names=[f"gpucloud-t-{tenant}"]):
+            net.remove()
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def runtime(client) -> DockerRuntime:
+    return DockerRuntime(client, gpu_vendor="nvidia", stop_timeout_s=2)
+
+
+def spec(
+    name: str, tenant: str = TENANT_A, command: list[str] | None = None, **kw
+) -> DesiredContainer:
+    values = dict(
+        instance_id=f"{RUN}-{name}",
+        tenant_id=tenant,
+        kind="instance",
+        image=IMAGE,
+        command=command or ["sh", "-c", "echo hello from gpucloud; sleep 300"],
+        vcpus=0.5,
+        memory_mib=64,
+        pids_limit=64,
+        network=f"gpucloud-t-{tenant}",
+        labels={"gpucloud.test.run": RUN, "gpucloud.workload": name},
+    )
+    values.update(kw)
+    return DesiredContainer(**values)
+
+
+def observed(runtime: DockerRuntime, instance_id: str):
+    return next((o for o in runtime.list() if o.instance_id == instance_id), None)
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_a_container_runs_with_labels_limits_and_no_privileges(client, runtime):
+    s = spec("limits", ports=[8080], env={"HELLO": "world"})
+    cid = runtime.run(s)
+    assert runtime.run(s) == cid  # idempotent while it runs
+    c = client.containers.get(cid)
+    assert c.name == container_name(s.instance_id)
+    labels = c.labels
+    assert labels[LABEL_MANAGED] == "1" and labels["gpucloud.instance"] == s.instance_id
+    assert (labels[LABEL_TENANT], labels["gpucloud.kind"]) == (TENANT_A, "instance")
+    assert labels["gpucloud.workload"] == "limits"
+    hc = c.attrs["HostConfig"]
+    assert hc["Memory"] == hc["MemorySwap"] == 64 * 1024 * 1024  # no swap
+    assert hc["NanoCpus"] == 500_000_000 and hc["PidsLimit"] == 64
+    assert hc["CapDrop"] == ["ALL"] and sorted(hc["CapAdd"]) == sorted(CAP_ADD)
+    assert "no-new-privileges:true" in hc["SecurityOpt"]
+    assert hc["Privileged"] is False and hc["Init"] is True
+    assert hc["RestartPolicy"]["Name"] == "no" and hc["ShmSize"] == 64 * 1024 * 1024
+    env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+    assert env["HELLO"] == "world" and env["NVIDIA_VISIBLE_DEVICES"] == "void"  # no GPU given
+    assert list(c.attrs["NetworkSettings"]["Networks"]) == [f"gpucloud-t-{TENANT_A}"]
+    # What the kernel enforces inside, not only what Docker was told.
+    code, out = c.exec_run(["grep", "-E", "^(NoNewPrivs|CapEff)", "/proc/self/status"])
+    status = dict(line.split(":\t") for line in out.decode().strip().splitlines())
+    assert code == 0 and status["NoNewPrivs"] == "1"
+    cap_net_raw = 1 << 13
+    assert int(status["CapEff"], 16) & cap_net_raw == 0
+    o = wait_for(lambda: observed(runtime, s.instance_id), "the container in list()")
+    assert o.state == "running" and o.container_id == cid and o.started_at
+    assert set(o.host_ports) == {"8080"} and o.host_ports["8080"] > 0
+    assert "hello from gpucloud" in wait_for(lambda: runtime.logs(s.instance_id, tail=10), "logs")
+
+
+def test_stop_is_idempotent_and_reports_the_exit(client, runtime):
+    s = spec("stop")
+    runtime.run(s)
+    runtime.stop(s.instance_id)
+    o = observed(runtime, s.instance_id)
+    assert o.state == "exited" and o.exit_code in (137, 143) and o.finished_at
+    runtime.stop(s.instance_id)  # again: nothing to do, no error
+    runtime.stop(f"{RUN}-never-existed")
+    runtime.remove(s.instance_id)
+    runtime.remove(s.instance_id)
+    assert observed(runtime, s.instance_id) is None
+
+
+def test_a_job_reports_its_exit_code_and_a_rerun_replaces_it(client, runtime):
+    s = spec("job", kind="job", command=["sh", "-c", "echo working; exit 3"])
+    first = runtime.run(s)
+    o = wait_for(
+        lambda: (x := observed(runtime, s.instance_id)) and x.state == "exited" and x,
+        "the job to exit",
+    )
+    assert o.exit_code == 3 and o.started_at and o.finished_at
+    assert "working" in runtime.logs(s.instance_id)
+    assert runtime.run(s) != first  # a stopped container is replaced, not restarted
+
+
+def test_list_shows_only_gpucloud_containers(client, runtime):
+    plain = client.containers.run(
+        IMAGE, ["sleep", "300"], detach=True, name=f"plain-{RUN}", labels={"gpucloud.test.run": RUN}
+    )
+    half = client.containers.run(
+        IMAGE,
+        ["sleep", "300"],
+        detach=True,
+        name=f"half-{RUN}",
+        labels={"gpucloud.test.run": RUN, LABEL_MANAGED: "1"},
+    )
+    s = spec("listed")
+    runtime.run(s)
+    ids = {o.container_id for o in runtime.list()}
+    assert plain.id not in ids and half.id not in ids  # unlabelled / without an instance: not ours
+    assert observed(runtime, s.instance_id) is not None
+    runtime.stop(plain.name)  # by instance id: "plain-…" is no instance, so nothing happens
+    plain.reload()
+    assert plain.status == "running"
+
+
+def _ip(client, instance_id: str, tenant: str) -> str:
+    c = client.containers.get(container_name(instance_id))
+    return c.attrs["NetworkSettings"]["Networks"][f"gpucloud-t-{tenant}"]["IPAddress"]
+
+
+def test_tenants_cannot_reach_each_others_containers(client, runtime):
+    serve = [
+        "sh",
+        "-c",
+        "mkdir -p /www && echo served > /www/index.html && httpd -f -p 8080 -h /www",
+    ]
+    a_server, a_client, b_server = (
+        spec("a-srv", command=serve),
+        spec("a-cli"),
+        spec("b-srv", tenant=TENANT_B, command=serve),
+    )
+    for s in (a_server, a_client, b_server):
+        runtime.run(s)
+    nets = {
+        n.name: n
+        for n in client.networks.list(names=[f"gpucloud-t-{TENANT_A}", f"gpucloud-t-{TENANT_B}"])
+    }
+    assert set(nets) == {f"gpucloud-t-{TENANT_A}", f"gpucloud-t-{TENANT_B}"}
+    assert nets[f"gpucloud-t-{TENANT_B}"].attrs["Labels"][LABEL_TENANT] == TENANT_B
+    a_ip = _ip(client, a_server.instance_id, TENANT_A)
+    b_ip = _ip(client, b_server.instance_id, TENANT_B)
+    cli = client.containers.get(container_name(a_client.instance_id))
+
+    def fetch(container, ip: str):
+        get = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} 8080"
+        return container.exec_run(["sh", "-c", get])  # exit status: nc's
+
+    # Same tenant: reachable (once httpd listens).
+    wait_for(lambda: b"served" in fetch(cli, a_ip).output, "tenant A's server, from tenant A")
+    # Tenant B's server answers on its own network ...
+    b_cli = client.containers.run(
+        IMAGE,
+        ["sleep", "300"],
+        detach=True,
+        name=f"b-probe-{RUN}",
+        network=f"gpucloud-t-{TENANT_B}",
+        labels={"gpucloud.test.run": RUN},
+    )
+    wait_for(lambda: b"served" in fetch(b_cli, b_ip).output, "tenant B's server, from tenant B")
+    # ... but never to tenant A: the connection does not open.
+    refused = fetch(cli, b_ip)
+    assert refused.exit_code != 0 and b"served" not in refused.output, refused
+    assert b"not found" not in refused.output, refused  # it failed for the right reason
