@@ -10,8 +10,8 @@ here. How a container's state moves its workload:
     created                    SCHEDULED                STARTING
     running                    SCHEDULED, STARTING      RUNNING
     exited 0, job              SCHEDULED..RUNNING       (RUNNING ->) SUCCEEDED
-    exited N, job              SCHEDULED..RUNNING       (RUNNING ->) FAILED, requeued if retries left
-    exited N, instance         SCHEDULED..RUNNING       (RUNNING ->) FAILED "container exited with code N"
+    exited N, job              SCHEDULED..RUNNING       (RUNNING ->) FAILED, requeued if retries
+    exited N, instance         SCHEDULED..RUNNING       (RUNNING ->) FAILED "container exited ..."
     missing + error            SCHEDULED..RUNNING       FAILED "could not start: <error>"
     exited / missing / absent  STOPPING                 STOPPED
     host silent > HOST_DOWN_AFTER_S                     host DOWN (no new work)
@@ -33,7 +33,7 @@ from typing import Final
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from agents.choices import HostState
@@ -260,7 +260,9 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
         raise TokenRefused("The bootstrap token is unknown, already used or expired.")
     models = _resolve_models(req.gpus)
     token = HOST_TOKEN_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
-    host = Host.objects.select_for_update().filter(name=req.hostname).first()
+    # Lock order as in the scheduler's apply (GPU rows, then the host row), so a placement
+    # on this host at the same moment cannot deadlock with us.
+    host = Host.objects.select_related("region").filter(name=req.hostname).first()
     if host is None:
         try:
             with transaction.atomic():
@@ -277,6 +279,7 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
                 )
         except IntegrityError:
             raise Conflict(f"Host {req.hostname!r} is registering concurrently; retry.") from None
+        _sync_gpus(host, req.gpus, models)
         action = "host.register"
     else:
         if host.region_id != boot.region_id:
@@ -286,32 +289,28 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
                 code="host_in_other_region",
                 fields={"hostname": ["Registered in another region."]},
             )
-        if req.cpu_count < host.used_vcpus or req.memory_mib < host.used_memory_mib:
+        _sync_gpus(host, req.gpus, models)
+        # Guarded: capacity may not drop below what running work has booked.
+        updated = Host.objects.filter(
+            pk=host.pk, used_vcpus__lte=req.cpu_count, used_memory_mib__lte=req.memory_mib
+        ).update(
+            vcpus=req.cpu_count,
+            memory_mib=req.memory_mib,
+            token_hash=hash_token(token),
+            agent_version=req.agent_version[:50],
+            last_heartbeat_at=now,
+            last_seq=0,  # a new agent process: its seq starts again at 1
+            # A DOWN host is back; READY and DRAINING stay as they are.
+            state=Case(When(state=HostState.DOWN, then=Value(HostState.READY)), default=F("state")),
+            down_since=None,
+        )
+        if not updated:
             raise Conflict(
                 f"Host {host.name!r} reports less CPU or memory than its running work has booked.",
                 code="host_shrunk",
             )
-        host.vcpus, host.memory_mib = req.cpu_count, req.memory_mib
-        host.token_hash = hash_token(token)
-        host.agent_version = req.agent_version[:50]
-        host.last_heartbeat_at = now
-        host.last_seq = 0  # a new agent process: its seq starts again at 1
-        if host.state == HostState.DOWN:
-            host.state, host.down_since = HostState.READY, None
-        host.save(
-            update_fields=[
-                "vcpus",
-                "memory_mib",
-                "token_hash",
-                "agent_version",
-                "last_heartbeat_at",
-                "last_seq",
-                "state",
-                "down_since",
-            ]
-        )
+        host.refresh_from_db()
         action = "host.reregister"
-    _sync_gpus(host, req.gpus, models)
     BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(used_at=now, host=host)
     audit_record(
         tenant=None,
@@ -391,11 +390,12 @@ class _Mover:
         """FAILED, requeued when a job has retries left (scheduler.services decides)."""
         if not can_transition(w.state, State.FAILED):
             return
-        if exit_code is not None:
-            # Not a state: the exit code is a fact reported alongside it.
-            Workload.objects.filter(pk=w.pk).update(exit_code=exit_code)
         old = w.state
-        workload_requeue_or_end(workload=w, ended=State.FAILED, reason=reason)
+        with transaction.atomic():
+            if exit_code is not None:
+                # Not a state: the exit code is a fact reported alongside it.
+                Workload.objects.filter(pk=w.pk, state=old).update(exit_code=exit_code)
+            workload_requeue_or_end(workload=w, ended=State.FAILED, reason=reason)
         if w.state != old:
             self.outcome.transitions.append((str(w.pk), State.FAILED))
 
@@ -436,15 +436,18 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
     if hb.host_id != str(host.pk):
         raise TokenRefused("This host token belongs to another host.")
     now = now or timezone.now()
+    # Three short steps, not one long transaction: holding the host row while writing its
+    # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
+    # host) and could deadlock with a placement on this host.
     with transaction.atomic():
-        # One heartbeat of a host at a time; the liveness task's DOWN update waits too.
+        # Heartbeats of one host decide their order one at a time; the liveness task's
+        # DOWN update waits for this too.
         locked = Host.objects.select_for_update().get(pk=host.pk)
         outcome = HeartbeatOutcome(applied=seq_is_fresh(hb.seq, locked.last_seq))
         fields = ["last_heartbeat_at", "agent_version"]
         locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
         locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
-        came_back = locked.state == HostState.DOWN
-        if came_back:
+        if locked.state == HostState.DOWN:
             locked.state, locked.down_since = HostState.READY, None
             fields += ["state", "down_since"]
             logger.info("host back host=%s name=%s", locked.pk, locked.name)
@@ -453,26 +456,27 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
             locked.last_seq = hb.seq
             fields.append("last_seq")
         locked.save(update_fields=fields)
-        if not outcome.applied:
-            logger.info(
-                "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
-            )
-            return outcome
-        _apply_samples(locked, hb.gpus, now)
-        if hb.containers is None:
-            return outcome  # the agent could not list its runtime: infer nothing
-        mover = _Mover(locked, now, outcome)
-        attempts = host_attempts(host=locked)
-        reported = set()
-        for o in hb.containers:
-            reported.add(o.instance_id)
-            w = attempts.get(o.instance_id)
-            if w is None:
-                continue  # an earlier attempt, or work that is no longer here: the agent stops it
-            mover.observe(w, o)
-        for iid, w in attempts.items():
-            if iid not in reported and w.state == State.STOPPING:
-                mover.to(w, State.STOPPED, "container gone")
+    if not outcome.applied:
+        logger.info(
+            "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
+        )
+        return outcome
+    _apply_samples(locked, hb.gpus, now)
+    if hb.containers is None:
+        return outcome  # the agent could not list its runtime: infer nothing
+    # Each transition is its own guarded update and transaction (scheduler.services).
+    mover = _Mover(locked, now, outcome)
+    attempts = host_attempts(host=locked)
+    reported = set()
+    for o in hb.containers:
+        reported.add(o.instance_id)
+        w = attempts.get(o.instance_id)
+        if w is None:
+            continue  # an earlier attempt, or work that is no longer here: the agent stops it
+        mover.observe(w, o)
+    for iid, w in attempts.items():
+        if iid not in reported and w.state == State.STOPPING:
+            mover.to(w, State.STOPPED, "container gone")
     if outcome.transitions:
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
     return outcome

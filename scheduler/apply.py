@@ -40,47 +40,63 @@ class ApplyResult:
     waiting: int = 0
 
 
+def _update_returning(sql: str, row: str, rows: list[tuple]) -> set[str]:
+    """Run a guarded UPDATE over `rows`, in chunks, as `UPDATE … FROM (VALUES {values})`.
+
+    `row` is the placeholder group of one row, e.g. "(%s, %s::int)". Returns the keys
+    the statement's RETURNING gave back: the rows whose guard held.
+    """
+    got: set[str] = set()
+    with connection.cursor() as cur:
+        for i in range(0, len(rows), _CHUNK):
+            chunk = rows[i:i + _CHUNK]
+            cur.execute(sql.format(values=",".join([row] * len(chunk))), [x for r in chunk for x in r])
+            got.update(str(r[0]) for r in cur.fetchall())
+    return got
+
+
 def _claim_whole(uuids: list[str]) -> set[str]:
     """Book GPUs whole; returns those that were free."""
-    got: set[str] = set()
-    table = Gpu._meta.db_table
-    with connection.cursor() as cur:
-        for i in range(0, len(uuids), _CHUNK):
-            chunk = uuids[i:i + _CHUNK]
-            marks = ",".join(["%s"] * len(chunk))
-            cur.execute(
-                f"UPDATE {table} SET whole = true, used_milli = 1000 "
-                f"WHERE uuid IN ({marks}) AND whole = false AND used_milli = 0 AND healthy "
-                "RETURNING uuid",
-                chunk,
-            )
-            got.update(r[0] for r in cur.fetchall())
-    return got
+    if connection.vendor != "postgresql":  # the SQLite demo: row by row through the ORM
+        return {u for u in uuids if Gpu.objects.filter(uuid=u, whole=False, used_milli=0, healthy=True)
+                .update(whole=True, used_milli=1000)}
+    return _update_returning(
+        f"UPDATE {Gpu._meta.db_table} AS g SET whole = true, used_milli = 1000 "
+        "FROM (VALUES {values}) AS v(uuid) "
+        "WHERE g.uuid = v.uuid AND NOT g.whole AND g.used_milli = 0 AND g.healthy RETURNING g.uuid",
+        "(%s)", [(u,) for u in uuids],
+    )
 
 
 def _claim_shares(per_gpu: dict[str, int]) -> set[str]:
     """Add fractional shares, GPU by GPU; returns the GPUs where the whole sum fitted."""
-    if connection.vendor == "postgresql":
-        got: set[str] = set()
-        items = list(per_gpu.items())
-        with connection.cursor() as cur:
-            for i in range(0, len(items), _CHUNK):
-                chunk = items[i:i + _CHUNK]
-                values = ",".join(["(%s, %s::int)"] * len(chunk))
-                cur.execute(
-                    f"UPDATE {Gpu._meta.db_table} AS g SET used_milli = g.used_milli + v.m "
-                    f"FROM (VALUES {values}) AS v(uuid, m) "
-                    "WHERE g.uuid = v.uuid AND NOT g.whole AND g.healthy AND g.used_milli + v.m <= 1000 "
-                    "RETURNING g.uuid",
-                    [x for pair in chunk for x in pair],
-                )
-                got.update(r[0] for r in cur.fetchall())
-        return got
-    return {
-        uuid for uuid, milli in per_gpu.items()
-        if Gpu.objects.filter(uuid=uuid, whole=False, healthy=True, used_milli__lte=1000 - milli)
-        .update(used_milli=F("used_milli") + milli)
-    }
+    if connection.vendor != "postgresql":
+        return {u for u, milli in per_gpu.items()
+                if Gpu.objects.filter(uuid=u, whole=False, healthy=True, used_milli__lte=1000 - milli)
+                .update(used_milli=F("used_milli") + milli)}
+    return _update_returning(
+        f"UPDATE {Gpu._meta.db_table} AS g SET used_milli = g.used_milli + v.m "
+        "FROM (VALUES {values}) AS v(uuid, m) "
+        "WHERE g.uuid = v.uuid AND NOT g.whole AND g.healthy AND g.used_milli + v.m <= 1000 "
+        "RETURNING g.uuid",
+        "(%s, %s::int)", list(per_gpu.items()),
+    )
+
+
+def _claim_hosts(need: dict[str, list[int]]) -> set[str]:
+    """Book vCPUs and memory per host; returns the hosts that had room."""
+    if connection.vendor != "postgresql":
+        return {h for h, (vc, mem) in need.items()
+                if Host.objects.filter(pk=h, used_vcpus__lte=F("vcpus") - vc,
+                                       used_memory_mib__lte=F("memory_mib") - mem)
+                .update(used_vcpus=F("used_vcpus") + vc, used_memory_mib=F("used_memory_mib") + mem)}
+    return _update_returning(
+        f"UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus + v.vc, "
+        "used_memory_mib = h.used_memory_mib + v.mem FROM (VALUES {values}) AS v(id, vc, mem) "
+        "WHERE h.id = v.id AND h.used_vcpus + v.vc <= h.vcpus "
+        "AND h.used_memory_mib + v.mem <= h.memory_mib RETURNING h.id",
+        "(%s::uuid, %s::int, %s::bigint)", [(h, vc, mem) for h, (vc, mem) in need.items()],
+    )
 
 
 def _unclaim(whole: list[str], shares: dict[str, int]) -> None:
@@ -88,34 +104,6 @@ def _unclaim(whole: list[str], shares: dict[str, int]) -> None:
         Gpu.objects.filter(uuid__in=whole).update(whole=False, used_milli=0)
     for uuid, milli in shares.items():
         Gpu.objects.filter(uuid=uuid).update(used_milli=F("used_milli") - milli)
-
-
-def _claim_hosts(need: dict[str, list[int]]) -> set[str]:
-    """Book vCPUs and memory per host; returns the hosts that had room."""
-    if connection.vendor == "postgresql":
-        got: set[str] = set()
-        items = list(need.items())
-        with connection.cursor() as cur:
-            for i in range(0, len(items), _CHUNK):
-                chunk = items[i:i + _CHUNK]
-                values = ",".join(["(%s::uuid, %s::int, %s::bigint)"] * len(chunk))
-                cur.execute(
-                    f"UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus + v.vc, "
-                    "used_memory_mib = h.used_memory_mib + v.mem "
-                    f"FROM (VALUES {values}) AS v(id, vc, mem) "
-                    "WHERE h.id = v.id AND h.used_vcpus + v.vc <= h.vcpus "
-                    "AND h.used_memory_mib + v.mem <= h.memory_mib RETURNING h.id",
-                    [x for host, (vc, mem) in chunk for x in (host, vc, mem)],
-                )
-                got.update(str(r[0]) for r in cur.fetchall())
-        return got
-    ok = set()
-    for host, (vcpus, mem) in need.items():
-        if Host.objects.filter(
-            pk=host, used_vcpus__lte=F("vcpus") - vcpus, used_memory_mib__lte=F("memory_mib") - mem
-        ).update(used_vcpus=F("used_vcpus") + vcpus, used_memory_mib=F("used_memory_mib") + mem):
-            ok.add(host)
-    return ok
 
 
 def apply(*, plan: core.Plan, cycle: CycleInput, now: datetime) -> ApplyResult:
@@ -211,7 +199,8 @@ def _apply_places(places: list[core.Place], requests: dict[str, core.PlacementRe
                              req.vcpus if i == 0 else 0, req.memory_mib if i == 0 else 0))
     bulk.insert_allocations(rows, now=now)
     moved = workloads_transition(ids=[UUID(p.request_id) for p in accepted], old=State.PENDING,
-                                 to=State.SCHEDULED, reason="placed", now=now)
+                                 to=State.SCHEDULED, reason="placed; waiting for the host agent to start it",
+                                 now=now)
     assert len(moved) == len(accepted), "workloads were locked above"
     result.placed = len(accepted)
 

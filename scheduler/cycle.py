@@ -99,11 +99,14 @@ def _enforce_deadlines(region_id: int, now: datetime, stats: CycleStats) -> None
     for w in Workload.objects.filter(region_id=region_id, state__in=HOLDING, stop_by__lte=now):
         workload_requeue_or_end(workload=w, ended=State.PREEMPTED, reason=w.reason or "preempted")
         stats.notices_expired += 1
-    deadline = ExpressionWrapper(F("started_at") + F("timeout_s") * timedelta(seconds=1),
-                                 output_field=DateTimeField())
-    overdue = (Workload.objects.filter(region_id=region_id, state=State.RUNNING, timeout_s__isnull=False,
-                                       started_at__isnull=False)
-               .alias(deadline=deadline).filter(deadline__lte=now))
+    running = Workload.objects.filter(region_id=region_id, state=State.RUNNING, timeout_s__isnull=False,
+                                      started_at__isnull=False)
+    if connection.vendor == "postgresql":
+        deadline = ExpressionWrapper(F("started_at") + F("timeout_s") * timedelta(seconds=1),
+                                     output_field=DateTimeField())
+        overdue = list(running.alias(deadline=deadline).filter(deadline__lte=now))
+    else:  # SQLite cannot multiply an interval; the demo's handful of jobs are checked here
+        overdue = [w for w in running if w.started_at + timedelta(seconds=w.timeout_s) <= now]
     for w in overdue:
         workload_transition(workload=w, to=State.STOPPING, reason=f"timeout: ran longer than {w.timeout_s} s")
         stats.timeouts += 1

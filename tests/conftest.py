@@ -101,3 +101,38 @@ def anon():
     from rest_framework.test import APIClient
 
     return APIClient()
+
+
+@pytest.fixture
+def worker(transactional_db):
+    """A real Celery worker process on the real Redis broker, using the test database."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from django.conf import settings
+
+    from gpucloud.celery import app
+
+    db = settings.DATABASES["default"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.test_settings",
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+    app.control.purge()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "gpucloud", "worker", "--pool=solo", "--concurrency=1",
+         "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if app.control.ping(timeout=0.5):
+                break
+            assert proc.poll() is None, proc.stdout.read()
+        else:
+            pytest.fail("the Celery worker did not start within 60 s")
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,9 +1,6 @@
 """The periodic tasks run on a real Celery worker process over the real Redis broker."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -14,31 +11,6 @@ from django.utils import timezone
 from gpucloud.celery import app
 from gpucloud.tenancy.models import AuditEvent
 from gpucloud.tenancy.tasks import audit_purge_task
-
-
-@pytest.fixture
-def worker(transactional_db):
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.test_settings",
-           # the worker must use the test database pytest-django created
-           "DATABASE_URL": "postgres://{USER}@{HOST}:{PORT}/{NAME}".format(**settings.DATABASES["default"])}
-    app.control.purge()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "gpucloud", "worker", "--pool=solo", "--concurrency=1",
-         "--without-gossip", "--without-mingle", "--loglevel=INFO"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if app.control.ping(timeout=0.5):
-                break
-            assert proc.poll() is None, proc.stdout.read()
-        else:
-            pytest.fail("the Celery worker did not start within 60 s")
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_beat_schedule_names_real_tasks():

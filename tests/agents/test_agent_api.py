@@ -749,3 +749,23 @@ def test_each_attempt_of_a_job_gets_its_own_container_id(registered, alice):
     assert first.gpu_uuids == second.gpu_uuids and first.instance_id != second.instance_id
     assert first.instance_id.startswith(f"{w.pk}.") and second.instance_id.startswith(f"{w.pk}.")
     assert second.pids_limit == dj_settings.AGENT_PIDS_LIMIT == 4096
+
+
+def test_re_registering_cannot_shrink_below_bookings_and_revives_a_down_host(
+    client, region, registered
+):
+    host_id, token = registered
+    Host.objects.update(used_vcpus=48, state=HostState.DOWN, down_since=timezone.now())
+    smaller = register_body(new_token(region))
+    smaller["cpu_count"] = 32
+    assert_error(post(client, "/agent/v1/register", smaller), 409, "host_shrunk")
+    host = Host.objects.get()
+    assert (host.vcpus, host.token_hash, host.state) == (64, hash_token(token), HostState.DOWN)
+    assert BootstrapToken.objects.filter(used_at__isnull=True).count() == 1  # not spent
+    resp = post(client, "/agent/v1/register", register_body(new_token(region), gpus=1))
+    assert resp.status_code == 200 and resp.json()["host_id"] == host_id
+    host.refresh_from_db()
+    assert (host.state, host.down_since, host.used_vcpus) == (HostState.READY, None, 48)
+    # The GPU the inventory no longer lists is kept, unhealthy, out of the way.
+    gone = Gpu.objects.get(uuid="GPU-h1-1")
+    assert (gone.healthy, gone.index) == (False, 10000)

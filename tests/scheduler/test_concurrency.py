@@ -102,6 +102,12 @@ def test_four_workers_with_the_lock_take_turns(busy_region):
     run_workers(4, lock=True)
     assert Workload.objects.filter(state=State.SCHEDULED).count() > 300
     assert_no_double_booking()
+    # every waiting workload says why, naming the real constraint
+    waiting = list(Workload.objects.filter(state=State.PENDING).select_related("instance_type__gpu_model"))
+    assert waiting
+    for w in waiting:
+        assert w.reason and w.reason != "waiting for the scheduler", w.pk
+        assert w.instance_type.gpu_model.code in w.reason or w.reason.startswith("quota:"), w.reason
     # nothing was left claimed by a refused placement
     assert Gpu.objects.filter(used_milli__gt=0).count() == Allocation.objects.filter(active=True).values("gpu").distinct().count()
 
