@@ -47,7 +47,7 @@ from gpucloud.tenancy.audit import audit_record
 from scheduler.choices import HOLDING, State, WorkloadKind
 from scheduler.lifecycle import can_transition
 from scheduler.models import Workload
-from scheduler.services import workload_requeue_or_end, workload_transition
+from scheduler.services import workload_requeue_or_end, workload_stopped, workload_transition
 
 logger = logging.getLogger(__name__)
 
@@ -399,6 +399,11 @@ class _Mover:
         if w.state != old:
             self.outcome.transitions.append((str(w.pk), State.FAILED))
 
+    def stopped(self, w: Workload, reason: str, **extra) -> None:
+        """A STOPPING workload's container is gone; scheduler.services says what it ends as."""
+        if workload_stopped(workload=w, reason=reason, now=self.now, **extra):
+            self.outcome.transitions.append((str(w.pk), w.state))
+
     def ran(self, w: Workload) -> None:
         """An exited container did run: record RUNNING first if no heartbeat saw it running."""
         if w.state in (State.SCHEDULED, State.STARTING):
@@ -407,7 +412,7 @@ class _Mover:
     def observe(self, w: Workload, o: ObservedContainer) -> None:
         if w.state == State.STOPPING:
             if o.state in ("exited", "missing"):
-                self.to(w, State.STOPPED, "container stopped", exit_code=o.exit_code)
+                self.stopped(w, "container stopped", exit_code=o.exit_code)
             return
         if w.state not in (State.SCHEDULED, State.STARTING, State.RUNNING):
             return
@@ -476,7 +481,7 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
         mover.observe(w, o)
     for iid, w in attempts.items():
         if iid not in reported and w.state == State.STOPPING:
-            mover.to(w, State.STOPPED, "container gone")
+            mover.stopped(w, "container gone")
     if outcome.transitions:
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
     return outcome

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import F
-from django.utils import timezone
 
 from agents.models import Gpu, Host
 from scheduler import bulk, core

@@ -23,7 +23,7 @@ from scheduler import core, snapshot
 from scheduler.apply import ApplyResult, apply
 from scheduler.choices import HOLDING, State
 from scheduler.models import RegionSchedulerSettings, Workload
-from scheduler.services import workload_requeue_or_end, workload_transition
+from scheduler.services import TIMEOUT_PREFIX, workload_requeue_or_end, workload_transition
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ def _enforce_deadlines(region_id: int, now: datetime, stats: CycleStats) -> None
     else:  # SQLite cannot multiply an interval; the demo's handful of jobs are checked here
         overdue = [w for w in running if w.started_at + timedelta(seconds=w.timeout_s) <= now]
     for w in overdue:
-        workload_transition(workload=w, to=State.STOPPING, reason=f"timeout: ran longer than {w.timeout_s} s")
+        workload_transition(workload=w, to=State.STOPPING,
+                            reason=f"{TIMEOUT_PREFIX} ran longer than {w.timeout_s} s")
         stats.timeouts += 1
 
 

@@ -250,6 +250,20 @@ def workload_stop(*, workload: Workload, reason: str = "stopped by user") -> Wor
     return workload
 
 
+TIMEOUT_PREFIX = "timeout:"
+
+
+def workload_stopped(*, workload: Workload, reason: str, **extra: Any) -> bool:
+    """The container of a STOPPING workload is gone: end it as what the stop was for.
+
+    A job stopped for running past `timeout_s` ends FAILED (keeping the timeout
+    reason); anything else stopped on request ends STOPPED.
+    """
+    if workload.reason.startswith(TIMEOUT_PREFIX):
+        return workload_transition(workload=workload, to=State.FAILED, reason=workload.reason, **extra)
+    return workload_transition(workload=workload, to=State.STOPPED, reason=reason, **extra)
+
+
 @transaction.atomic
 def workload_delete(*, workload: Workload) -> None:
     """Terminate: stop it if it runs, and hide it from the tenant's lists. Billing keeps the row."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-import pytest
 from django.conf import settings
 from django.utils import timezone
 

@@ -79,7 +79,7 @@ def user_signup(*, email: str, password: str, tenant_name: str, full_name: str =
     try:
         validate_password(password, user)
     except DjangoValidationError as exc:
-        raise InvalidInput("The password is too weak.", fields={"password": list(exc.messages)})
+        raise InvalidInput("The password is too weak.", fields={"password": list(exc.messages)}) from None
     user.set_password(password)
     user.save()
     # From here on the new user is the actor in the audit trail.

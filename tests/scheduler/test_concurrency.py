@@ -58,7 +58,7 @@ def assert_no_double_booking():
     mixed = Allocation.objects.filter(active=True, milli=1000, gpu__in=Allocation.objects.filter(
         active=True, milli__lt=1000).values("gpu"))
     assert not mixed.exists(), "whole and fractional work on one GPU"
-    for uuid, whole_flag, used in Gpu.objects.values_list("uuid", "whole", "used_milli"):
+    for uuid, used in Gpu.objects.values_list("uuid", "used_milli"):
         assert used == shares.get(uuid, 0), uuid
     for host in Host.objects.all():
         booked = Allocation.objects.filter(active=True, host=host).aggregate(v=Sum("vcpus"))["v"] or 0

@@ -110,6 +110,12 @@ def test_job_past_its_timeout_is_stopped(alice, catalog):
     run_cycle(region_id=w.region_id, now=timezone.now() + timedelta(seconds=61))
     w.refresh_from_db()
     assert w.state == State.STOPPING and w.reason == "timeout: ran longer than 60 s"
+    # the agent reports the container gone: a timed-out job ends FAILED, keeping its reason
+    from scheduler.services import workload_stopped
+
+    assert workload_stopped(workload=w, reason="container gone")
+    w.refresh_from_db()
+    assert w.state == State.FAILED and w.reason.startswith("timeout:")
 
 
 def test_audit_frees_allocations_of_ended_work_and_repairs_counters(alice, catalog):
