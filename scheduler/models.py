@@ -140,3 +140,18 @@ class RegionSchedulerSettings(models.Model):
 
     def __str__(self) -> str:
         return f"{self.region}: {self.policy}"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from scheduler.core import POLICIES
+
+        errors = {}
+        if self.policy not in POLICIES:
+            errors["policy"] = f"Unknown policy; choose one of {', '.join(sorted(POLICIES))}."
+        if self.mode and self.mode not in ("static", "dynamic", "hybrid"):
+            errors["mode"] = "static, dynamic or hybrid (or empty for the policy's own)."
+        if not 0 <= self.reclaim_idle_util <= 1:
+            errors["reclaim_idle_util"] = "A utilisation between 0 and 1."
+        if errors:
+            raise ValidationError(errors)

@@ -65,3 +65,16 @@ def test_static_mode_never_preempts(alice, charlie, catalog):
     assert not Workload.objects.filter(stop_by__isnull=False).exists()
     critical.refresh_from_db()
     assert critical.state == State.PENDING and "H100" in critical.reason
+
+
+def test_region_settings_refuse_unknown_policies_and_modes(catalog):
+    from django.core.exceptions import ValidationError
+
+    from scheduler.models import RegionSchedulerSettings
+
+    conf = RegionSchedulerSettings(region=Region.objects.get(code="us-east-1"), policy="magic", mode="turbo")
+    with pytest.raises(ValidationError) as err:
+        conf.full_clean()
+    assert set(err.value.message_dict) == {"policy", "mode"}
+    conf.policy, conf.mode = "drf", "dynamic"
+    conf.full_clean()
