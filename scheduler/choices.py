@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from gpucloud.catalogue.choices import PriceKind
+
 
 class WorkloadKind(models.TextChoices):
     INSTANCE = "instance", "Instance"  # interactive rental, runs until stopped
@@ -33,9 +35,8 @@ class PriorityClass(models.TextChoices):
     LOW = "low", "Low"
 
 
-class Billing(models.TextChoices):
-    ON_DEMAND = "on_demand", "On demand"
-    SPOT = "spot", "Spot"
+# A workload is billed at the price of its kind: the catalogue's on-demand or spot price.
+Billing = PriceKind
 
 
 class SchedulingMode(models.TextChoices):

@@ -11,7 +11,7 @@ from django.utils import timezone
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import InstanceType, Region
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
-from scheduler.choices import Billing, PriorityClass, State, WorkloadKind
+from scheduler.choices import Billing, PriorityClass, SchedulingMode, State, WorkloadKind
 
 
 class Workload(models.Model):
@@ -149,7 +149,7 @@ class RegionSchedulerSettings(models.Model):
         errors = {}
         if self.policy not in POLICIES:
             errors["policy"] = f"Unknown policy; choose one of {', '.join(sorted(POLICIES))}."
-        if self.mode and self.mode not in ("static", "dynamic", "hybrid"):
+        if self.mode and self.mode not in SchedulingMode.values:
             errors["mode"] = "static, dynamic or hybrid (or empty for the policy's own)."
         if not 0 <= self.reclaim_idle_util <= 1:
             errors["reclaim_idle_util"] = "A utilisation between 0 and 1."

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import django_filters
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -71,6 +71,10 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+@extend_schema_view(create=extend_schema(
+    request=s.WorkloadCreateSerializer, responses={201: s.WorkloadDetailSerializer},
+    description="Launch an instance. It answers at once with state `pending`; the scheduler places it.",
+))
 class InstanceViewSet(_WorkloadViewSet):
     """Interactive GPU instances: rented until you stop them."""
 
@@ -79,12 +83,11 @@ class InstanceViewSet(_WorkloadViewSet):
     detail_serializer = s.WorkloadDetailSerializer
     create_serializer = s.WorkloadCreateSerializer
 
-    @extend_schema(request=s.WorkloadCreateSerializer, responses={201: s.WorkloadDetailSerializer})
-    def create(self, request, *args, **kwargs):
-        """Launch an instance. It answers at once with state `pending`; the scheduler places it."""
-        return super().create(request, *args, **kwargs)
 
-
+@extend_schema_view(create=extend_schema(
+    request=s.JobCreateSerializer, responses={201: s.JobDetailSerializer},
+    description="Submit a batch job. It answers at once with state `pending`; the scheduler places it.",
+))
 class JobViewSet(_WorkloadViewSet):
     """Batch jobs: run to completion, retried up to `max_retries`, optionally on several hosts."""
 
@@ -92,8 +95,3 @@ class JobViewSet(_WorkloadViewSet):
     serializer_class = s.JobSerializer
     detail_serializer = s.JobDetailSerializer
     create_serializer = s.JobCreateSerializer
-
-    @extend_schema(request=s.JobCreateSerializer, responses={201: s.JobDetailSerializer})
-    def create(self, request, *args, **kwargs):
-        """Submit a batch job. It answers at once with state `pending`; the scheduler places it."""
-        return super().create(request, *args, **kwargs)
