@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from agents.choices import HostState
+from agents.choices import AdminState, HostState
 from gpucloud.catalogue.models import GpuModel, Region
 
 
@@ -25,6 +25,11 @@ class Host(models.Model):
     name = models.CharField(max_length=200, unique=True, help_text="the host name the agent reported")
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="hosts")
     state = models.CharField(max_length=10, choices=HostState.choices, default=HostState.READY)
+    # The operator's choice (cordon / drain / uncordon). `state` equals it unless the host is
+    # DOWN; a host coming back takes it again, so a drain survives an outage.
+    admin_state = models.CharField(
+        max_length=10, choices=AdminState.choices, default=AdminState.READY
+    )
     vcpus = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
     # What running work has booked; the scheduler claims these with guarded UPDATEs too.
@@ -64,7 +69,13 @@ class Gpu(models.Model):
     pci_bus_id = models.CharField(max_length=32, blank=True)
     numa_node = models.SmallIntegerField(default=0)
     nvlink_island = models.SmallIntegerField(default=0)
+    # False after a fatal XID, an uncorrectable ECC error, a lost GPU or a vanished one: it
+    # takes no new work until an operator marks it healthy again (sticky on purpose).
     healthy = models.BooleanField(default=True)
+    unhealthy_reason = models.CharField(max_length=300, blank=True)
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
+    # The last volatile uncorrectable ECC count seen: an increase is a new error.
+    ecc_uncorrected = models.PositiveBigIntegerField(null=True, blank=True)
     # Booking: a GPU is held whole by one allocation, or shared by fractions summing <= 1000.
     whole = models.BooleanField(default=False)
     used_milli = models.PositiveSmallIntegerField(default=0)
@@ -119,3 +130,75 @@ class BootstrapToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.region})"
+
+
+class GpuSample(models.Model):
+    """One GPU measurement from a heartbeat, kept GPU_SAMPLE_RAW_RETENTION_S (about an hour).
+
+    Written in one INSERT per heartbeat; `agents.tasks.gpu_samples_rollup_task` averages
+    them into `GpuSampleMinute` and prunes both. Null metric: not supported on that GPU.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    time = models.DateTimeField()
+    gpu_util = models.FloatField(null=True)  # percent 0..100
+    mem_util = models.FloatField(null=True)  # percent 0..100
+    mem_used_mib = models.PositiveIntegerField(null=True)
+    temperature_c = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["gpu", "time"], name="gpusample_gpu_time"),
+                   models.Index(fields=["time"], name="gpusample_time")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.time:%Y-%m-%d %H:%M:%S}"
+
+
+class GpuSampleMinute(models.Model):
+    """1-minute averages of `GpuSample`, kept GPU_SAMPLE_MINUTE_RETENTION_DAYS (30)."""
+
+    id = models.BigAutoField(primary_key=True)
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+", db_constraint=False)
+    minute = models.DateTimeField()
+    samples = models.PositiveIntegerField(default=0)
+    gpu_util = models.FloatField(null=True)
+    mem_util = models.FloatField(null=True)
+    mem_used_mib = models.FloatField(null=True)
+    temperature_c = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "minute"], name="gpusampleminute_unique")
+        ]
+        indexes = [models.Index(fields=["minute"], name="gpusampleminute_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.minute:%Y-%m-%d %H:%M}"
+
+
+class ContainerLog(models.Model):
+    """The latest log tail of a workload's container, and an outstanding request for one.
+
+    The control plane cannot call agents (they pull), so `GET .../logs` sets `requested_*`;
+    the next heartbeat answer carries the request (`logs_requests`), and the heartbeat after
+    that carries the tail, stored here (`text`, `captured_at`) and the request cleared.
+    """
+
+    workload = models.OneToOneField(
+        "scheduler.Workload", on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    host = models.ForeignKey(Host, null=True, on_delete=models.SET_NULL, related_name="+")
+    attempt_id = models.CharField(max_length=100, blank=True)  # the container's instance id
+    requested_tail = models.PositiveIntegerField(default=0)
+    requested_at = models.DateTimeField(null=True, blank=True)
+    text = models.TextField(blank=True)
+    captured_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["host", "requested_at"], name="containerlog_requests")]
+
+    def __str__(self) -> str:
+        return f"log of {self.workload_id}"

@@ -429,6 +429,65 @@ class ObservedContainer:
         )
 
 
+# --- logs ------------------------------------------------------------------------------
+
+# The most of one container's log tail a heartbeat carries (the newest part is kept).
+LOG_TAIL_MAX_LINES: Final = 10_000
+LOG_TAIL_MAX_CHARS: Final = 256 * 1024
+
+
+@dataclass(frozen=True)
+class LogsRequest:
+    """The control plane wants the last ``tail`` lines of a container's log (it cannot call
+    the agent, so it asks in a heartbeat answer and gets them in the next heartbeat)."""
+
+    instance_id: str
+    tail: int = 100
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instance_id": self.instance_id, "tail": self.tail}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> LogsRequest:
+        r = _Reader(data, path)
+        tail = r.int_("tail", required=False, default=100, minimum=1)
+        if tail > LOG_TAIL_MAX_LINES:
+            raise ProtocolError(r._p("tail"), f"must be <= {LOG_TAIL_MAX_LINES}")
+        return cls(instance_id=r.str_("instance_id"), tail=tail)
+
+
+@dataclass(frozen=True)
+class ContainerLogTail:
+    """The answer to a ``LogsRequest``: the log's last lines (empty if no such container),
+    at most ``LOG_TAIL_MAX_CHARS`` (``truncated`` then says the start was cut)."""
+
+    instance_id: str
+    text: str = ""
+    truncated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instance_id": self.instance_id, "text": self.text, "truncated": self.truncated}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> ContainerLogTail:
+        r = _Reader(data, path)
+        text = r.str_("text", required=False, default="")
+        if len(text) > LOG_TAIL_MAX_CHARS:
+            raise ProtocolError(r._p("text"), f"must be at most {LOG_TAIL_MAX_CHARS} characters")
+        return cls(
+            instance_id=r.str_("instance_id"),
+            text=text,
+            truncated=r.bool_("truncated", required=False, default=False),
+        )
+
+
+def clip_log(text: str, max_chars: int = LOG_TAIL_MAX_CHARS) -> tuple[str, bool]:
+    """The newest ``max_chars`` of ``text``, and whether anything was cut."""
+    if len(text) <= max_chars:
+        return text, False
+    return text[-max_chars:], True
+
+
 # --- messages ---------------------------------------------------------------------------
 
 
@@ -516,6 +575,8 @@ class Heartbeat:
     gpus: list[GpuSample] = field(default_factory=list)
     containers: list[ObservedContainer] | None = field(default_factory=list)
     agent_version: str = ""
+    # Answers to the previous answer's ``logs_requests`` (optional; absent = none).
+    logs: list[ContainerLogTail] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -527,6 +588,7 @@ class Heartbeat:
             "containers": None
             if self.containers is None
             else [c.to_dict() for c in self.containers],
+            "logs": [t.to_dict() for t in self.logs],
         }
 
     @classmethod
@@ -539,6 +601,7 @@ class Heartbeat:
             agent_version=r.str_("agent_version", required=False),
             gpus=r.list_("gpus", GpuSample.from_dict),
             containers=r.opt_list("containers", ObservedContainer.from_dict),
+            logs=r.list_("logs", ContainerLogTail.from_dict),
         )
 
 
@@ -552,6 +615,8 @@ class HeartbeatResponse:
     desired: list[DesiredContainer]
     heartbeat_interval_s: float
     host_token: str | None = None
+    # Log tails wanted in the next heartbeat (optional; an older agent ignores them).
+    logs_requests: list[LogsRequest] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -559,6 +624,7 @@ class HeartbeatResponse:
             "desired": [d.to_dict() for d in self.desired],
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "host_token": self.host_token,
+            "logs_requests": [q.to_dict() for q in self.logs_requests],
         }
 
     @classmethod
@@ -572,4 +638,9 @@ class HeartbeatResponse:
         if interval <= 0:
             raise ProtocolError("heartbeat_interval_s", "must be > 0")
         token = r.opt_str("host_token")
-        return cls(desired=desired, heartbeat_interval_s=interval, host_token=token or None)
+        return cls(
+            desired=desired,
+            heartbeat_interval_s=interval,
+            host_token=token or None,
+            logs_requests=r.list_("logs_requests", LogsRequest.from_dict),
+        )

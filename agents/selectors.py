@@ -11,12 +11,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import defaultdict
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
+from django.db.models import Avg, Q
+from django.db.models.functions import Floor
+from django.utils import timezone
 
-from agents.models import Host
-from agents.protocol import DesiredContainer
+from agents.models import ContainerLog, GpuSample, GpuSampleMinute, Host
+from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest
 from scheduler.choices import State
 from scheduler.models import Allocation, Workload
 
@@ -59,29 +63,47 @@ def tenant_network(tenant_id: UUID | str) -> str:
     return f"gpucloud-t-{tenant_id}"
 
 
-def host_attempts(*, host: Host, states: tuple[str, ...] | None = None) -> dict[str, Workload]:
+def host_allocations(*, host: Host) -> list[Allocation]:
+    """The active allocations on `host` with their workloads, instance types and GPUs: what
+    both `host_attempts` and `host_desired_containers` read, so a heartbeat that changes
+    nothing reads them once."""
+    return list(
+        Allocation.objects.filter(host=host, active=True)
+        .select_related("workload__instance_type", "gpu")
+        .order_by("id")
+    )
+
+
+def host_attempts(
+    *,
+    host: Host,
+    states: tuple[str, ...] | None = None,
+    allocations: list[Allocation] | None = None,
+) -> dict[str, Workload]:
     """Attempt id -> workload, for the workloads holding an active allocation on `host`."""
-    rows = Allocation.objects.filter(host=host, active=True).select_related("workload")
-    if states is not None:
-        rows = rows.filter(workload__state__in=states)
+    if allocations is None:
+        allocations = host_allocations(host=host)
     first: dict[UUID, int] = {}
     workloads: dict[UUID, Workload] = {}
-    for a in rows.order_by("id"):
+    for a in allocations:
+        if states is not None and a.workload.state not in states:
+            continue
         first.setdefault(a.workload_id, a.pk)
         workloads[a.workload_id] = a.workload
     return {attempt_id(wid, first[wid]): workloads[wid] for wid in first}
 
 
-def host_desired_containers(*, host: Host) -> list[DesiredContainer]:
-    """The whole desired set of `host` (the heartbeat answer). One query."""
-    rows = (
-        Allocation.objects.filter(host=host, active=True, workload__state__in=DESIRED_STATES)
-        .select_related("workload__instance_type", "gpu")
-        .order_by("workload_id", "id")
-    )
+def host_desired_containers(
+    *, host: Host, allocations: list[Allocation] | None = None
+) -> list[DesiredContainer]:
+    """The whole desired set of `host` (the heartbeat answer). One query, or none when
+    the caller passes `host_allocations(host=host)` read after its last write."""
+    if allocations is None:
+        allocations = host_allocations(host=host)
     grouped: dict[UUID, list[Allocation]] = defaultdict(list)
-    for a in rows:
-        grouped[a.workload_id].append(a)
+    for a in sorted(allocations, key=lambda a: (str(a.workload_id), a.pk)):
+        if a.workload.state in DESIRED_STATES:
+            grouped[a.workload_id].append(a)
     out = []
     for allocations in grouped.values():
         w = allocations[0].workload
@@ -114,3 +136,103 @@ def host_desired_containers(*, host: Host) -> list[DesiredContainer]:
             )
         )
     return out
+
+
+def workload_attempt(*, workload: Workload) -> tuple[UUID, str] | None:
+    """(host id, attempt id) of the container running `workload` now, or None."""
+    first = (
+        Allocation.objects.filter(workload=workload, active=True)
+        .order_by("id")
+        .values_list("host_id", "id")
+        .first()
+    )
+    return None if first is None else (first[0], attempt_id(workload.pk, first[1]))
+
+
+def host_logs_requests(*, host: Host) -> list[LogsRequest]:
+    """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query."""
+    rows = ContainerLog.objects.filter(host=host, requested_at__isnull=False).values_list(
+        "attempt_id", "requested_tail"
+    )
+    return [LogsRequest(iid, max(1, min(tail, LOG_TAIL_MAX_LINES))) for iid, tail in rows]
+
+
+# --- metrics ------------------------------------------------------------------------------
+
+METRICS = ("gpu_util", "mem_util", "mem_used_mib", "temperature_c", "power_w")
+MAX_POINTS = 1440  # per series: a day at one minute, an hour at 2.5 s
+
+
+def workload_metrics(
+    *, workload: Workload, since: datetime, step: int, now: datetime | None = None
+) -> dict:
+    """Utilisation of `workload`'s GPUs since `since`, averaged per `step` seconds.
+
+    Per GPU it held (any attempt, only while it held it), and the average over its GPUs
+    per step ("what the instance used"). Raw samples serve a range they still cover with
+    a step under a minute; otherwise the 1-minute averages. One query per source.
+    Precondition: `workload` was read through a tenant-scoped selector.
+    """
+    from scheduler.snapshot import Epoch  # seconds since 1970, computed by the database
+
+    now = now or timezone.now()
+    raw_from = now - timedelta(seconds=settings.GPU_SAMPLE_RAW_RETENTION_S)
+    # (a minute of slack: "the last hour" computed a moment earlier still counts)
+    use_raw = step < 60 and since >= raw_from - timedelta(seconds=60)
+    model, tcol = (GpuSample, "time") if use_raw else (GpuSampleMinute, "minute")
+    spans = list(
+        Allocation.objects.filter(workload=workload)
+        .values_list("gpu_id", "gpu__index", "created_at", "released_at")
+        .order_by("gpu__index", "id")
+    )
+    held = Q(pk__in=[])
+    for gpu_id, _, start, end in spans:
+        # A minute row covers [minute, minute + 60 s): count it if it overlaps the hold.
+        lo = start if use_raw else start - timedelta(seconds=59)
+        span = Q(gpu_id=gpu_id, **{f"{tcol}__gte": lo})
+        if end is not None:
+            span &= Q(**{f"{tcol}__lte": end})
+        held |= span
+    rows = (
+        model.objects.filter(held, **{f"{tcol}__gte": since, f"{tcol}__lte": now})
+        .annotate(bucket=Floor(Epoch(tcol) / step) * step)
+        .values("gpu_id", "bucket")
+        .annotate(**{m: Avg(m) for m in METRICS})
+        .order_by("gpu_id", "bucket")
+    )
+    series: dict[str, list[dict]] = defaultdict(list)
+    per_bucket: dict[float, list[dict]] = defaultdict(list)
+    for r in rows:
+        t = datetime.fromtimestamp(int(r["bucket"]), tz=timezone.get_current_timezone())
+        point = {"t": t, **{m: _round(r[m]) for m in METRICS}}
+        series[r["gpu_id"]].append(point)
+        per_bucket[r["bucket"]].append(point)
+    index = {gpu_id: idx for gpu_id, idx, _, _ in spans}
+    average = [
+        {
+            "t": points[0]["t"],
+            **{m: _mean([p[m] for p in points]) for m in METRICS},
+            "gpus": len(points),
+        }
+        for _, points in sorted(per_bucket.items())
+    ]
+    return {
+        "since": since,
+        "until": now,
+        "step": step,
+        "source": "raw" if use_raw else "minute",
+        "gpus": [
+            {"uuid": uuid, "index": index[uuid], "points": series.get(uuid, [])}
+            for uuid in sorted(index, key=lambda u: index[u])
+        ],
+        "average": average,
+    }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return _round(sum(known) / len(known)) if known else None
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(float(v), 2)

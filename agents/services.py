@@ -16,6 +16,10 @@ here. How a container's state moves its workload:
     exited / missing / absent  STOPPING                 STOPPED
     host silent > HOST_DOWN_AFTER_S                     host DOWN (no new work)
     host DOWN > HOST_LOST_GRACE_S  any holding state    LOST, jobs requeued
+    GPU fatal XID / new uncorrectable ECC / lost        GPU unhealthy (sticky); its work
+                               SCHEDULED..RUNNING       FAILED "GPU <uuid> failed: ...", jobs
+                                                        requeued if retries are left
+    operator drains the host   job SCHEDULED..RUNNING   PREEMPTED -> PENDING (no retry spent)
 
 An exited container passes through RUNNING first, so billing and
 the event log see that it started even when it ended between two heartbeats.
@@ -32,15 +36,24 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Value, When
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Avg, Count, F, Max, Min
+from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from agents.choices import HostState
+from agents.choices import AdminState, HostState
+from agents.host.gpu import FATAL_XIDS
 from agents.liveness import is_lost
-from agents.models import BootstrapToken, Gpu, Host
-from agents.protocol import GpuInfo, GpuSample, Heartbeat, ObservedContainer, RegisterRequest
-from agents.selectors import hash_token, host_attempts
+from agents.models import BootstrapToken, ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
+from agents.protocol import (
+    ContainerLogTail,
+    GpuInfo,
+    Heartbeat,
+    ObservedContainer,
+    RegisterRequest,
+)
+from agents.protocol import GpuSample as GpuSampleMsg
+from agents.selectors import hash_token, host_allocations, host_attempts
 from gpucloud.catalogue.models import GpuModel, Region
 from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
@@ -195,8 +208,13 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
     existing = {g.uuid: g for g in Gpu.objects.filter(uuid__in=uuids)}
     vanished = list(Gpu.objects.filter(host=host).exclude(uuid__in=uuids).order_by("index"))
     changed: list[Gpu] = []
+    now = timezone.now()
     for n, row in enumerate(vanished):
-        row.index, row.healthy = 10000 + n, False
+        row.index = 10000 + n
+        if row.healthy:
+            row.healthy, row.unhealthy_reason, row.unhealthy_since = (
+                False, "vanished from the host's inventory", now,
+            )
         changed.append(row)
         logger.warning("gpu vanished from inventory host=%s gpu=%s", host.pk, row.uuid)
     new: list[Gpu] = []
@@ -209,7 +227,6 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
             "pci_bus_id": g.pci_bus_id or "",
             "numa_node": g.numa_node or 0,
             "nvlink_island": _island(g),
-            "healthy": True,
         }
         row = existing.get(g.uuid)
         if row is None:
@@ -230,6 +247,8 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
                 "numa_node",
                 "nvlink_island",
                 "healthy",
+                "unhealthy_reason",
+                "unhealthy_since",
             ],
         )
     Gpu.objects.bulk_create(new)
@@ -300,8 +319,8 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
             agent_version=req.agent_version[:50],
             last_heartbeat_at=now,
             last_seq=0,  # a new agent process: its seq starts again at 1
-            # A DOWN host is back; READY and DRAINING stay as they are.
-            state=Case(When(state=HostState.DOWN, then=Value(HostState.READY)), default=F("state")),
+            # A DOWN host is back as what the operator wants (READY, CORDONED or DRAINING).
+            state=F("admin_state"),
             down_since=None,
         )
         if not updated:
@@ -337,6 +356,22 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
 class HeartbeatOutcome:
     applied: bool  # False: a late, reordered heartbeat; only liveness was taken from it
     transitions: list[tuple[str, str]] = field(default_factory=list)  # (workload id, new state)
+    # The host's active allocations as read after the last write of this heartbeat (None:
+    # something moved since; read them again for the answer).
+    allocations: list | None = None
+
+
+def _async_commit() -> None:
+    """Let this transaction commit without waiting for the WAL flush (PostgreSQL).
+
+    For heartbeat telemetry only (liveness time, samples): a crash may lose the last
+    moment of them, which the next heartbeat rewrites, and a flush per heartbeat was the
+    largest cost of the path. Lifecycle transitions commit in their own, synchronous,
+    transactions; a later synchronous commit also makes every earlier one durable.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit TO OFF")
 
 
 def seq_is_fresh(seq: int, last_seq: int) -> bool:
@@ -348,28 +383,141 @@ def seq_is_fresh(seq: int, last_seq: int) -> bool:
     return seq > last_seq or seq == 1 or seq < last_seq - SEQ_REORDER_WINDOW
 
 
-def _apply_samples(host: Host, samples: list[GpuSample], now: datetime) -> None:
+def gpu_fault(sample: GpuSampleMsg, ecc_before: int | None) -> str | None:
+    """Why this sample takes its GPU out of service, or None (pure).
+
+    A lost GPU (the agent says unhealthy), a fatal XID (agents.host.gpu.FATAL_XIDS: the
+    GPU needs a reset; application XIDs such as 13 or 43 are the program's fault), or an
+    uncorrectable ECC count above the last one seen (counts are volatile: they reset with
+    the driver, which is also what repairs the GPU).
+    """
+    fatal = [x for x in sample.xid_events if x in FATAL_XIDS]
+    if fatal:
+        return f"XID {fatal[-1]}" + (f" ({sample.error})" if sample.error else "")
+    if sample.ecc_uncorrected is not None and sample.ecc_uncorrected > (ecc_before or 0):
+        return f"uncorrectable ECC errors: {sample.ecc_uncorrected}"
+    if not sample.healthy:
+        return sample.error or "reported unhealthy by the agent"
+    return None
+
+
+def _apply_samples(host: Host, samples: list[GpuSampleMsg], now: datetime) -> list[Gpu]:
+    """Store the samples (one INSERT), update each GPU's last measurement (one UPDATE).
+
+    Returns the GPUs that became unhealthy now; their work is failed by the caller.
+    """
+    if not samples:
+        return []
     rows = {g.uuid: g for g in Gpu.objects.filter(host=host)}
-    changed = []
+    changed, failed, history = [], [], []
     for s in samples:
         g = rows.get(s.uuid)
         if g is None:
             logger.warning("sample of an unknown gpu host=%s gpu=%s", host.pk, s.uuid)
             continue
-        g.healthy, g.sampled_at = s.healthy, now
+        g.sampled_at = now
         if s.gpu_util is not None:
             g.utilisation = min(1.0, max(0.0, s.gpu_util / 100))
             g.idle_since = (g.idle_since or now) if g.utilisation < IDLE_BELOW else None
         if s.mem_used_mib is not None:
             g.memory_used_mib = max(0, s.mem_used_mib)
-        if not s.healthy:
-            logger.warning("gpu unhealthy host=%s gpu=%s error=%s", host.pk, s.uuid, s.error)
+        fault = gpu_fault(s, g.ecc_uncorrected)
+        if s.ecc_uncorrected is not None:
+            g.ecc_uncorrected = max(0, s.ecc_uncorrected)
+        # Health is sticky: a sample can take a GPU out, only an operator puts it back.
+        if fault and g.healthy:
+            g.healthy, g.unhealthy_reason, g.unhealthy_since = False, fault[:300], now
+            failed.append(g)
+            logger.warning("gpu unhealthy host=%s gpu=%s reason=%s", host.pk, s.uuid, fault)
         changed.append(g)
-    if changed:
-        # Only the measured fields: the booking counters may change under us (the scheduler).
-        Gpu.objects.bulk_update(
-            changed, ["healthy", "sampled_at", "utilisation", "idle_since", "memory_used_mib"]
+        history.append(
+            GpuSample(
+                gpu_id=g.uuid,
+                time=now,
+                gpu_util=s.gpu_util,
+                mem_util=s.mem_util,
+                mem_used_mib=None if s.mem_used_mib is None else max(0, s.mem_used_mib),
+                temperature_c=s.temperature_c,
+                power_w=s.power_w,
+            )
         )
+    _write_measurements(changed)
+    GpuSample.objects.bulk_create(history)
+    return failed
+
+
+_MEASURED: Final = (
+    # column, PostgreSQL array type
+    ("healthy", "bool"),
+    ("unhealthy_reason", "text"),
+    ("unhealthy_since", "timestamptz"),
+    ("ecc_uncorrected", "int8"),
+    ("sampled_at", "timestamptz"),
+    ("utilisation", "float8"),
+    ("idle_since", "timestamptz"),
+    ("memory_used_mib", "int8"),
+)
+
+
+def _write_measurements(gpus: list[Gpu]) -> None:
+    """Write only the measured fields of `gpus` (the booking counters may change under us:
+    they are the scheduler's). On PostgreSQL one `UPDATE ... FROM unnest(...)`: Django's
+    bulk_update builds a CASE expression per row and field, which was most of a heartbeat's
+    time (see docs/benchmarks.md)."""
+    if not gpus:
+        return
+    if connection.vendor != "postgresql":
+        Gpu.objects.bulk_update(gpus, [f for f, _ in _MEASURED])
+        return
+    sets = ", ".join(f"{f} = v.{f}" for f, _ in _MEASURED)
+    arrays = ", ".join(f"%s::{t}[]" for _, t in _MEASURED)
+    names = ", ".join(f for f, _ in _MEASURED)
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {Gpu._meta.db_table} AS g SET {sets} "
+            f"FROM unnest(%s::text[], {arrays}) AS v(uuid, {names}) WHERE g.uuid = v.uuid",
+            [[g.uuid for g in gpus], *([getattr(g, f) for g in gpus] for f, _ in _MEASURED)],
+        )
+
+
+def _fail_work_on(gpus: list[Gpu], outcome: HeartbeatOutcome) -> None:
+    """Fail the work holding a GPU that just became unhealthy (jobs retry if they may)."""
+    from scheduler.models import Allocation
+
+    reasons = {g.uuid: f"GPU {g.uuid} failed: {g.unhealthy_reason}" for g in gpus}
+    victims = (
+        Allocation.objects.filter(
+            gpu__in=list(reasons),
+            active=True,
+            workload__state__in=(State.SCHEDULED, State.STARTING, State.RUNNING),
+        )
+        .select_related("workload")
+        .order_by("workload_id", "id")
+    )
+    seen = set()
+    for a in victims:
+        w = a.workload
+        if w.pk in seen:
+            continue
+        seen.add(w.pk)
+        old = w.state
+        workload_requeue_or_end(workload=w, ended=State.FAILED, reason=reasons[a.gpu_id])
+        if w.state != old:
+            outcome.transitions.append((str(w.pk), State.FAILED))
+            logger.warning("workload failed with its gpu workload=%s gpu=%s", w.pk, a.gpu_id)
+
+
+def _store_logs(host: Host, tails: list[ContainerLogTail], now: datetime) -> None:
+    """Answers to log requests: keep the tail, clear the request.
+
+    An empty answer (the container was removed meanwhile) keeps the tail stored before.
+    """
+    for t in tails:
+        rows = ContainerLog.objects.filter(host=host, attempt_id=t.instance_id)
+        if t.text:
+            rows.update(text=t.text, captured_at=now, requested_at=None)
+        else:
+            rows.update(requested_at=None)
 
 
 class _Mover:
@@ -445,6 +593,7 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
     # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
+        _async_commit()
         # Heartbeats of one host decide their order one at a time; the liveness task's
         # DOWN update waits for this too.
         locked = Host.objects.select_for_update().get(pk=host.pk)
@@ -453,7 +602,8 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
         locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
         locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
         if locked.state == HostState.DOWN:
-            locked.state, locked.down_since = HostState.READY, None
+            # Back as what the operator wants: a drain or cordon survives an outage.
+            locked.state, locked.down_since = locked.admin_state, None
             fields += ["state", "down_since"]
             logger.info("host back host=%s name=%s", locked.pk, locked.name)
             _trigger_cycle_on_commit(locked.region_id)
@@ -466,12 +616,19 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
         )
         return outcome
-    _apply_samples(locked, hb.gpus, now)
+    with transaction.atomic():
+        _async_commit()
+        failed_gpus = _apply_samples(locked, hb.gpus, now)
+    if failed_gpus:
+        _fail_work_on(failed_gpus, outcome)
+    if hb.logs:
+        _store_logs(locked, hb.logs, now)
     if hb.containers is None:
         return outcome  # the agent could not list its runtime: infer nothing
     # Each transition is its own guarded update and transaction (scheduler.services).
     mover = _Mover(locked, now, outcome)
-    attempts = host_attempts(host=locked)
+    allocations = host_allocations(host=locked)
+    attempts = host_attempts(host=locked, allocations=allocations)
     reported = set()
     for o in hb.containers:
         reported.add(o.instance_id)
@@ -484,6 +641,8 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
             mover.stopped(w, "container gone")
     if outcome.transitions:
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
+    elif not failed_gpus:
+        outcome.allocations = allocations  # nothing moved: the answer can reuse them
     return outcome
 
 
@@ -562,3 +721,171 @@ def hosts_check_liveness(*, now: datetime | None = None) -> LivenessOutcome:
     """The liveness tick: mark silent hosts DOWN, then lose the work of long-DOWN ones."""
     now = now or timezone.now()
     return LivenessOutcome(down=hosts_mark_down(now=now), lost=hosts_lose_workloads(now=now))
+
+
+# --- operator actions: cordon, drain, uncordon, GPU health --------------------------------
+
+
+def _host_set_admin_state(*, host: Host, to: str) -> Host:
+    """Record the operator's choice; the host takes it now unless it is DOWN (then on return).
+
+    Audited with the current actor (the admin sets it for its requests)."""
+    with transaction.atomic():
+        locked = Host.objects.select_for_update().get(pk=host.pk)
+        old = locked.state
+        locked.admin_state = to
+        if locked.state != HostState.DOWN:
+            locked.state = to
+        locked.save(update_fields=["admin_state", "state"])
+        verb = {AdminState.READY: "uncordon", AdminState.CORDONED: "cordon"}.get(to, "drain")
+        audit_record(
+            tenant=None,
+            action=f"host.{verb}",
+            obj=locked,
+            data={"from": old, "to": locked.state, "admin_state": to},
+        )
+        if to == AdminState.READY and old != locked.state:
+            _trigger_cycle_on_commit(locked.region_id)  # capacity is back
+    logger.info("host %s host=%s name=%s state=%s", to, locked.pk, locked.name, locked.state)
+    return locked
+
+
+def host_cordon(*, host: Host) -> Host:
+    """No new work lands on `host`; what runs there keeps running."""
+    return _host_set_admin_state(host=host, to=AdminState.CORDONED)
+
+
+def host_uncordon(*, host: Host) -> Host:
+    """`host` takes new work again (once it heartbeats, if it is DOWN)."""
+    return _host_set_admin_state(host=host, to=AdminState.READY)
+
+
+def host_drain(*, host: Host) -> tuple[Host, list[str]]:
+    """Empty `host` for maintenance: no new work; batch jobs (restartable) are requeued at
+    once without spending a retry (PREEMPTED -> PENDING), instances run until their owners
+    stop them. The host stays DRAINING (also across an outage) until uncordoned.
+    Returns the host and the ids of the requeued jobs."""
+    host = _host_set_admin_state(host=host, to=AdminState.DRAINING)
+    requeued = []
+    jobs = (
+        Workload.objects.filter(
+            kind=WorkloadKind.JOB,
+            state__in=(State.SCHEDULED, State.STARTING, State.RUNNING),
+            allocations__active=True,
+            allocations__host=host,
+        )
+        .distinct()
+        .order_by("created_at")
+    )
+    for w in jobs:
+        old = w.state
+        workload_requeue_or_end(
+            workload=w, ended=State.PREEMPTED, reason=f"host {host.name} is draining"
+        )
+        if w.state != old:
+            requeued.append(str(w.pk))
+    if requeued:
+        _trigger_cycle_on_commit(host.region_id)
+    logger.info("host drained host=%s requeued=%s", host.pk, requeued)
+    return host, requeued
+
+
+def gpu_mark_healthy(*, gpu: Gpu) -> Gpu:
+    """An operator repaired `gpu` (reset, replaced): it takes work again."""
+    reason = gpu.unhealthy_reason
+    Gpu.objects.filter(pk=gpu.pk).update(healthy=True, unhealthy_reason="", unhealthy_since=None)
+    gpu.refresh_from_db()
+    audit_record(tenant=None, action="gpu.mark_healthy", obj=gpu, data={"was": reason})
+    _trigger_cycle_on_commit(gpu.host.region_id)
+    logger.info("gpu marked healthy gpu=%s was=%s", gpu.pk, reason)
+    return gpu
+
+
+# --- metrics: roll raw samples up into minutes, prune both --------------------------------
+
+
+@dataclass
+class RollupOutcome:
+    minutes: int = 0  # (gpu, minute) rows written or refreshed
+    raw_pruned: int = 0
+    minutes_pruned: int = 0
+
+
+def gpu_samples_rollup(*, now: datetime | None = None) -> RollupOutcome:
+    """Average raw samples into GpuSampleMinute for every complete minute since the last
+    rolled-up one (re-doing that one: late samples), then prune both tables.
+
+    Idempotent (an upsert per (gpu, minute)); a worker that was down catches up as far
+    as the raw samples still go back.
+    """
+    now = now or timezone.now()
+    out = RollupOutcome()
+    end = now.replace(second=0, microsecond=0)  # the current minute is not complete yet
+    last = GpuSampleMinute.objects.aggregate(m=Max("minute"))["m"]
+    start = last if last is not None else GpuSample.objects.aggregate(m=Min("time"))["m"]
+    if start is not None and start < end:
+        rows = (
+            GpuSample.objects.filter(time__gte=start, time__lt=end)
+            .annotate(m=TruncMinute("time"))
+            .values("gpu_id", "m")
+            .annotate(
+                n=Count("id"),
+                u=Avg("gpu_util"),
+                mu=Avg("mem_util"),
+                mem=Avg("mem_used_mib"),
+                t=Avg("temperature_c"),
+                p=Avg("power_w"),
+            )
+        )
+        minutes = [
+            GpuSampleMinute(
+                gpu_id=r["gpu_id"],
+                minute=r["m"],
+                samples=r["n"],
+                gpu_util=r["u"],
+                mem_util=r["mu"],
+                mem_used_mib=r["mem"],
+                temperature_c=r["t"],
+                power_w=r["p"],
+            )
+            for r in rows
+        ]
+        GpuSampleMinute.objects.bulk_create(
+            minutes,
+            batch_size=2000,
+            update_conflicts=True,
+            unique_fields=["gpu", "minute"],
+            update_fields=["samples", "gpu_util", "mem_util", "mem_used_mib", "temperature_c",
+                           "power_w"],
+        )
+        out.minutes = len(minutes)
+    raw_cutoff = now - timedelta(seconds=settings.GPU_SAMPLE_RAW_RETENTION_S)
+    out.raw_pruned = GpuSample.objects.filter(time__lt=raw_cutoff).delete()[0]
+    minute_cutoff = now - timedelta(days=settings.GPU_SAMPLE_MINUTE_RETENTION_DAYS)
+    out.minutes_pruned = GpuSampleMinute.objects.filter(minute__lt=minute_cutoff).delete()[0]
+    return out
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+
+def workload_logs_request(
+    *, workload: Workload, tail: int, now: datetime | None = None
+) -> ContainerLog:
+    """Ask the agent running `workload` for the last `tail` lines of its container's log.
+
+    Returns its ContainerLog (the latest stored tail, maybe none yet). Only work holding
+    GPUs has a container to ask about; for other work the stored tail is all there is.
+    """
+    from agents.selectors import workload_attempt
+
+    now = now or timezone.now()
+    log, _ = ContainerLog.objects.get_or_create(workload=workload)
+    where = workload_attempt(workload=workload) if workload.state in HOLDING else None
+    if where is not None:
+        host_id, attempt = where
+        ContainerLog.objects.filter(pk=log.pk).update(
+            host_id=host_id, attempt_id=attempt, requested_tail=tail, requested_at=now
+        )
+        log.refresh_from_db()
+    return log

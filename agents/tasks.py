@@ -25,3 +25,21 @@ def hosts_liveness_task() -> dict[str, int]:
         (time.perf_counter() - t0) * 1000,
     )
     return stats
+
+
+@shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
+def gpu_samples_rollup_task() -> dict[str, int]:
+    """Every minute (beat): raw GPU samples -> 1-minute averages; both pruned."""
+    from agents.services import gpu_samples_rollup
+
+    t0 = time.perf_counter()
+    out = gpu_samples_rollup()
+    logger.info(
+        "gpu samples rollup minutes=%d raw_pruned=%d minutes_pruned=%d duration_ms=%.1f",
+        out.minutes,
+        out.raw_pruned,
+        out.minutes_pruned,
+        (time.perf_counter() - t0) * 1000,
+    )
+    return {"minutes": out.minutes, "raw_pruned": out.raw_pruned,
+            "minutes_pruned": out.minutes_pruned}

@@ -22,6 +22,16 @@ app.conf.beat_schedule = {
     "allocations-audit": {"task": "scheduler.tasks.allocations_audit_task", "schedule": 60.0},
     # Host liveness: silent hosts go DOWN, work on hosts DOWN past the grace period is LOST.
     "hosts-liveness": {"task": "agents.tasks.hosts_liveness_task", "schedule": 5.0},
+    # GPU samples: raw ones averaged into minutes, both pruned to their retention.
+    "gpu-samples-rollup": {"task": "agents.tasks.gpu_samples_rollup_task", "schedule": 60.0},
+    # Billing: post closed windows of usage (idempotent), then enforce balances and budgets.
+    "metering": {"task": "billing.tasks.metering_run_task",
+                 "schedule": float(os.environ.get("METERING_INTERVAL_S", "60"))},
+    # Spot prices follow each region's GPU allocation (billing/pricing.py spot_price).
+    "spot-prices": {"task": "billing.tasks.spot_prices_task",
+                    "schedule": float(os.environ.get("SPOT_RECOMPUTE_S", "60"))},
+    # Invoices: refresh this month's drafts, issue last month's once fully metered.
+    "invoices": {"task": "billing.tasks.invoices_task", "schedule": crontab(minute=23)},
     # Keep the audit log bounded: events older than AUDIT_RETENTION_DAYS are purged nightly.
     "audit-retention": {
         "task": "gpucloud.tenancy.tasks.audit_purge_task",

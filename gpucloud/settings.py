@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from gpucloud.lib.env import env_bool, env_int, env_list, env_str
+from gpucloud.lib.env import env_bool, env_decimal, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUCLOUD_VAR_DIR", str(BASE_DIR / "var")))
@@ -230,6 +230,32 @@ HOST_DOWN_AFTER_S = env_int("HOST_DOWN_AFTER_S", 30)
 HOST_LOST_GRACE_S = env_int("HOST_LOST_GRACE_S", 120)
 AGENT_PIDS_LIMIT = env_int("AGENT_PIDS_LIMIT", 4096)
 AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeats need 12/min
+# GPU samples from heartbeats: raw for an hour, then 1-minute averages for 30 days.
+GPU_SAMPLE_RAW_RETENTION_S = env_int("GPU_SAMPLE_RAW_RETENTION_S", 3600)
+GPU_SAMPLE_MINUTE_RETENTION_DAYS = env_int("GPU_SAMPLE_MINUTE_RETENTION_DAYS", 30)
+
+# Billing (docs/billing.md). Money is Decimal, read from the environment exactly.
+BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD")
+# Every new tenant starts with this credit: generous, so a newcomer can launch at once.
+BILLING_SIGNUP_CREDIT = env_decimal("BILLING_SIGNUP_CREDIT", "1000.00")
+BILLING_LOW_BALANCE = env_decimal("BILLING_LOW_BALANCE", "10.00")  # warn below this
+# At zero balance spot work stops at once; on-demand work after this grace.
+BILLING_GRACE_S = env_int("BILLING_GRACE_S", 3600)
+BILLING_PAYMENT_PROVIDER = env_str("BILLING_PAYMENT_PROVIDER", "billing.payments.NullProvider")
+BILLING_WEBHOOK_TIMEOUT_S = env_int("BILLING_WEBHOOK_TIMEOUT_S", 5)
+# Usage is posted in closed windows of METERING_INTERVAL_S, METERING_SETTLE_S behind the
+# clock so that every transition of the window has committed.
+METERING_INTERVAL_S = env_int("METERING_INTERVAL_S", 60)
+METERING_SETTLE_S = env_int("METERING_SETTLE_S", 30)
+SPOT_FLOOR_FRACTION = env_decimal("SPOT_FLOOR_FRACTION", "0.30")  # where no SpotFloor row says
+SPOT_RECOMPUTE_S = env_int("SPOT_RECOMPUTE_S", 60)
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpucloud <noreply@localhost>")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 
 LOGGING = {
     "version": 1,

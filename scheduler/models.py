@@ -22,11 +22,13 @@ class Workload(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="workloads")
+    # Indexes on this hot table are chosen, not automatic: each one costs every state change.
+    # workload_tenant_list serves the tenant FK, workload_state_region the state and region.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="workloads", db_index=False)
     kind = models.CharField(max_length=10, choices=WorkloadKind.choices)
     name = models.CharField(max_length=100)
-    instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+")
-    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
+    instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+", db_index=False)
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+", db_index=False)
     image = models.CharField(max_length=500)
     command = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
@@ -34,6 +36,8 @@ class Workload(models.Model):
     ssh_keys = models.JSONField(default=list, blank=True)
     billing = models.CharField(max_length=10, choices=Billing.choices, default=Billing.ON_DEMAND)
     priority = models.CharField(max_length=10, choices=PriorityClass.choices, default=PriorityClass.STANDARD)
+    # Spot only: the most the owner pays per hour; a spot price above it preempts (billing/services.py).
+    max_price = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     # batch jobs
     queue = models.CharField(max_length=64, default="default")
     nodes = models.PositiveSmallIntegerField(default=1)
@@ -42,9 +46,10 @@ class Workload(models.Model):
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     # lifecycle
-    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
     reason = models.CharField(max_length=500, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+",
+                                   db_index=False)
     created_at = models.DateTimeField(default=timezone.now)
     # When it (re)entered the queue: age in the queue order counts from here.
     queued_at = models.DateTimeField(default=timezone.now)
@@ -101,9 +106,11 @@ class Allocation(models.Model):
     allocation; `Gpu.used_milli`'s CHECK bounds fractional shares.
     """
 
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="allocations")
+    # The partial indexes below serve gpu and workload lookups of active rows; plain FK
+    # indexes on them would cost every placement two more index writes.
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="allocations", db_index=False)
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="allocations")
-    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="allocations")
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="allocations", db_index=False)
     milli = models.PositiveSmallIntegerField()
     vcpus = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveBigIntegerField(default=0)

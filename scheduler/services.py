@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -51,6 +52,7 @@ class WorkloadSpec:
     nodes: int = 1
     max_retries: int = 0
     timeout_s: int | None = None
+    max_price: Decimal | None = None  # spot only: preempted when the spot price passes it
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
@@ -104,14 +106,17 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
 @transaction.atomic
 def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workload:
     """Queue an instance or a batch job. It waits PENDING until the scheduler places it."""
+    from billing.services import launch_check  # billing builds on the scheduler, not back
+
     it, region = _resolve(spec)
     _check_quota_ceiling(tenant, it, region, spec)
+    launch_check(tenant=tenant, instance_type=it, region=region, billing=spec.billing, max_price=spec.max_price)
     now = timezone.now()
     workload = Workload.objects.create(
         tenant=tenant, kind=spec.kind, name=spec.name, instance_type=it, region=region,
         image=spec.image, command=spec.command, env=spec.env, ports=spec.ports, ssh_keys=spec.ssh_keys,
         billing=spec.billing, priority=spec.priority, queue=spec.queue, nodes=spec.nodes,
-        max_retries=spec.max_retries, timeout_s=spec.timeout_s, state=State.PENDING,
+        max_retries=spec.max_retries, timeout_s=spec.timeout_s, max_price=spec.max_price, state=State.PENDING,
         reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
     )
     _record(workload, "", State.PENDING, "submitted", now).save()

@@ -187,6 +187,10 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
             max_gpus=max_gpus, max_instances=max_n, gpu_model=model, region=r,
             used_gpu_milli=used(t, model, r, 0), used_instances=used(t, model, r, 1),
         ))
+    from billing.services import blocked_tenants  # billing builds on the scheduler, not back
+
+    # no credit left, or a hard-stop budget spent: pending work of these tenants waits
+    blocked = blocked_tenants(tenant_ids={str(t) for t in tenant_ids})
     views = []
     for tenant_id, plan, weight in Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight"):
         t = str(tenant_id)
@@ -196,5 +200,6 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
                 max_gpus=default.get("max_gpus"), max_instances=default.get("max_instances"),
                 used_gpu_milli=used(t, None, None, 0), used_instances=used(t, None, None, 1),
             ))
-        views.append(core.TenantView(tenant_id=t, weight=float(weight), quotas=tuple(rules[t])))
+        views.append(core.TenantView(tenant_id=t, weight=float(weight), quotas=tuple(rules[t]),
+                                     budget_exhausted=t in blocked))
     return tuple(views)

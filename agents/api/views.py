@@ -30,7 +30,7 @@ from agents.protocol import (
     RegisterRequest,
     RegisterResponse,
 )
-from agents.selectors import host_by_token, host_desired_containers
+from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
 from agents.services import host_heartbeat, host_register
 from gpucloud.lib.errors import InvalidInput
 
@@ -117,9 +117,10 @@ class HostHeartbeatApi(_AgentApi):
 
     def post(self, request):
         hb = _parse(Heartbeat, request.data)
-        host_heartbeat(host=request.auth, hb=hb)
+        outcome = host_heartbeat(host=request.auth, hb=hb)
         body = HeartbeatResponse(
-            desired=host_desired_containers(host=request.auth),
+            desired=host_desired_containers(host=request.auth, allocations=outcome.allocations),
             heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
+            logs_requests=host_logs_requests(host=request.auth),
         )
         return Response(body.to_dict())

@@ -17,6 +17,17 @@ from agents.host.runtime import Runtime
 logger = logging.getLogger("agents.host")
 
 
+def docker_gpu_mode(cfg: AgentConfig) -> str:
+    """The docker runtime's GPU mode: as configured, else the one that fits the backend.
+
+    Simulated GPUs do not exist, so asking the engine for them would fail every start:
+    with the sim backend the containers get the GPU environment variables only.
+    """
+    if cfg.docker_gpu_mode != "auto":
+        return cfg.docker_gpu_mode
+    return {"nvml": "nvidia", "amdsmi": "amd"}.get(cfg.gpu_backend, "none")
+
+
 def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None]:
     """(backend, runtime, resources override) for ``cfg``. Imports vendor modules lazily."""
     if cfg.runtime == "sim":
@@ -49,11 +60,12 @@ def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None
     else:
         from agents.host.docker import DockerRuntime, amd_device_nodes
 
-        if cfg.gpu_backend == "amdsmi":
+        mode = docker_gpu_mode(cfg)
+        if mode == "amd":
             nodes = {g.uuid: amd_device_nodes(g.pci_bus_id) for g in backend.inventory()}
-            runtime = DockerRuntime(gpu_vendor="amd", amd_devices=nodes)
+            runtime = DockerRuntime(gpu_vendor="amd", amd_devices=nodes, scope=cfg.docker_scope)
         else:
-            runtime = DockerRuntime(gpu_vendor="nvidia")
+            runtime = DockerRuntime(gpu_vendor=mode, scope=cfg.docker_scope)
 
     # A simulated host advertises a plausible machine for its GPUs (DGX-like per GPU).
     resources = None

@@ -18,6 +18,7 @@ from agents.host.sim import MODELS
 
 GPU_BACKENDS: Final = ("nvml", "amdsmi", "sim")
 RUNTIMES: Final = ("docker", "sim")
+DOCKER_GPU_MODES: Final = ("auto", "nvidia", "amd", "none")
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,10 @@ class AgentConfig:
     bootstrap_token: str = ""
     gpu_backend: str = "nvml"
     runtime: str = "docker"
+    # How the docker runtime hands GPUs to containers. auto: nvidia with nvml, amd with
+    # amdsmi, none (env variables only, no device request) with the sim backend.
+    docker_gpu_mode: str = "auto"
+    docker_scope: str = ""  # only manage containers labelled gpucloud.agent=<this>
     sim_gpus: int = 8
     sim_model: str = "H100"
     sim_seed: int = 0
@@ -65,6 +70,8 @@ class AgentConfig:
             raise ConfigError(f"--gpu-backend must be one of {GPU_BACKENDS}")
         if cfg.runtime not in RUNTIMES:
             raise ConfigError(f"--runtime must be one of {RUNTIMES}")
+        if cfg.docker_gpu_mode not in DOCKER_GPU_MODES:
+            raise ConfigError(f"--docker-gpu-mode must be one of {DOCKER_GPU_MODES}")
         if cfg.gpu_backend == "sim" and cfg.sim_model not in MODELS:
             raise ConfigError(f"--sim-model must be one of {sorted(MODELS)}")
         if cfg.sim_gpus < 0:
@@ -111,6 +118,12 @@ def parse_args(
     )
     p.add_argument("--gpu-backend", choices=GPU_BACKENDS)
     p.add_argument("--runtime", choices=RUNTIMES)
+    p.add_argument(
+        "--docker-gpu-mode",
+        choices=DOCKER_GPU_MODES,
+        help="auto (default): nvidia with nvml, amd with amdsmi, none with sim",
+    )
+    p.add_argument("--docker-scope", help="manage only containers labelled gpucloud.agent=<it>")
     p.add_argument("--sim-gpus", type=int)
     p.add_argument("--sim-model")
     p.add_argument("--sim-seed", type=int)

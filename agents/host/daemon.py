@@ -35,14 +35,17 @@ from agents.host.reconcile import Action, Remove, ReportExit, Start, Stop, recon
 from agents.host.runtime import Runtime
 from agents.host.state import HostState, clear_state, load_state, save_state
 from agents.protocol import (
+    ContainerLogTail,
     DesiredContainer,
     GpuInfo,
     GpuSample,
     Heartbeat,
     HeartbeatResponse,
+    LogsRequest,
     ObservedContainer,
     RegisterRequest,
     RegisterResponse,
+    clip_log,
 )
 
 logger = logging.getLogger(__name__)
@@ -140,6 +143,8 @@ class Agent:
         self._exits: dict[str, ObservedContainer] = {}
         self._exit_logged: set[str] = set()
         self._start_errors: dict[str, str] = {}
+        # Log tails the control plane asked for; sent with the next heartbeat that gets through.
+        self._log_requests: list[LogsRequest] = []
         self._stop = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -217,6 +222,7 @@ class Agent:
                 gpus=self._sample(),
                 containers=report,
                 agent_version=__version__,
+                logs=self._logs(),
             )
             resp = self.client.heartbeat(self.state.host_token, hb)
         except Unauthorized as e:
@@ -240,6 +246,7 @@ class Agent:
             save_state(self.config.state_dir, self.state)
             logger.info("host token rotated", extra={"host_id": self.state.host_id})
         self.desired = resp.desired
+        self._log_requests = list(resp.logs_requests)
 
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
@@ -318,6 +325,22 @@ class Agent:
                 self._exits[o.instance_id] = o
             self._start_errors.pop(o.instance_id, None)
         return observed
+
+    def _logs(self) -> list[ContainerLogTail]:
+        """Tails for the pending requests ('' when the container is gone or the call fails)."""
+        out = []
+        for q in self._log_requests:
+            try:
+                text = self.runtime.logs(q.instance_id, tail=q.tail)
+            except Exception as e:
+                logger.error(
+                    "runtime logs failed",
+                    extra={"host_id": self.host_id, "instance_id": q.instance_id, "error": str(e)},
+                )
+                text = ""
+            clipped, truncated = clip_log(text)
+            out.append(ContainerLogTail(q.instance_id, clipped, truncated))
+        return out
 
     def _sample(self) -> list[GpuSample]:
         try:

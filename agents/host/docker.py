@@ -8,7 +8,9 @@ Isolation of one tenant's container (see docs/agent.md for the why of each line)
 
 * GPUs: only the assigned UUIDs. NVIDIA through the NVIDIA Container Toolkit
   (``DeviceRequest(device_ids=[uuids], capabilities=[["gpu"]])``); AMD by passing
-  ``/dev/kfd`` and the assigned GPUs' ``/dev/dri`` nodes.
+  ``/dev/kfd`` and the assigned GPUs' ``/dev/dri`` nodes. ``gpu_vendor="none"`` (simulated
+  GPUs on a machine without any) sets the same environment variables but requests no
+  device, so the engine does not refuse the start.
 * Limits: ``nano_cpus``, ``mem_limit`` with no swap, ``pids_limit``.
 * Privileges: ``privileged=False``, ``cap_drop=["ALL"]`` plus ``CAP_ADD``,
   ``no-new-privileges``, an init process to reap zombies.
@@ -58,6 +60,9 @@ SECURITY_OPT: Final[tuple[str, ...]] = ("no-new-privileges:true",)
 STOP_TIMEOUT_S: Final = 10
 _NEVER: Final = "0001-01-01T00:00:00Z"  # Docker's zero time for "not yet"
 
+DOCKER_GPU_VENDORS: Final = ("nvidia", "amd", "none")
+LABEL_AGENT: Final = "gpucloud.agent"
+
 _STATES: Final[dict[str, ContainerState]] = {
     "created": "created",
     "running": "running",
@@ -91,9 +96,16 @@ class DockerRuntime:
         gpu_vendor: str = "nvidia",
         amd_devices: dict[str, list[str]] | None = None,
         stop_timeout_s: int = STOP_TIMEOUT_S,
+        scope: str = "",
     ) -> None:
-        """``amd_devices``: GPU UUID -> its /dev/dri nodes (from ``amd_device_nodes``)."""
+        """``gpu_vendor``: ``nvidia``, ``amd`` or ``none`` (env variables only, no devices).
+        ``amd_devices``: GPU UUID -> its /dev/dri nodes (from ``amd_device_nodes``).
+        ``scope``: when set, containers also carry ``gpucloud.agent=<scope>`` and ``list()``
+        sees only those, so several agents can share one engine (tests, simulations)."""
+        if gpu_vendor not in DOCKER_GPU_VENDORS:
+            raise ValueError(f"gpu_vendor must be one of {DOCKER_GPU_VENDORS}")
         self._docker: Any = importlib.import_module("docker")
+        self._scope = scope
         self._client = client if client is not None else self._docker.from_env()
         self._vendor = gpu_vendor
         self._amd_devices = amd_devices or {}
@@ -125,10 +137,11 @@ class DockerRuntime:
         types = self._docker.types
         env = dict(spec.env)
         kwargs: dict[str, Any] = {}
-        if spec.gpu_uuids and self._vendor == "nvidia":
-            kwargs["device_requests"] = [
-                types.DeviceRequest(device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
-            ]
+        if spec.gpu_uuids and self._vendor in ("nvidia", "none"):
+            if self._vendor == "nvidia":
+                kwargs["device_requests"] = [
+                    types.DeviceRequest(device_ids=list(spec.gpu_uuids), capabilities=[["gpu"]])
+                ]
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)
             # CUDA accepts UUIDs here; they name the same GPUs whatever order they appear in.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_uuids)
@@ -155,6 +168,8 @@ class DockerRuntime:
                 LABEL_KIND: spec.kind,
             }
         )
+        if self._scope:
+            labels[LABEL_AGENT] = self._scope
         kwargs.update(
             image=spec.image,
             command=list(spec.command) or None,
@@ -215,7 +230,10 @@ class DockerRuntime:
 
     def list(self) -> list[ObservedContainer]:
         out = []
-        for c in self._client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+        selector = [f"{LABEL_MANAGED}=1"]
+        if self._scope:
+            selector.append(f"{LABEL_AGENT}={self._scope}")
+        for c in self._client.containers.list(all=True, filters={"label": selector}):
             iid = c.labels.get(LABEL_INSTANCE)
             if not iid:
                 continue

@@ -10,6 +10,11 @@ _ERRORS = {
 }
 
 
+# Operations that launch work answer 402 when the tenant has no credit or a spent hard-stop budget.
+_PAYMENT_REQUIRED = {("/api/v1/instances", "post"), ("/api/v1/jobs", "post")}
+_PAYMENT_TEXT = "No credit left, or a hard-stop budget is spent: nothing new may launch."
+
+
 def add_error_responses(result, generator, request, public):
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorDetail"] = {
@@ -45,5 +50,7 @@ def add_error_responses(result, generator, request, public):
                 if code == "404" and "{" not in path and method != "post":
                     continue
                 responses.setdefault(code, {"description": text, "content": ref})
+            if (path, method) in _PAYMENT_REQUIRED:
+                responses.setdefault("402", {"description": _PAYMENT_TEXT, "content": ref})
     return result
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
+from billing.api import views as billing
 from gpucloud.api.errors import not_found
 from gpucloud.catalogue.api import views as catalogue
 from gpucloud.tenancy.api import views as tenancy
@@ -28,6 +29,10 @@ router.register("regions", catalogue.RegionViewSet, basename="region")
 router.register("gpu-models", catalogue.GpuModelViewSet, basename="gpu-model")
 router.register("instance-types", catalogue.InstanceTypeViewSet, basename="instance-type")
 router.register("prices", catalogue.PriceViewSet, basename="price")
+router.register("spot-prices", billing.SpotPriceViewSet, basename="spot-price")
+router.register("ledger", billing.LedgerViewSet, basename="ledger-entry")
+router.register("invoices", billing.InvoiceViewSet, basename="invoice")
+router.register("budgets", billing.BudgetViewSet, basename="budget")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),
@@ -35,6 +40,8 @@ urlpatterns = [
     path("tenants", tenancy.MyTenantsApi.as_view(), name="my-tenants"),
     path("invitations/accept", tenancy.InvitationAcceptApi.as_view(), name="invitation-accept"),
     path("quotas", catalogue.QuotaApi.as_view(), name="quotas"),
+    path("balance", billing.BalanceApi.as_view(), name="balance"),
+    path("usage", billing.UsageApi.as_view(), name="usage"),
     *router.urls,
     # Unknown API paths answer in the API's error shape, also with DEBUG on.
     re_path(r"^.*$", not_found, name="api-not-found"),

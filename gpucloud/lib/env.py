@@ -6,6 +6,7 @@ silently fall back to a default the operator did not ask for.
 from __future__ import annotations
 
 import os
+from decimal import Decimal, InvalidOperation
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -46,3 +47,14 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_decimal(name: str, default: str) -> Decimal:
+    """A money amount or fraction, read exactly (never through float)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        raw = default
+    try:
+        return Decimal(raw.strip())
+    except InvalidOperation:
+        raise EnvError(f"{name}={raw!r} is not a decimal number") from None

@@ -38,3 +38,10 @@ class NotFoundError(ServiceError):
 class Conflict(ServiceError):
     status = 409
     code = "conflict"
+
+
+class PaymentRequired(ServiceError):
+    """No credit left, or a hard-stop budget is spent: nothing new may launch."""
+
+    status = 402
+    code = "payment_required"

@@ -59,6 +59,9 @@ def tenant_create(*, name: str, owner, plan: str | None = None) -> Tenant:
     )
     Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
     audit_record(tenant=tenant, action="tenant.create", obj=tenant)
+    from billing.services import signup_credit_grant  # billing builds on tenancy, not back
+
+    signup_credit_grant(tenant=tenant)
     return tenant
 
 

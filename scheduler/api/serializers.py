@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -50,6 +51,16 @@ class WorkloadCreateSerializer(StrictSerializer):
                                      default=list, max_length=10)
     billing = serializers.ChoiceField(choices=Billing.choices, default=Billing.ON_DEMAND)
     priority = serializers.ChoiceField(choices=PriorityClass.choices, default=PriorityClass.STANDARD)
+    max_price = serializers.DecimalField(
+        max_digits=12, decimal_places=4, min_value=Decimal("0.0001"), required=False, allow_null=True,
+        help_text="spot only: the most you pay per hour; when the spot price passes it, the instance "
+                  "is preempted with the usual notice",
+    )
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("max_price") is not None and attrs.get("billing") != Billing.SPOT:
+            raise serializers.ValidationError({"max_price": ["Only spot instances carry a max price."]})
+        return attrs
 
     def validate_image(self, value: str) -> str:
         if not _IMAGE.match(value):
@@ -90,6 +101,17 @@ class EventSerializer(serializers.ModelSerializer):
         fields = ["created_at", "from_state", "to_state", "reason", "actor"]
 
 
+class CostedListSerializer(serializers.ListSerializer):
+    """Prices a whole page of workloads in a fixed number of queries before rendering it."""
+
+    def to_representation(self, data):
+        from billing.selectors import workload_costs
+
+        items = list(data.all() if hasattr(data, "all") else data)
+        self.child._costs = workload_costs(workloads=items)
+        return super().to_representation(items)
+
+
 class WorkloadSerializer(serializers.ModelSerializer):
     instance_type = serializers.CharField(source="instance_type.code")
     region = serializers.CharField(source="region.code")
@@ -98,13 +120,36 @@ class WorkloadSerializer(serializers.ModelSerializer):
     hosts = serializers.SerializerMethodField()
     gpus = serializers.SerializerMethodField(help_text="UUIDs of the GPUs it holds")
     gpu_share_milli = serializers.IntegerField(source="instance_type.gpu_share_milli")
+    hourly_cost = serializers.SerializerMethodField(help_text="what an hour of it costs now (all nodes)")
+    cost_so_far = serializers.SerializerMethodField(
+        help_text="billed so far, plus the running seconds not yet metered, at today's price")
 
     class Meta:
         model = Workload
         fields = ["id", "name", "kind", "state", "reason", "queue_position", "instance_type", "region",
-                  "image", "command", "env", "ports", "ssh_keys", "billing", "priority", "host", "hosts",
-                  "gpus", "gpu_share_milli", "created_at", "started_at", "ended_at", "stop_by"]
+                  "image", "command", "env", "ports", "ssh_keys", "billing", "priority", "max_price", "host",
+                  "hosts", "gpus", "gpu_share_milli", "hourly_cost", "cost_so_far", "created_at", "started_at",
+                  "ended_at", "stop_by"]
         read_only_fields = fields
+        list_serializer_class = CostedListSerializer
+
+    def _cost(self, obj):
+        # A list fills `_costs` for its whole page at once (CostedListSerializer): no N+1.
+        costs = getattr(self, "_costs", None)
+        if costs is None or obj.pk not in costs:
+            from billing.selectors import workload_costs
+
+            costs = workload_costs(workloads=[obj])
+        return costs[obj.pk]
+
+    @extend_schema_field(serializers.DecimalField(max_digits=14, decimal_places=4, allow_null=True))
+    def get_hourly_cost(self, obj) -> str | None:
+        value = self._cost(obj).hourly
+        return None if value is None else str(value)
+
+    @extend_schema_field(serializers.DecimalField(max_digits=14, decimal_places=2))
+    def get_cost_so_far(self, obj) -> str:
+        return str(self._cost(obj).so_far)
 
     def get_hosts(self, obj) -> list[str]:
         return sorted({a.host.name for a in obj.active_allocations})

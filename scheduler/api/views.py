@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import django_filters
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from agents import selectors as agent_selectors
+from agents import services as agent_services
+from agents.api import serializers as agent_s
 from gpucloud.api.views import TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from scheduler import selectors, services
 from scheduler.api import serializers as s
-from scheduler.choices import PriorityClass, State, WorkloadKind
+from scheduler.choices import HOLDING, PriorityClass, State, WorkloadKind
 from scheduler.models import Workload
 
 
@@ -35,7 +38,8 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
     permission_map = {
         "list": perms.WORKLOADS_READ, "retrieve": perms.WORKLOADS_READ,
         "create": perms.WORKLOADS_LAUNCH, "stop": perms.WORKLOADS_MANAGE,
-        "destroy": perms.WORKLOADS_MANAGE,
+        "destroy": perms.WORKLOADS_MANAGE, "metrics": perms.WORKLOADS_READ,
+        "logs": perms.WORKLOADS_READ,
     }
 
     def get_queryset(self):
@@ -64,6 +68,38 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         """Stop it: queued work is cancelled, running work stops (its GPUs are freed)."""
         workload = services.workload_stop(workload=self.get_object())
         return self._detail(workload)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("since", str, description="ISO 8601; default: an hour ago"),
+            OpenApiParameter("step", int, description="seconds per point (5..86400, default 60)"),
+        ],
+        responses=agent_s.MetricsSerializer,
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, *args, **kwargs):
+        """GPU utilisation, memory, temperature and power of its GPUs, per step, and their mean."""
+        workload = self.get_object()
+        q = agent_s.MetricsQuerySerializer(data=request.query_params.dict())
+        q.is_valid(raise_exception=True)
+        data = agent_selectors.workload_metrics(workload=workload, **q.validated_data)
+        return Response(agent_s.MetricsSerializer(data).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("tail", int, description="lines (1..10000, default 100)")],
+        responses=agent_s.LogsSerializer,
+    )
+    @action(detail=True, methods=["get"])
+    def logs(self, request, *args, **kwargs):
+        """The latest stored tail of its container's log. While it runs, each call also asks
+        the host's agent for a fresh tail, stored after its next heartbeat (`pending`)."""
+        workload = self.get_object()
+        q = agent_s.LogsQuerySerializer(data=request.query_params.dict())
+        q.is_valid(raise_exception=True)
+        log = agent_services.workload_logs_request(workload=workload, tail=q.validated_data["tail"])
+        body = {"text": log.text, "captured_at": log.captured_at,
+                "pending": log.requested_at is not None and workload.state in HOLDING}
+        return Response(agent_s.LogsSerializer(body).data)
 
     def destroy(self, request, *args, **kwargs):
         """Terminate: stop it if needed and remove it from your lists (billing keeps its history)."""

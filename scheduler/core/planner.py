@@ -166,7 +166,9 @@ class _Planner:
         self.quota = QuotaBook(self.fleet, snapshot)
         self.decisions: list[Decision] = []
         self.failed: dict[tuple[object, ...], list[tuple[_Shape, _Miss]]] = {}
-        self.blocked: dict[str, str] = {}  # gpu model -> first blocked request id
+        # (gpu model, region or None) -> first blocked request id. Keyed by region
+        # too: a head pinned to one region must not block work pinned elsewhere.
+        self.blocked: dict[tuple[str, str | None], str] = {}
         self.reservation: dict[str, float] = {}  # gpu model -> reserved start
         self.ahead: dict[str, int] = {}  # gpu model -> requests already waiting
         self.waiting_milli: dict[str, int] = {}
@@ -263,7 +265,7 @@ class _Planner:
                     return self.wait(req, why, capacity=False)
                 excluded = tuple(ex)
         model = req.gpu_model
-        if self.p.head_of_line and not self.p.backfill and model in self.blocked:
+        if self.p.head_of_line and not self.p.backfill and self.is_blocked(req):
             return self.wait(req, f"waiting behind an earlier {model} request")
         pkey0 = (model, req.region, excluded)
         pools = self.pool_cache.get(pkey0)
@@ -323,11 +325,16 @@ class _Planner:
                 return self.wait(
                     req, f"waiting for {self.victim_words(victims)} to stop", capacity=False
                 )
-        if model not in self.blocked:
-            self.blocked[model] = req.request_id
+        if not self.is_blocked(req):
+            self.blocked[(model, req.region)] = req.request_id
             if self.p.backfill:
                 self.reserve(req, pools)
         return self.wait(req, failure)
+
+    def is_blocked(self, req: PlacementRequest) -> bool:
+        """Is an earlier request for this model blocked where ``req`` could go?"""
+        b = self.blocked
+        return (req.gpu_model, req.region) in b or (req.gpu_model, None) in b
 
     def pick_hot_filters(self) -> None:
         """The filters the candidate loop runs. Besides ``indexed`` filters it
@@ -598,7 +605,7 @@ class _Planner:
             else:
                 for sl in host_slices:
                     sl.scores = None
-        backfilled = req.gpu_model in self.blocked
+        backfilled = self.is_blocked(req)
         self.decisions.append(Place(req.request_id, tuple(out), backfilled))
         if self.quota.rules:
             self.quota.charge(req, hosts[0].region)

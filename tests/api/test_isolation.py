@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from billing.models import Budget, Invoice, LedgerEntry
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
@@ -53,6 +54,29 @@ def _workload(kind):
     return make
 
 
+def _ledger_entry(actor):
+    from billing.models import LedgerEntry
+
+    return LedgerEntry.objects.filter(tenant=actor.tenant).first()  # the sign-up credit
+
+
+def _invoice(actor):
+    from datetime import date
+
+    from billing.models import Invoice
+
+    return Invoice.objects.get_or_create(tenant=actor.tenant, period_start=date(2025, 1, 1),
+                                         defaults={"period_end": date(2025, 2, 1)})[0]
+
+
+def _budget(actor):
+    from decimal import Decimal
+
+    from billing.services import budget_create
+
+    return budget_create(tenant=actor.tenant, name=f"budget-{actor.tenant.slug}", monthly_amount=Decimal("100"))
+
+
 # route name -> factory of one object of the given tenant
 TENANT_OBJECT_ROUTES = {
     "member-detail": _member,
@@ -64,6 +88,13 @@ TENANT_OBJECT_ROUTES = {
     "instance-stop": _workload("instance"),
     "job-detail": _workload("job"),
     "job-stop": _workload("job"),
+    "instance-metrics": _workload("instance"),
+    "instance-logs": _workload("instance"),
+    "job-metrics": _workload("job"),
+    "job-logs": _workload("job"),
+    "ledger-entry-detail": _ledger_entry,
+    "invoice-detail": _invoice,
+    "budget-detail": _budget,
 }
 # route name -> the model whose rows a list must restrict to the tenant
 TENANT_LIST_ROUTES = {
@@ -73,13 +104,16 @@ TENANT_LIST_ROUTES = {
     "audit-event-list": AuditEvent,
     "instance-list": Workload,
     "job-list": Workload,
+    "ledger-entry-list": LedgerEntry,
+    "invoice-list": Invoice,
+    "budget-list": Budget,
 }
 # routes whose answer is about the caller's own tenant, without an object id
-TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup"}
+TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup", "balance", "usage"}
 # the public catalogue, the same for everybody
 PUBLIC_ROUTES = {
     "region-list", "region-detail", "gpu-model-list", "gpu-model-detail", "instance-type-list",
-    "instance-type-detail", "price-list", "price-detail", "api-not-found",
+    "instance-type-detail", "price-list", "price-detail", "spot-price-list", "api-not-found",
 }
 
 

@@ -280,6 +280,18 @@ def test_fifo_blocks_behind_its_head():
     )
 
 
+def test_fifo_head_pinned_to_one_region_does_not_block_another_region():
+    s = snap(make_host("a1", region="a", whole=range(6)), make_host("b1", region="b"))
+    queue = [
+        make_request("big", gpus_per_node=4, region="a"),
+        make_request("small", region="b", submitted_at=1),
+        make_request("behind", region="a", submitted_at=2),
+    ]
+    p = decide(s, queue, "fifo")
+    assert isinstance(p.decision_for("small"), Place)
+    assert isinstance(p.decision_for("behind"), Wait)
+
+
 # ---------------------------------------------------------------------- preemption
 
 

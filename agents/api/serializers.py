@@ -1,0 +1,79 @@
+"""Tenant-facing shapes of what agents report: GPU metrics and container log tails.
+
+Served on the workloads' own endpoints (`/api/v1/instances/{id}/metrics`, `.../logs`,
+and the same under `/jobs/`), so tenancy is the workload viewset's (404 across tenants).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from agents.protocol import LOG_TAIL_MAX_LINES
+from agents.selectors import MAX_POINTS
+from gpucloud.api.serializers import StrictSerializer
+
+
+class MetricsQuerySerializer(StrictSerializer):
+    since = serializers.DateTimeField(
+        required=False, help_text="start of the range (ISO 8601); default: an hour ago"
+    )
+    step = serializers.IntegerField(
+        required=False, default=60, min_value=5, max_value=86400,
+        help_text="seconds per point; under 60 only for the last hour (raw samples)",
+    )
+
+    def validate(self, data):
+        now = timezone.now()
+        since = data.get("since") or now - timedelta(hours=1)
+        if since > now:
+            raise serializers.ValidationError({"since": ["Must not be in the future."]})
+        if (now - since).total_seconds() / data["step"] > MAX_POINTS:
+            raise serializers.ValidationError(
+                {"step": [f"Too many points: at most {MAX_POINTS} per series; use a larger step."]}
+            )
+        data["since"] = since
+        return data
+
+
+class MetricPointSerializer(serializers.Serializer):
+    t = serializers.DateTimeField(help_text="start of the step")
+    gpu_util = serializers.FloatField(allow_null=True, help_text="percent")
+    mem_util = serializers.FloatField(allow_null=True, help_text="percent, memory controller busy")
+    mem_used_mib = serializers.FloatField(allow_null=True)
+    temperature_c = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+
+
+class AveragePointSerializer(MetricPointSerializer):
+    gpus = serializers.IntegerField(help_text="GPUs that reported in this step")
+
+
+class GpuSeriesSerializer(serializers.Serializer):
+    uuid = serializers.CharField()
+    index = serializers.IntegerField()
+    points = MetricPointSerializer(many=True)
+
+
+class MetricsSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    step = serializers.IntegerField()
+    source = serializers.ChoiceField(choices=["raw", "minute"])
+    gpus = GpuSeriesSerializer(many=True)
+    average = AveragePointSerializer(many=True, help_text="the mean over the workload's GPUs")
+
+
+class LogsQuerySerializer(StrictSerializer):
+    tail = serializers.IntegerField(required=False, default=100, min_value=1,
+                                    max_value=LOG_TAIL_MAX_LINES)
+
+
+class LogsSerializer(serializers.Serializer):
+    text = serializers.CharField(allow_blank=True, help_text="the last lines stored")
+    captured_at = serializers.DateTimeField(allow_null=True, help_text="when the agent read them")
+    pending = serializers.BooleanField(
+        help_text="a fresher tail was asked of the agent; ask again after its next heartbeat"
+    )

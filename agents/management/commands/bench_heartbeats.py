@@ -1,0 +1,216 @@
+"""Benchmark the heartbeat path over real HTTP against a real server and PostgreSQL.
+
+    python manage.py bench_heartbeats [--hosts 200] [--seconds 10] [--concurrency 8] [--json]
+
+In a throwaway database (`test_<name>`, created and dropped here, as bench_scheduler
+does): a region, bootstrap tokens; then a gunicorn server (`--workers`, default one per
+CPU) on 127.0.0.1 in a subprocess. N simulated hosts with 8 GPUs each register through
+`POST /agent/v1/register` (the agent's own client), then C client threads send
+heartbeats (8 GPU samples each, containers `[]`) round-robin over the hosts for S
+seconds. Printed: heartbeats/s, p50/p99/max latency, errors. The per-host rate limit is
+raised for the run (the bench sends far more than 12 per minute per host); the throttle
+itself still runs, in the shared cache.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection, connections
+
+from agents.host.client import ControlPlaneClient
+from agents.host.sim import SimGpuBackend
+from agents.protocol import HEARTBEAT_PATH, Heartbeat, RegisterRequest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _percentile(sorted_ms: list[float], q: float) -> float:
+    if not sorted_ms:
+        return 0.0
+    i = min(len(sorted_ms) - 1, max(0, round(q * (len(sorted_ms) - 1))))
+    return round(sorted_ms[i], 2)
+
+
+class Command(BaseCommand):
+    help = "Heartbeats per second and their latency, over HTTP against a real server."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--hosts", type=int, default=200)
+        parser.add_argument("--seconds", type=float, default=10.0)
+        parser.add_argument("--concurrency", type=int, default=8)
+        parser.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                            help="gunicorn worker processes (default: one per CPU)")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args, hosts, seconds, concurrency, workers, **options):
+        if hosts < 1 or seconds <= 0 or concurrency < 1 or workers < 1:
+            raise CommandError("--hosts, --seconds, --concurrency and --workers must be positive")
+        if connection.vendor != "postgresql":
+            raise CommandError("the benchmark needs PostgreSQL (set DATABASE_URL)")
+        creation = connection.creation
+        old_name = connection.settings_dict["NAME"]
+        creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+        server = None
+        try:
+            tokens = _prepare(hosts)
+            db = connection.settings_dict
+            connections.close_all()  # the server's workers use the database from now on
+            port = _free_port()
+            server = _start_server(db, port, workers)
+            url = f"http://127.0.0.1:{port}"
+            registered = _register(url, tokens)
+            out = _blast(port, registered, seconds, concurrency)
+            out.update(hosts=hosts, gpus=hosts * 8, concurrency=concurrency, workers=workers,
+                       seconds=seconds)
+        finally:
+            if server is not None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+            connections.close_all()
+            creation.destroy_test_db(old_name, verbosity=0)
+        if options["json"]:
+            self.stdout.write(json.dumps(out))
+        else:
+            for key, value in out.items():
+                self.stdout.write(f"{key:>20}: {value}")
+
+
+def _prepare(n: int) -> list[str]:
+    """A region, the H100 model and one bootstrap token per host, in the test database."""
+    from decimal import Decimal
+
+    from agents.services import bootstrap_token_create
+    from gpucloud.catalogue.models import GpuModel, Region
+
+    region = Region.objects.create(code="bench-1", name="Bench", country="US")
+    GpuModel.objects.create(code="H100", name="H100", vendor="nvidia", memory_gib=80,
+                            bf16_tflops=Decimal("989.4"), interconnect="NVLink")
+    return [bootstrap_token_create(region=region)[1] for _ in range(n)]
+
+
+def _start_server(db: dict, port: int, workers: int) -> subprocess.Popen:
+    user = db.get("USER") or ""
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{user}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DEBUG": "0",
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(32),
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "AGENT_RATE_LIMIT": "1000000/min",
+        "DJANGO_SETTINGS_MODULE": "gpucloud.settings",
+    }
+    cmd = [sys.executable, "-m", "gunicorn", "gpucloud.wsgi", "--bind", f"127.0.0.1:{port}",
+           "--workers", str(workers), "--log-level", "warning", "--backlog", "2048"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CommandError(f"the server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise CommandError("the server did not start within 30 s")
+
+
+def _register(url: str, tokens: list[str]) -> list[tuple[str, bytes, bytes]]:
+    """Register every host; returns (token, body before the seq, body after it) per host."""
+    client = ControlPlaneClient(url, timeout_s=30)
+    out = []
+    for i, token in enumerate(tokens):
+        name = f"bench-{i:05d}"
+        backend = SimGpuBackend(model="H100", count=8, hostname=name, seed=i)
+        resp = client.register(RegisterRequest(
+            bootstrap_token=token, hostname=name, agent_version="bench", gpu_backend="sim",
+            runtime="sim", cpu_count=224, memory_mib=2 * 1024 * 1024, gpus=backend.inventory(),
+        ))
+        hb = Heartbeat(host_id=resp.host_id, seq=0, gpus=backend.sample(), containers=[],
+                       agent_version="bench")
+        # The seq is the only field that changes per heartbeat: splice it into the JSON.
+        head, tail = json.dumps(hb.to_dict()).encode().split(b'"seq": 0', 1)
+        out.append((resp.host_token, head, tail))
+    return out
+
+
+def _blast(
+    port: int, hosts: list[tuple[str, bytes, bytes]], seconds: float, concurrency: int
+) -> dict:
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    seqs = [0] * len(hosts)
+    start = threading.Barrier(concurrency + 1)
+    stop_at = [0.0]
+
+    def client(k: int) -> None:
+        mine = list(range(k, len(hosts), concurrency)) or [k % len(hosts)]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        start.wait()
+        n = 0
+        while time.perf_counter() < stop_at[0]:
+            i = mine[n % len(mine)]
+            n += 1
+            seqs[i] += 1
+            token, head, tail = hosts[i]
+            payload = head + b'"seq": %d' % seqs[i] + tail
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", HEARTBEAT_PATH, body=payload, headers={
+                    "Content-Type": "application/json", "Authorization": f"Bearer {token}",
+                })
+                resp = conn.getresponse()
+                resp.read()
+                ok = resp.status == 200
+                if resp.getheader("Connection", "").lower() == "close":
+                    conn.close()
+            except (OSError, http.client.HTTPException):
+                ok = False
+                conn.close()
+            if ok:
+                latencies[k].append((time.perf_counter() - t0) * 1000)
+            else:
+                errors[k] += 1
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    t0 = time.perf_counter()
+    stop_at[0] = t0 + seconds
+    start.wait()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    ms = sorted(x for per in latencies for x in per)
+    return {
+        "heartbeats": len(ms),
+        "heartbeats_per_s": round(len(ms) / elapsed, 1),
+        "p50_ms": _percentile(ms, 0.50),
+        "p99_ms": _percentile(ms, 0.99),
+        "max_ms": round(ms[-1], 2) if ms else 0.0,
+        "errors": sum(errors),
+        "samples_per_s": round(len(ms) * 8 / elapsed, 1),
+    }
+

@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+
+from billing import services
+from billing.choices import EntryKind, InvoiceStatus
+from billing.models import (
+    Account,
+    Budget,
+    BudgetAlert,
+    Invoice,
+    InvoiceLine,
+    LedgerEntry,
+    Meter,
+    MeteringCursor,
+    SpotFloor,
+)
+
+
+class _ReadOnly(admin.ModelAdmin):
+    """Rows written only by services: operators read them, never edit them."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Account)
+class AccountAdmin(_ReadOnly):
+    list_display = ["tenant", "balance", "currency", "exhausted_since", "low_balance_notified_at", "budget_blocked"]
+    list_filter = ["budget_blocked", "currency"]
+    search_fields = ["tenant__name", "tenant__slug"]
+    list_select_related = ["tenant"]
+
+
+class CreditForm(forms.ModelForm):
+    kind = forms.ChoiceField(choices=[(k, v) for k, v in EntryKind.choices
+                                      if k in (EntryKind.CREDIT, EntryKind.PAYMENT, EntryKind.ADJUSTMENT)])
+
+    class Meta:
+        model = LedgerEntry
+        fields = ["tenant", "kind", "amount", "memo"]
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin):
+    """The ledger is append-only: operators add credits (and payments, adjustments) here."""
+
+    list_display = ["created_at", "tenant", "kind", "amount", "workload", "instance_type", "region",
+                    "period_start", "seconds", "per_hour", "memo"]
+    list_filter = ["kind", "price_kind", "region"]
+    search_fields = ["tenant__name", "tenant__slug", "memo", "workload__name"]
+    list_select_related = ["tenant", "workload", "instance_type", "region"]
+    date_hierarchy = "created_at"
+    form = CreditForm
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        from gpucloud.tenancy.audit import Actor, acting_as
+
+        with acting_as(Actor(user=request.user)):
+            entry = services.credit_grant(tenant=obj.tenant, amount=obj.amount, memo=obj.memo, kind=obj.kind)
+        obj.pk = entry.pk
+        obj._state.adding = False
+
+
+@admin.register(Meter)
+class MeterAdmin(_ReadOnly):
+    list_display = ["workload", "tenant", "metered_until", "seconds", "amount", "done"]
+    list_filter = ["done"]
+    search_fields = ["workload__name", "tenant__name", "tenant__slug"]
+    list_select_related = ["workload", "tenant"]
+
+
+@admin.register(MeteringCursor)
+class MeteringCursorAdmin(_ReadOnly):
+    list_display = ["name", "events_until", "updated_at"]
+    search_fields = ["name"]
+
+
+class InvoiceLineInline(admin.TabularInline):
+    model = InvoiceLine
+    extra = 0
+    can_delete = False
+    fields = ["instance_type", "region", "kind", "per_hour", "unit_price", "gpu_hours", "amount"]
+    readonly_fields = fields
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(admin.ModelAdmin):
+    list_display = ["period_start", "tenant", "status", "total", "currency", "issued_at", "paid_at"]
+    list_filter = ["status", "period_start"]
+    search_fields = ["tenant__name", "tenant__slug", "id"]
+    list_select_related = ["tenant"]
+    inlines = [InvoiceLineInline]
+    readonly_fields = ["tenant", "period_start", "period_end", "status", "currency", "total", "issued_at",
+                       "paid_at", "payment_reference"]
+    actions = ["mark_paid"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Record payment in full (credits the ledger, marks paid)")
+    def mark_paid(self, request, queryset):
+        from gpucloud.tenancy.audit import Actor, acting_as
+
+        n = 0
+        with acting_as(Actor(user=request.user)):
+            for invoice in queryset.filter(status=InvoiceStatus.ISSUED):
+                services.invoice_mark_paid(invoice=invoice, amount=invoice.total, reference="recorded by operator")
+                n += 1
+        self.message_user(request, f"{n} invoice(s) marked paid.", messages.SUCCESS)
+
+
+@admin.register(InvoiceLine)
+class InvoiceLineAdmin(_ReadOnly):
+    list_display = ["invoice", "instance_type", "region", "kind", "per_hour", "gpu_hours", "amount"]
+    list_filter = ["kind", "region"]
+    search_fields = ["invoice__tenant__name", "instance_type__code"]
+    list_select_related = ["invoice__tenant", "instance_type", "region"]
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "name", "monthly_amount", "thresholds", "hard_stop", "notify_email", "webhook_url"]
+    list_filter = ["hard_stop", "notify_email"]
+    search_fields = ["tenant__name", "tenant__slug", "name"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(_ReadOnly):
+    list_display = ["created_at", "budget", "month", "threshold", "spend", "email_sent_at", "webhook_delivered_at",
+                    "webhook_attempts", "last_error"]
+    list_filter = ["threshold", "month"]
+    search_fields = ["budget__tenant__name", "budget__name"]
+    list_select_related = ["budget__tenant"]
+
+
+@admin.register(SpotFloor)
+class SpotFloorAdmin(admin.ModelAdmin):
+    list_display = ["region", "gpu_model", "floor_fraction"]
+    list_filter = ["region", "gpu_model"]
+    search_fields = ["region__code", "gpu_model__code"]
+    list_select_related = ["region", "gpu_model"]

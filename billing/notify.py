@@ -1,0 +1,70 @@
+"""Notifications: email to a tenant's owners and admins, and signed webhooks.
+
+Called from Celery tasks only, never inside a transaction (network I/O).
+
+Webhook signature: `X-Gpucloud-Signature: t=<unix time>,v1=<hex>` where
+hex = HMAC-SHA256(key = the budget's webhook secret, message = "<t>." + raw body).
+Receivers recompute it over the raw body, compare in constant time and reject old `t`.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from typing import Any
+
+import requests
+from django.conf import settings
+from django.core.mail import send_mail
+
+from gpucloud.tenancy.choices import Role
+from gpucloud.tenancy.models import Membership, Tenant
+
+SIGNATURE_HEADER = "X-Gpucloud-Signature"
+
+
+class DeliveryError(Exception):
+    """A webhook answered other than 2xx, or could not be reached."""
+
+
+def sign(*, secret: str, timestamp: int, body: bytes) -> str:
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def verify(*, secret: str, header: str, body: bytes, tolerance_s: int = 300, now: float | None = None) -> bool:
+    """What a receiver does (and the tests): check the signature and its age."""
+    try:
+        parts = dict(p.split("=", 1) for p in header.split(","))
+        timestamp = int(parts["t"])
+    except (ValueError, KeyError):
+        return False
+    if abs((now or time.time()) - timestamp) > tolerance_s:
+        return False
+    return hmac.compare_digest(sign(secret=secret, timestamp=timestamp, body=body), header)
+
+
+def webhook_post(*, url: str, secret: str, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "gpucloud-webhooks/1",
+               SIGNATURE_HEADER: sign(secret=secret, timestamp=int(time.time()), body=body)}
+    try:
+        resp = requests.post(url, data=body, headers=headers, timeout=settings.BILLING_WEBHOOK_TIMEOUT_S,
+                             allow_redirects=False)
+    except requests.RequestException as exc:
+        raise DeliveryError(f"{url}: {exc}") from exc
+    if not 200 <= resp.status_code < 300:
+        raise DeliveryError(f"{url} answered {resp.status_code}")
+
+
+def tenant_admin_emails(*, tenant: Tenant) -> list[str]:
+    return sorted({e for e in Membership.objects.filter(tenant=tenant, role__in=[Role.OWNER, Role.ADMIN])
+                   .values_list("user__email", flat=True) if e})
+
+
+def email_tenant_admins(*, tenant: Tenant, subject: str, body: str) -> int:
+    to = tenant_admin_emails(tenant=tenant)
+    if not to:
+        return 0
+    return send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, to)

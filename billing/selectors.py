@@ -1,0 +1,161 @@
+"""Reads for billing. Tenant-owned rows only through `tenant=`."""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F, Prefetch, QuerySet, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from billing import pricing
+from billing.choices import EntryKind, UsageGroup
+from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter
+from gpucloud.catalogue.choices import PriceKind
+from gpucloud.catalogue.models import Price
+from gpucloud.tenancy.models import Tenant
+from scheduler.choices import State
+
+
+def ledger_list(*, tenant: Tenant) -> QuerySet[LedgerEntry]:
+    return LedgerEntry.objects.for_tenant(tenant).select_related("instance_type", "region", "workload")
+
+
+def invoice_list(*, tenant: Tenant) -> QuerySet[Invoice]:
+    return Invoice.objects.for_tenant(tenant).select_related("tenant").prefetch_related(
+        Prefetch("lines", queryset=InvoiceLine.objects.select_related("instance_type", "region")))
+
+
+def budget_list(*, tenant: Tenant) -> QuerySet[Budget]:
+    return Budget.objects.for_tenant(tenant)
+
+
+def spot_price_list(*, instance_type: str | None = None, region: str | None = None,
+                    since: datetime | None = None) -> QuerySet[Price]:
+    """Spot price history, newest first: every move the demand formula made."""
+    qs = Price.objects.filter(kind=PriceKind.SPOT).select_related("instance_type", "region") \
+        .order_by("-effective_from", "instance_type__code", "region__code")
+    if instance_type:
+        qs = qs.filter(instance_type__code=instance_type)
+    if region:
+        qs = qs.filter(region__code=region)
+    if since:
+        qs = qs.filter(effective_from__gte=since)
+    return qs
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    budget: Budget
+    spend: Decimal
+    percent: Decimal
+
+
+@dataclass(frozen=True)
+class BalanceView:
+    balance: Decimal
+    currency: str
+    low: bool
+    exhausted_since: datetime | None
+    month_to_date: Decimal
+    budgets: list[BudgetStatus]
+
+
+def balance_get(*, tenant: Tenant, now: datetime | None = None) -> BalanceView:
+    from billing.services import month_spend
+
+    now = now or timezone.now()
+    account = Account.objects.filter(tenant=tenant).first()
+    balance = account.balance if account else Decimal(0)
+    spend = month_spend(tenant_id=tenant.pk, at=now)
+    budgets = [BudgetStatus(budget=b, spend=spend, percent=(spend * 100 / b.monthly_amount).quantize(Decimal("0.1")))
+               for b in budget_list(tenant=tenant)]
+    return BalanceView(balance=pricing.cents(balance), currency=settings.BILLING_CURRENCY,
+                       low=balance < settings.BILLING_LOW_BALANCE,
+                       exhausted_since=account.exhausted_since if account else None,
+                       month_to_date=spend, budgets=budgets)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    key: str
+    label: str
+    seconds: int
+    gpu_hours: Decimal
+    amount: Decimal
+
+
+def usage(*, tenant: Tenant, start: datetime, end: datetime, group_by: str) -> list[UsageRow]:
+    """Usage posted for slices starting in [start, end), grouped. Slices never cross a UTC day."""
+    qs = LedgerEntry.objects.for_tenant(tenant).filter(kind=EntryKind.USAGE, period_start__gte=start,
+                                                       period_start__lt=end)
+    keys = {
+        UsageGroup.INSTANCE_TYPE: ("instance_type__code", "instance_type__name"),
+        UsageGroup.REGION: ("region__code", "region__name"),
+        UsageGroup.INSTANCE: ("workload_id", "workload__name"),
+    }
+    if group_by == UsageGroup.DAY:
+        qs = qs.annotate(k=TruncDate("period_start", tzinfo=UTC))
+        fields = ("k", "k")
+    else:
+        fields = keys[group_by]
+    rows = (qs.values(*fields).annotate(s=Sum("seconds"), gms=Sum(F("gpu_milli") * F("seconds")),
+                                        ps=Sum("price_seconds"), a=Sum("amount"))
+            .order_by(fields[0]))
+    return [
+        UsageRow(key=str(r[fields[0]]), label=str(r[fields[1]]), seconds=int(r["s"] or 0),
+                 gpu_hours=pricing.gpu_hours(gpu_milli_seconds=int(r["gms"] or 0)),
+                 amount=pricing.cents(-(r["a"] or Decimal(0))))
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True)
+class Cost:
+    hourly: Decimal | None  # 4 places like prices; None when no price is in force
+    so_far: Decimal
+
+
+def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> dict[Any, Cost]:
+    """Hourly price now and cost so far for each workload, in three queries whatever their number.
+
+    cost so far = what the ledger posted + the running seconds after the metering
+    watermark (not posted yet) at today's price. An estimate until metered; the ledger
+    is the bill.
+    """
+    from billing.services import epoch_floor
+
+    now = now or timezone.now()
+    if not workloads:
+        return {}
+    ids = [w.pk for w in workloads]
+    pairs = {(w.instance_type_id, w.region_id, w.billing) for w in workloads}
+    prices: dict[tuple[int, int, str], Decimal] = {}
+    for it, region, kind, per_hour in (
+        Price.objects.filter(instance_type_id__in={p[0] for p in pairs}, region_id__in={p[1] for p in pairs},
+                             effective_from__lte=now)
+        .order_by("instance_type_id", "region_id", "kind", "-effective_from")
+        .values_list("instance_type_id", "region_id", "kind", "per_hour")
+    ):
+        prices.setdefault((it, region, kind), per_hour)
+    posted: dict[Any, Decimal] = defaultdict(Decimal)
+    for wid, amount in LedgerEntry.objects.filter(workload_id__in=ids).values("workload_id") \
+            .annotate(a=Sum("amount")).values_list("workload_id", "a"):
+        posted[wid] = -(amount or Decimal(0))
+    watermarks = dict(Meter.objects.filter(pk__in=ids).values_list("pk", "metered_until"))
+    out = {}
+    for w in workloads:
+        per_hour = prices.get((w.instance_type_id, w.region_id, w.billing))
+        hourly = None if per_hour is None else per_hour * w.nodes
+        so_far = posted[w.pk]
+        if w.state == State.RUNNING and w.started_at and hourly is not None:
+            since = max(w.started_at, watermarks.get(w.pk, w.started_at))
+            unposted = max(0, epoch_floor(now) - epoch_floor(since))
+            so_far += hourly * unposted / 3600
+        out[w.pk] = Cost(hourly=hourly, so_far=pricing.cents(so_far))
+    return out

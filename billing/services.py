@@ -1,0 +1,638 @@
+"""Writes for billing: credits, the launch check, metering, enforcement, spot prices,
+invoices and budgets. The arithmetic is in billing/pricing.py and billing/metering.py.
+
+Every ledger entry is added with `_post`, which moves `Account.balance` in the same
+transaction, so the balance is always the sum of the entries. No network I/O here
+inside a transaction: notifications and payments go to tasks on commit.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Q, Sum
+from django.utils import timezone
+
+from billing import metering, pricing
+from billing.choices import EntryKind, InvoiceStatus
+from billing.models import (
+    Account,
+    Budget,
+    BudgetAlert,
+    Invoice,
+    InvoiceLine,
+    LedgerEntry,
+    Meter,
+    MeteringCursor,
+    SpotFloor,
+)
+from gpucloud.catalogue.choices import PriceKind
+from gpucloud.catalogue.models import InstanceType, Price, Region
+from gpucloud.lib.errors import InvalidInput, PaymentRequired
+from gpucloud.tenancy.audit import audit_record
+from gpucloud.tenancy.models import Tenant
+from scheduler.choices import Billing, State
+from scheduler.models import RegionSchedulerSettings, Workload, WorkloadEvent
+
+logger = logging.getLogger(__name__)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+
+
+def epoch_floor(dt: datetime) -> int:
+    """Whole seconds since 1970 (UTC), rounded down: exact integer arithmetic, no float."""
+    return (dt - EPOCH) // _SECOND
+
+
+def epoch_ceil(dt: datetime) -> int:
+    return -((EPOCH - dt) // _SECOND)
+
+
+def from_epoch(t: int) -> datetime:
+    return EPOCH + timedelta(seconds=t)
+
+
+def month_start(d: date | datetime) -> date:
+    return date(d.year, d.month, 1)
+
+
+def next_month(d: date) -> date:
+    return date(d.year + (d.month == 12), d.month % 12 + 1, 1)
+
+
+def _midnight(d: date) -> datetime:
+    return datetime(d.year, d.month, d.day, tzinfo=UTC)
+
+
+# ---------------------------------------------------------------- accounts and the ledger
+
+
+def account_for(*, tenant_id: Any) -> Account:
+    account, _ = Account.objects.get_or_create(tenant_id=tenant_id,
+                                               defaults={"currency": settings.BILLING_CURRENCY})
+    return account
+
+
+def _post(*, tenant_id: Any, kind: str, amount: Decimal, memo: str = "", **usage: Any) -> LedgerEntry:
+    """Append one entry and move the balance by it. Call inside atomic()."""
+    account_for(tenant_id=tenant_id)
+    entry = LedgerEntry.objects.create(tenant_id=tenant_id, kind=kind, amount=amount, memo=memo[:300], **usage)
+    Account.objects.filter(tenant_id=tenant_id).update(balance=F("balance") + amount)
+    return entry
+
+
+@transaction.atomic
+def credit_grant(*, tenant: Tenant, amount: Decimal, memo: str = "", kind: str = EntryKind.CREDIT) -> LedgerEntry:
+    """An operator adds credit (or records a payment, or corrects with an adjustment)."""
+    if kind not in (EntryKind.CREDIT, EntryKind.PAYMENT, EntryKind.ADJUSTMENT):
+        raise InvalidInput("Only credits, payments and adjustments are granted by hand.",
+                           fields={"kind": ["Not a manual entry kind."]})
+    if kind != EntryKind.ADJUSTMENT and amount <= 0:
+        raise InvalidInput("A credit is a positive amount.", fields={"amount": ["Must be positive."]})
+    entry = _post(tenant_id=tenant.pk, kind=kind, amount=amount.quantize(pricing.MICRO), memo=memo)
+    audit_record(tenant=tenant, action=f"billing.{kind}", obj=entry,
+                 data={"amount": str(amount), "memo": memo[:200]})
+    return entry
+
+
+def signup_credit_grant(*, tenant: Tenant) -> LedgerEntry | None:
+    """A new tenant's welcome credit (BILLING_SIGNUP_CREDIT). Call inside tenant creation."""
+    account_for(tenant_id=tenant.pk)
+    amount = settings.BILLING_SIGNUP_CREDIT
+    if amount <= 0:
+        return None
+    return _post(tenant_id=tenant.pk, kind=EntryKind.SIGNUP_CREDIT, amount=amount.quantize(pricing.MICRO),
+                 memo="sign-up credit")
+
+
+def month_spend(*, tenant_id: Any, at: datetime) -> Decimal:
+    """What the tenant's usage cost this calendar month (UTC) so far, in cents."""
+    start = _midnight(month_start(at))
+    total = (LedgerEntry.objects.filter(tenant_id=tenant_id, kind=EntryKind.USAGE, period_start__gte=start)
+             .aggregate(s=Sum("amount"))["s"]) or Decimal(0)
+    return pricing.cents(-total)
+
+
+def launch_check(*, tenant: Tenant, instance_type: InstanceType, region: Region, billing: str,
+                 max_price: Decimal | None = None) -> None:
+    """Raise 402 when nothing new may launch: no credit left, or a hard-stop budget is spent.
+
+    Called by `scheduler.services.workload_launch` before it creates anything.
+    """
+    # A tenant without an account was made outside `tenant_create` (fixtures, benchmarks, or
+    # before billing existed): nothing is metered for it yet, so nothing gates it; its first
+    # metered second opens the account. The scheduler's snapshot reads it the same way.
+    balance = Account.objects.filter(tenant_id=tenant.pk).values_list("balance", flat=True).first()
+    if balance is not None and balance <= 0:
+        raise PaymentRequired(
+            f"Your balance is {pricing.cents(balance)} {settings.BILLING_CURRENCY}: add credit "
+            "to launch. Running on-demand work stops after a grace period, spot work at once.",
+            code="insufficient_credit",
+        )
+    now = timezone.now()
+    for budget in Budget.objects.filter(tenant=tenant, hard_stop=True):
+        spend = month_spend(tenant_id=tenant.pk, at=now)
+        if spend >= budget.monthly_amount:
+            raise PaymentRequired(
+                f"The budget {budget.name!r} ({budget.monthly_amount} {settings.BILLING_CURRENCY} a month) is "
+                f"spent ({spend}) and stops new launches until next month or until it is raised.",
+                code="budget_exceeded",
+            )
+    if max_price is not None and billing == Billing.SPOT:
+        current = _price_now(instance_type.pk, region.pk, PriceKind.SPOT, now)
+        if current is not None and current > max_price:
+            raise InvalidInput(
+                f"The spot price of {instance_type.code} in {region.code} is {current}/h, above your max "
+                f"price {max_price}/h.", code="max_price_below_spot",
+                fields={"max_price": [f"Below the current spot price {current}."]},
+            )
+
+
+def _price_now(instance_type_id: int, region_id: int, kind: str, at: datetime) -> Decimal | None:
+    return (Price.objects.filter(instance_type_id=instance_type_id, region_id=region_id, kind=kind,
+                                 effective_from__lte=at)
+            .order_by("-effective_from").values_list("per_hour", flat=True).first())
+
+
+# ---------------------------------------------------------------- metering
+
+
+@dataclass
+class MeteringStats:
+    cutoff: datetime
+    discovered: int = 0
+    metered: int = 0
+    entries: int = 0
+    amount: Decimal = Decimal(0)
+    seconds: float = 0.0
+    stopped: list[str] = field(default_factory=list)
+
+
+def metering_cutoff(now: datetime) -> datetime:
+    """The end of the last closed window: METERING_SETTLE_S behind `now`, on the interval grid."""
+    t = epoch_floor(now) - settings.METERING_SETTLE_S
+    step = max(1, settings.METERING_INTERVAL_S)
+    return from_epoch(t - t % step)
+
+
+def meters_discover(*, cutoff: datetime) -> int:
+    """Open a meter for every workload that entered RUNNING since the last scan.
+
+    Scans the transition log from the cursor to `cutoff` and advances the cursor in
+    the same transaction. A meter starts at its workload's creation: no second before
+    that can have been RUNNING.
+    """
+    with transaction.atomic():
+        cursor, _ = MeteringCursor.objects.get_or_create(name="default", defaults={"events_until": EPOCH})
+        cursor = MeteringCursor.objects.select_for_update().get(pk=cursor.pk)
+        if cursor.events_until >= cutoff:
+            return 0
+        ids = set(
+            WorkloadEvent.objects.filter(to_state=State.RUNNING, created_at__gte=cursor.events_until,
+                                         created_at__lt=cutoff).values_list("workload_id", flat=True)
+        )
+        existing = set(Meter.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        if existing:
+            Meter.objects.filter(pk__in=existing, done=True).update(done=False)
+        new = [
+            Meter(workload_id=wid, tenant_id=tenant_id, metered_until=from_epoch(epoch_floor(created)))
+            for wid, tenant_id, created in Workload.objects.filter(pk__in=ids - existing)
+            .values_list("id", "tenant_id", "created_at")
+        ]
+        Meter.objects.bulk_create(new, ignore_conflicts=True)
+        cursor.events_until = cutoff
+        cursor.save(update_fields=["events_until", "updated_at"])
+        return len(new)
+
+
+def meter_workload(*, workload_id: UUID, cutoff: datetime) -> tuple[int, Decimal]:
+    """Post the workload's running seconds in [watermark, cutoff). Idempotent.
+
+    One transaction: the meter row is locked, the entries are inserted, the balance and
+    the watermark move together. Killed anywhere, it posted the window whole or not at
+    all; run twice, the second finds the watermark at `cutoff` and posts nothing.
+    Returns (entries posted, amount charged).
+    """
+    with transaction.atomic():
+        meter = Meter.objects.select_for_update().filter(pk=workload_id).first()
+        if meter is None or meter.metered_until >= cutoff:
+            return 0, Decimal(0)
+        w = (Workload.objects.filter(pk=workload_id)
+             .values("tenant_id", "instance_type_id", "region_id", "billing", "nodes",
+                     "instance_type__gpu_count", "instance_type__gpu_share_milli").get())
+        events = [(epoch_floor(t), s) for t, s in WorkloadEvent.objects.filter(workload_id=workload_id)
+                  .order_by("created_at", "id").values_list("created_at", "to_state")]
+        prices = [(epoch_ceil(t), p) for t, p in Price.objects.filter(
+            instance_type_id=w["instance_type_id"], region_id=w["region_id"], kind=w["billing"])
+            .order_by("effective_from").values_list("effective_from", "per_hour")]
+        start, end = epoch_floor(meter.metered_until), epoch_floor(cutoff)
+        parts = metering.slices(events=events, prices=prices, start=start, end=end)
+        money = metering.amounts(parts, nodes=w["nodes"], cumulative=meter.price_seconds)
+        gpu_milli = w["instance_type__gpu_count"] * w["instance_type__gpu_share_milli"] * w["nodes"]
+        entries = [
+            LedgerEntry(
+                tenant_id=w["tenant_id"], kind=EntryKind.USAGE, amount=-amount, workload_id=workload_id,
+                instance_type_id=w["instance_type_id"], region_id=w["region_id"], price_kind=w["billing"],
+                per_hour=part.per_hour, nodes=w["nodes"], gpu_milli=gpu_milli,
+                period_start=from_epoch(part.start), period_end=from_epoch(part.end), seconds=part.seconds,
+                price_seconds=ps, memo=f"{part.seconds} s at {part.per_hour}/h",
+            )
+            for part, (ps, amount) in zip(parts, money, strict=True)
+        ]
+        total = sum((a for _, a in money), Decimal(0))
+        if entries:
+            account_for(tenant_id=w["tenant_id"])
+            LedgerEntry.objects.bulk_create(entries)
+            Account.objects.filter(tenant_id=w["tenant_id"]).update(balance=F("balance") - total)
+        # Done when the last transition left RUNNING at or before the window's end: nothing
+        # after it can be billable until a new RUNNING reopens the meter (meters_discover).
+        last = events[-1] if events else None
+        done = last is not None and last[1] != State.RUNNING and last[0] <= end
+        Meter.objects.filter(pk=workload_id).update(
+            metered_until=cutoff, price_seconds=F("price_seconds") + sum((ps for ps, _ in money), Decimal(0)),
+            amount=F("amount") + total, seconds=F("seconds") + sum(p.seconds for p in parts), done=done,
+            updated_at=timezone.now(),
+        )
+        return len(entries), total
+
+
+def metering_run(*, now: datetime | None = None) -> MeteringStats:
+    """Post every closed window of usage, then apply what the new balances mean.
+
+    Safe to run again at any time, and from any number of workers at once.
+    """
+    t0 = time.perf_counter()
+    now = now or timezone.now()
+    cutoff = metering_cutoff(now)
+    stats = MeteringStats(cutoff=cutoff)
+    stats.discovered = meters_discover(cutoff=cutoff)
+    for wid in list(Meter.objects.filter(done=False, metered_until__lt=cutoff).values_list("pk", flat=True)):
+        n, amount = meter_workload(workload_id=wid, cutoff=cutoff)
+        stats.metered += 1
+        stats.entries += n
+        stats.amount += amount
+    stats.stopped = balances_enforce(now=now)
+    budgets_check(now=now)
+    stats.seconds = time.perf_counter() - t0
+    logger.info("metering cutoff=%s discovered=%d metered=%d entries=%d amount=%s stopped=%d seconds=%.3f",
+                cutoff.isoformat(), stats.discovered, stats.metered, stats.entries, stats.amount,
+                len(stats.stopped), stats.seconds)
+    return stats
+
+
+# ---------------------------------------------------------------- low and exhausted balances
+
+
+_STOPPABLE = (State.PENDING, State.SCHEDULED, State.STARTING, State.RUNNING)
+
+
+def balances_enforce(*, now: datetime) -> list[str]:
+    """Warn on low balances; at zero stop spot work at once and on-demand after the grace.
+
+    Returns the ids of the workloads it stopped.
+    """
+    from billing.tasks import low_balance_notify_task
+    from scheduler.services import workload_stop
+
+    low = settings.BILLING_LOW_BALANCE
+    with transaction.atomic():
+        Account.objects.filter(balance__gt=0, exhausted_since__isnull=False).update(exhausted_since=None)
+        Account.objects.filter(balance__lte=0, exhausted_since__isnull=True).update(exhausted_since=now)
+        Account.objects.filter(balance__gte=low, low_balance_notified_at__isnull=False).update(
+            low_balance_notified_at=None)
+        warn = list(Account.objects.filter(balance__lt=low, low_balance_notified_at__isnull=True)
+                    .values_list("tenant_id", flat=True))
+        if warn:
+            Account.objects.filter(tenant_id__in=warn).update(low_balance_notified_at=now)
+            for tenant_id in warn:
+                transaction.on_commit(lambda t=str(tenant_id): low_balance_notify_task.delay(t))
+    stopped: list[str] = []
+    grace = timedelta(seconds=settings.BILLING_GRACE_S)
+    for tenant_id, since in Account.objects.filter(exhausted_since__isnull=False).values_list(
+            "tenant_id", "exhausted_since"):
+        todo = Workload.objects.filter(tenant_id=tenant_id, state__in=_STOPPABLE)
+        if now - since < grace:
+            todo = todo.filter(billing=Billing.SPOT)  # spot first: on-demand keeps its grace
+        for w in todo:
+            workload_stop(workload=w, reason="stopped: the tenant's balance is exhausted; add credit")
+            stopped.append(str(w.pk))
+    return stopped
+
+
+def blocked_tenants(*, tenant_ids: set[str]) -> set[str]:
+    """Tenants whose pending work must not be admitted: no credit, or a spent hard-stop budget."""
+    if not tenant_ids:
+        return set()
+    return {str(t) for t in Account.objects.filter(tenant_id__in=tenant_ids)
+            .filter(Q(balance__lte=0) | Q(budget_blocked=True)).values_list("tenant_id", flat=True)}
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def budgets_check(*, now: datetime) -> int:
+    """Record each threshold a budget crossed this month (once) and deliver its alert after
+    commit; flag tenants whose hard-stop budget is spent. Returns the alerts created."""
+    from billing.tasks import budget_alert_deliver_task
+
+    month = month_start(now)
+    created = 0
+    with transaction.atomic():
+        budgets = list(Budget.objects.all())
+        spends: dict[Any, Decimal] = {}
+        if budgets:
+            for tenant_id, total in (LedgerEntry.objects.filter(
+                    kind=EntryKind.USAGE, period_start__gte=_midnight(month),
+                    tenant_id__in={b.tenant_id for b in budgets})
+                    .values("tenant_id").annotate(s=Sum("amount")).values_list("tenant_id", "s")):
+                spends[tenant_id] = pricing.cents(-(total or Decimal(0)))
+        blocked = set()
+        for budget in budgets:
+            spend = spends.get(budget.tenant_id, Decimal(0))
+            percent = spend * 100 / budget.monthly_amount
+            if budget.hard_stop and spend >= budget.monthly_amount:
+                blocked.add(budget.tenant_id)
+            for threshold in sorted(set(budget.thresholds)):
+                if percent < threshold:
+                    continue
+                alert, new = BudgetAlert.objects.get_or_create(
+                    budget=budget, month=month, threshold=threshold, defaults={"spend": spend})
+                if new:
+                    created += 1
+                    transaction.on_commit(lambda a=alert.pk: budget_alert_deliver_task.delay(a))
+        Account.objects.filter(budget_blocked=True).exclude(tenant_id__in=blocked).update(budget_blocked=False)
+        if blocked:
+            for tenant_id in blocked:
+                account_for(tenant_id=tenant_id)
+            Account.objects.filter(tenant_id__in=blocked, budget_blocked=False).update(budget_blocked=True)
+    return created
+
+
+@transaction.atomic
+def budget_create(*, tenant: Tenant, **values: Any) -> Budget:
+    budget = Budget.objects.create(tenant=tenant, **values)
+    audit_record(tenant=tenant, action="budget.create", obj=budget,
+                 data={"monthly_amount": str(budget.monthly_amount), "hard_stop": budget.hard_stop})
+    return budget
+
+
+@transaction.atomic
+def budget_update(*, budget: Budget, **values: Any) -> Budget:
+    for key, value in values.items():
+        setattr(budget, key, value)
+    budget.save()
+    audit_record(tenant=budget.tenant, action="budget.update", obj=budget,
+                 data={k: str(v) for k, v in values.items() if k != "webhook_secret"})
+    return budget
+
+
+@transaction.atomic
+def budget_delete(*, budget: Budget) -> None:
+    audit_record(tenant=budget.tenant, action="budget.delete", obj=budget)
+    budget.delete()
+
+
+def budget_alert_deliver(*, alert_id: int) -> None:
+    """Email and webhook for one alert. Runs in a task, outside any transaction.
+
+    Each channel is marked done once it succeeded, so a retry repeats only what failed.
+    Raises `notify.DeliveryError` when the webhook failed (the task retries).
+    """
+    from billing import notify
+
+    alert = BudgetAlert.objects.select_related("budget__tenant").get(pk=alert_id)
+    budget = alert.budget
+    if budget.notify_email and alert.email_sent_at is None:
+        notify.email_tenant_admins(
+            tenant=budget.tenant,
+            subject=f"[gpucloud] {budget.tenant.name}: budget {budget.name!r} at {alert.threshold} %",
+            body=(f"Spend this month ({alert.month:%B %Y}) reached {alert.spend} {settings.BILLING_CURRENCY}, "
+                  f"{alert.threshold} % of the budget {budget.name!r} ({budget.monthly_amount})."
+                  + (" New launches are refused until next month." if budget.hard_stop
+                     and alert.threshold >= 100 else "")),
+        )
+        BudgetAlert.objects.filter(pk=alert.pk).update(email_sent_at=timezone.now())
+    if budget.webhook_url and alert.webhook_delivered_at is None:
+        payload = {
+            "type": "budget.threshold", "alert_id": alert.pk, "tenant": str(budget.tenant_id),
+            "budget": str(budget.pk), "budget_name": budget.name, "month": alert.month.isoformat(),
+            "threshold": alert.threshold, "spend": str(alert.spend), "monthly_amount": str(budget.monthly_amount),
+            "currency": settings.BILLING_CURRENCY, "hard_stop": budget.hard_stop,
+        }
+        BudgetAlert.objects.filter(pk=alert.pk).update(webhook_attempts=F("webhook_attempts") + 1)
+        try:
+            notify.webhook_post(url=budget.webhook_url, secret=budget.webhook_secret, payload=payload)
+        except notify.DeliveryError as exc:
+            BudgetAlert.objects.filter(pk=alert.pk).update(last_error=str(exc)[:500])
+            raise
+        BudgetAlert.objects.filter(pk=alert.pk).update(webhook_delivered_at=timezone.now(), last_error="")
+
+
+# ---------------------------------------------------------------- spot prices
+
+
+def spot_prices_update(*, now: datetime | None = None) -> int:
+    """Recompute spot prices from demand (pricing.spot_price); a change is a new Price row.
+
+    Then spot work whose max price is now below the price gets the usual preemption
+    notice. Returns the number of prices changed.
+    """
+    from agents.models import Gpu
+
+    now = now or timezone.now()
+    demand: dict[tuple[int, int], tuple[int, int]] = {}
+    for region_id, model_id, used, count in (
+        Gpu.objects.filter(healthy=True).values("host__region_id", "gpu_model_id")
+        .annotate(used=Sum("used_milli"), n=Count("uuid")).values_list("host__region_id", "gpu_model_id", "used", "n")
+    ):
+        demand[(region_id, model_id)] = (int(used or 0), int(count) * 1000)
+    floors = {(r, m): f for r, m, f in SpotFloor.objects.values_list("region_id", "gpu_model_id", "floor_fraction")}
+    # the price in force per (type, region, kind): newest first, keep the first seen
+    current: dict[tuple[int, int, str], Decimal] = {}
+    for it, region, kind, per_hour in (
+        Price.objects.filter(effective_from__lte=now).order_by("instance_type_id", "region_id", "kind",
+                                                                "-effective_from")
+        .values_list("instance_type_id", "region_id", "kind", "per_hour")
+    ):
+        current.setdefault((it, region, kind), per_hour)
+    model_of = dict(InstanceType.objects.values_list("id", "gpu_model_id"))
+    changed = []
+    for (it, region, kind), spot in current.items():
+        if kind != PriceKind.SPOT or (it, region, PriceKind.ON_DEMAND) not in current:
+            continue  # only types already offered as spot there
+        used, total = demand.get((region, model_of[it]), (0, 0))
+        new = pricing.spot_price(on_demand=current[(it, region, PriceKind.ON_DEMAND)],
+                                 floor_fraction=floors.get((region, model_of[it]), settings.SPOT_FLOOR_FRACTION),
+                                 allocated_milli=used, total_milli=total)
+        if new != spot:
+            changed.append(Price(instance_type_id=it, region_id=region, kind=PriceKind.SPOT, per_hour=new,
+                                 currency=settings.BILLING_CURRENCY, effective_from=now, created_at=now))
+            current[(it, region, kind)] = new
+    with transaction.atomic():
+        # Automatic moves are kept as price history, not audit events: they would drown the log.
+        Price.objects.bulk_create(changed, ignore_conflicts=True)
+        spot_max_price_preempt(now=now, prices={(it, r): p for (it, r, k), p in current.items()
+                                                if k == PriceKind.SPOT})
+    return len(changed)
+
+
+def spot_max_price_preempt(*, now: datetime, prices: dict[tuple[int, int], Decimal]) -> int:
+    """Give notice to spot work whose max price the spot price passed. Call inside atomic().
+
+    Sets `stop_by`/`reason` as the scheduler does for a preemption (scheduler/apply.py);
+    the cycle turns an expired notice into PREEMPTED.
+    """
+    holding = (State.SCHEDULED, State.STARTING, State.RUNNING)
+    pairs = set(Workload.objects.filter(billing=Billing.SPOT, max_price__isnull=False, state__in=holding,
+                                        stop_by__isnull=True)
+                .values_list("instance_type_id", "region_id").distinct())
+    notice = dict(RegionSchedulerSettings.objects.values_list("region_id", "notice_s"))
+    n = 0
+    for it, region in pairs:
+        price = prices.get((it, region))
+        if price is None:
+            continue
+        stop_by = now + timedelta(seconds=notice.get(region, 30))
+        for wid, max_price in Workload.objects.filter(
+                billing=Billing.SPOT, instance_type_id=it, region_id=region, state__in=holding,
+                stop_by__isnull=True, max_price__lt=price).values_list("id", "max_price"):
+            n += Workload.objects.filter(pk=wid, stop_by__isnull=True, state__in=holding).update(
+                stop_by=stop_by,
+                reason=f"preempted: the spot price {price}/h passed your max price {max_price}/h; "
+                       f"stopping at {stop_by:%H:%M:%S} UTC")
+    return n
+
+
+# ---------------------------------------------------------------- invoices
+
+
+def invoice_refresh(*, tenant_id: Any, month: date) -> Invoice:
+    """(Re)build a draft invoice for `month` from the usage entries. Issued invoices never change.
+
+    One line per (instance type, region, kind, price): a mid-month price change gives two
+    lines. Each line's amount is rounded once from its exact price-seconds.
+    """
+    start = month_start(month)
+    end = next_month(start)
+    with transaction.atomic():
+        invoice, _ = Invoice.objects.get_or_create(
+            tenant_id=tenant_id, period_start=start,
+            defaults={"period_end": end, "currency": settings.BILLING_CURRENCY})
+        invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        if invoice.status != InvoiceStatus.DRAFT:
+            return invoice
+        rows = (
+            LedgerEntry.objects.filter(tenant_id=tenant_id, kind=EntryKind.USAGE,
+                                       period_start__gte=_midnight(start), period_start__lt=_midnight(end))
+            .values("instance_type_id", "region_id", "price_kind", "per_hour",
+                    "instance_type__gpu_count", "instance_type__gpu_share_milli")
+            .annotate(seconds_sum=Sum("seconds"), ps=Sum("price_seconds"),
+                      gms=Sum(F("gpu_milli") * F("seconds")))
+            .order_by("instance_type_id", "region_id", "price_kind", "per_hour")
+        )
+        lines = [
+            InvoiceLine(
+                invoice=invoice, instance_type_id=r["instance_type_id"], region_id=r["region_id"],
+                kind=r["price_kind"], per_hour=r["per_hour"],
+                unit_price=pricing.per_gpu_hour(
+                    per_hour=r["per_hour"],
+                    gpu_milli=r["instance_type__gpu_count"] * r["instance_type__gpu_share_milli"]),
+                seconds=r["seconds_sum"], gpu_hours=pricing.gpu_hours(gpu_milli_seconds=int(r["gms"])),
+                price_seconds=r["ps"], amount=pricing.cents_of_price_seconds(r["ps"]),
+            )
+            for r in rows
+        ]
+        InvoiceLine.objects.filter(invoice=invoice).delete()
+        InvoiceLine.objects.bulk_create(lines)
+        invoice.total = sum((line.amount for line in lines), Decimal("0.00"))
+        invoice.save(update_fields=["total", "updated_at"])
+        return invoice
+
+
+def metered_through(*, tenant_id: Any, at: datetime) -> bool:
+    """Whether every running second of the tenant before `at` is posted."""
+    cursor = MeteringCursor.objects.filter(name="default").values_list("events_until", flat=True).first()
+    if cursor is None or cursor < at:
+        return False
+    return not Meter.objects.filter(tenant_id=tenant_id, done=False, metered_until__lt=at).exists()
+
+
+def invoice_issue(*, invoice: Invoice, now: datetime | None = None) -> Invoice:
+    """Close a month's invoice: rebuilt one last time, then `paid` when prepaid credit covers
+    it (the balance is not negative), else `issued` and the payment provider is asked."""
+    now = now or timezone.now()
+    invoice = invoice_refresh(tenant_id=invoice.tenant_id, month=invoice.period_start)
+    with transaction.atomic():
+        invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+        if invoice.status != InvoiceStatus.DRAFT:
+            return invoice
+        balance = account_for(tenant_id=invoice.tenant_id).balance
+        invoice.issued_at = now
+        if balance >= 0 or invoice.total == 0:
+            invoice.status, invoice.paid_at, invoice.payment_reference = InvoiceStatus.PAID, now, "prepaid credit"
+        else:
+            invoice.status = InvoiceStatus.ISSUED
+        invoice.save()
+        audit_record(tenant=invoice.tenant, action="invoice.issue", obj=invoice,
+                     data={"total": str(invoice.total), "status": invoice.status})
+    if invoice.status == InvoiceStatus.ISSUED:
+        invoice_collect(invoice=invoice, owed=min(invoice.total, pricing.cents(-balance)))
+    return invoice
+
+
+def invoice_collect(*, invoice: Invoice, owed: Decimal) -> bool:
+    """Ask the payment provider for `owed` (outside any transaction); record what it collected."""
+    from billing.payments import get_provider
+
+    result = get_provider().collect(tenant_id=str(invoice.tenant_id), invoice_id=str(invoice.pk),
+                                    amount=owed, currency=invoice.currency)
+    if not result.collected:
+        logger.info("invoice=%s not collected: %s", invoice.pk, result.message)
+        return False
+    invoice_mark_paid(invoice=invoice, amount=owed, reference=result.reference)
+    return True
+
+
+@transaction.atomic
+def invoice_mark_paid(*, invoice: Invoice, amount: Decimal, reference: str = "") -> Invoice:
+    """A payment arrived for an issued invoice: credit it to the ledger and mark the invoice paid."""
+    invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+    if invoice.status != InvoiceStatus.ISSUED:
+        return invoice
+    if amount > 0:
+        _post(tenant_id=invoice.tenant_id, kind=EntryKind.PAYMENT, amount=amount,
+              memo=f"payment for invoice {invoice.number} {reference}".strip())
+    invoice.status, invoice.paid_at, invoice.payment_reference = InvoiceStatus.PAID, timezone.now(), reference[:200]
+    invoice.save()
+    audit_record(tenant=invoice.tenant, action="invoice.paid", obj=invoice, data={"amount": str(amount)})
+    return invoice
+
+
+def invoices_close(*, now: datetime | None = None) -> dict[str, int]:
+    """Refresh this month's drafts; issue last month's once its usage is fully metered."""
+    now = now or timezone.now()
+    this_month = month_start(now)
+    last_month = month_start(this_month - timedelta(days=1))
+    counts = {"refreshed": 0, "issued": 0}
+    for month in (last_month, this_month):
+        start, end = _midnight(month), _midnight(next_month(month))
+        tenants = set(LedgerEntry.objects.filter(kind=EntryKind.USAGE, period_start__gte=start,
+                                                 period_start__lt=end).values_list("tenant_id", flat=True))
+        tenants |= set(Invoice.objects.filter(period_start=month, status=InvoiceStatus.DRAFT)
+                       .values_list("tenant_id", flat=True))
+        for tenant_id in tenants:
+            invoice = invoice_refresh(tenant_id=tenant_id, month=month)
+            counts["refreshed"] += 1
+            if month == last_month and invoice.status == InvoiceStatus.DRAFT and \
+                    metered_through(tenant_id=tenant_id, at=end):
+                invoice_issue(invoice=invoice, now=now)
+                counts["issued"] += 1
+    return counts

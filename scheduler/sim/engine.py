@@ -1,0 +1,796 @@
+"""The trace-replay engine: an event loop around ``scheduler.core.plan``.
+
+    next event = min(next arrival, next completion, next notice expiry)
+    at each event time: arrivals join the queue, completions and expired
+    notices give GPUs back (a preempted job is requeued keeping its attained
+    service and remaining work), then - if the queue is non-empty and something
+    changed - ``plan()`` runs once with the simulated ``now`` and its decisions
+    are applied: Place starts a run, Preempt puts a run under notice, Reject
+    drops the job, Wait keeps it queued. Migrate suggestions are not applied.
+
+The core gets what the live loop gives it: running allocations (with
+``expected_end`` only when the policy may know durations), ``expected_duration``
+for the oracle orders only, ``attained_service`` for requeued jobs.
+
+Speed: ``plan()`` rebuilds its working state from the snapshot it is given, so
+handing it the whole fleet at every event costs O(hosts) per event (about 12 ms
+at 2,800 GPUs). The engine hands it a *view* instead (``_view``): the hosts a
+decision can touch - every host with free room (of the fully empty ones only the
+lowest ids, as many as the queue could fill, because identical empty hosts tie
+on score and the core breaks ties by host id), hosts holding work the queue may
+preempt, for backfill the hosts whose work ends soonest, and the largest hosts
+the queue's shapes need so "could never fit" stays false. Work on hosts outside
+the view is summed per tenant into one allocation with no placement on a view
+host, so DRF shares and quota usage stay exact. The capacity denominators of
+DRF shares are those of the view (exact for one GPU model, approximate across
+models). docs/simulator.md lists what this approximation does and does not keep.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from scheduler.core import (
+    CLASS_RANK,
+    WHOLE,
+    Allocation,
+    ClusterSnapshot,
+    GpuView,
+    HostPlacement,
+    HostView,
+    Place,
+    PlacementRequest,
+    Plan,
+    Policy,
+    Preempt,
+    Reject,
+    TenantView,
+    Wait,
+    derive_mix,
+    plan,
+)
+from scheduler.core.framework import PLACEMENTS
+
+from .trace import Job, Node
+
+ORACLE_ORDERS = ("sjf", "srtf")
+_NOWHERE = "~elsewhere"  # host id of the per-tenant summary allocations
+#: fifo without backfill: pass the queue in chunks; the head blocks the rest anyway
+FIFO_CHUNK = 32
+
+
+@dataclass(slots=True)
+class RunRow:
+    job_id: str
+    tenant: str
+    submit: float
+    start: float
+    end: float
+    hosts: tuple[str, ...]
+    gpus: int  # GPUs on each host (0 for a share)
+    milli: int
+    preempted: bool
+
+
+@dataclass(slots=True)
+class JobState:
+    job: Job
+    remaining: float
+    attained: float = 0.0  # GPU-seconds
+    end: float | None = None
+    first_start: float | None = None
+    rejected: str = ""
+    preemptions: int = 0
+    queued_s: float = 0.0
+
+
+class _Host:
+    __slots__ = (
+        "host_id",
+        "region",
+        "model",
+        "total",
+        "islands",
+        "vcpus",
+        "mem",
+        "whole",
+        "milli",
+        "free_vcpus",
+        "free_mem",
+        "nfree",
+        "runs",
+        "view",
+        "key",
+        "uuids",
+    )
+
+    def __init__(self, n: Node) -> None:
+        self.host_id = n.node_id
+        self.region = n.region
+        self.model = n.gpu_model
+        self.total = n.num_gpus
+        per = max(1, math.ceil(n.num_gpus / max(1, n.nvlink_groups)))
+        self.islands = tuple(i // per for i in range(n.num_gpus))
+        self.vcpus = n.vcpus
+        self.mem = n.memory_mib
+        self.whole = [False] * n.num_gpus
+        self.milli = [0] * n.num_gpus
+        self.free_vcpus = n.vcpus
+        self.free_mem = n.memory_mib
+        self.nfree = n.num_gpus
+        self.runs: dict[str, None] = {}
+        self.view: HostView | None = None
+        self.key = (n.region, n.gpu_model, n.num_gpus)
+        self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
+
+    def has_room(self) -> bool:
+        if self.nfree:
+            return True
+        return any(0 < m < WHOLE for m, w in zip(self.milli, self.whole, strict=True) if not w)
+
+    def empty(self) -> bool:
+        return self.nfree == self.total and not self.runs
+
+    def host_view(self) -> HostView:
+        if self.view is None:
+            numa = max(1, self.total // 2)
+            self.view = HostView(
+                host_id=self.host_id,
+                region=self.region,
+                ready=True,
+                gpus=tuple(
+                    GpuView(
+                        uuid=self.uuids[i],
+                        index=i,
+                        model=self.model,
+                        nvlink_island=self.islands[i],
+                        numa_node=i // numa,
+                        whole=self.whole[i],
+                        used_milli=0 if self.whole[i] else self.milli[i],
+                        # busy GPUs compute; nothing in the trace is ever idle-held
+                        utilisation=1.0 if self.milli[i] else 0.0,
+                    )
+                    for i in range(self.total)
+                ),
+                free_vcpus=self.free_vcpus,
+                free_memory_mib=self.free_mem,
+                total_vcpus=self.vcpus,
+                total_memory_mib=self.mem,
+            )
+        return self.view
+
+
+@dataclass(slots=True)
+class _Run:
+    js: JobState
+    start: float
+    placements: tuple[HostPlacement, ...]
+    alloc: Allocation
+    milli: int
+    model: str
+    priority: str
+    preempting: bool = False
+    version: int = 0
+
+
+@dataclass
+class Result:
+    jobs: dict[str, JobState]
+    runs: list[RunRow]
+    capacity_milli: int
+    alloc_area: float  # milli-GPU-seconds allocated while work waited or ran
+    active_time: float
+    tenant_alloc: dict[str, float]
+    tenant_fair: dict[str, float]
+    preemptions: int
+    plan_calls: int
+    wall_s: float
+    series: list[tuple[float, int, float, dict[str, float]]] = field(default_factory=list)
+    demand_marks: dict[str, float] = field(default_factory=dict)
+    view_rejects: int = 0
+    skipped: int = 0
+
+
+class Simulator:
+    """One replay. ``guarantees`` (tenant -> GPUs) turns on lending: work inside a
+    tenant's guarantee runs as ``standard``, work beyond it borrows idle capacity
+    as ``low``/spot and is preempted (with notice) when an owner needs it back."""
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        jobs: Sequence[Job],
+        policy: Policy,
+        *,
+        oracle: bool | None = None,
+        guarantees: dict[str, float] | None = None,
+        weights: dict[str, float] | None = None,
+        series_points: int = 0,
+        demand_marks: Sequence[float] = (),
+        drop_unplaced: bool | None = None,
+    ) -> None:
+        self.p = policy
+        self.oracle = policy.queue_order in ORACLE_ORDERS if oracle is None else oracle
+        self.hosts = {n.node_id: _Host(n) for n in nodes}
+        if len(self.hosts) != len(nodes):
+            raise ValueError("duplicate node ids in the cluster")
+        self.default_model = nodes[0].gpu_model if nodes else ""
+        self.capacity = sum(h.total for h in self.hosts.values()) * WHOLE
+        self.guar = {t: g * WHOLE for t, g in (guarantees or {}).items()}
+        self.weights = dict(weights or {})
+        if self.guar:
+            for t, g in self.guar.items():
+                self.weights.setdefault(t, max(g / WHOLE, 1e-3))
+        self.jobs = sorted(jobs, key=lambda j: (j.submit, j.job_id))
+        for j in self.jobs:
+            if not j.gpu_model:
+                j.gpu_model = self.default_model
+        # the fragmentation mix of the whole trace, as FGD uses the workload's
+        if not policy.mix and self.jobs:
+            mix = derive_mix(
+                [
+                    PlacementRequest(
+                        request_id="",
+                        tenant_id="",
+                        gpu_model="",
+                        gpus_per_node=j.gpus_per_node,
+                        gpu_milli=j.gpu_milli,
+                    )
+                    for j in self.jobs
+                ]
+            )
+            self.p = policy.with_(mix=mix)
+        self.k = max(1, self.p.k if self.p.k is not None else PLACEMENTS[self.p.placement].k)
+        self.series_points = series_points
+        self.marks = sorted(demand_marks)
+        self.drop = (
+            all(math.isinf(j.duration) for j in self.jobs)
+            if drop_unplaced is None
+            else drop_unplaced
+        )
+        self.chunked = (
+            self.p.queue_order == "fifo"
+            and self.p.head_of_line
+            and not self.p.backfill
+            and len({j.gpu_model for j in self.jobs}) <= 1
+        )
+        self.may_preempt = self.p.preemption and self.p.mode != "static"
+
+    # ------------------------------------------------------------------ fleet facts
+
+    def _fleet_index(self) -> None:
+        self.empty: dict[tuple[str, str, int], list[str]] = defaultdict(list)
+        # (region, model) -> hosts with free room that are not empty
+        self.partial: dict[tuple[str, str], set[str]] = defaultdict(set)
+        # (model, region or None) -> hosts, largest first
+        self.by_size: dict[tuple[str, str | None], list[_Host]] = defaultdict(list)
+        for h in sorted(self.hosts.values(), key=lambda h: h.host_id):
+            self.empty[h.key].append(h.host_id)
+            self.by_size[(h.model, h.region)].append(h)
+            self.by_size[(h.model, None)].append(h)
+        for lst in self.by_size.values():
+            lst.sort(key=lambda h: (-h.total, h.host_id))
+        self.max_vcpus = max((h.vcpus for h in self.hosts.values()), default=0)
+        self.max_mem = max((h.mem for h in self.hosts.values()), default=0)
+        self.big_cpu = max(self.hosts.values(), key=lambda h: (h.vcpus, h.host_id)).host_id
+        self.big_mem = max(self.hosts.values(), key=lambda h: (h.mem, h.host_id)).host_id
+
+    def _never_fits(self, j: Job) -> str:
+        """The core's admission check against the whole fleet (the view is smaller)."""
+        sizes = [h.total for h in self.by_size.get((j.gpu_model, j.region), ())]
+        where = f" in {j.region}" if j.region else ""
+        if not sizes:
+            return f"the fleet has no {j.gpu_model} GPUs{where}"
+        if j.gpus_per_node == 0 and not 0 < j.gpu_milli < WHOLE:
+            return "a fractional share must be between 1 and 999 milli-GPUs"
+        if j.gpus_per_node > sizes[0]:
+            return f"asks for {j.gpus_per_node} GPUs on one host; the largest{where} has {sizes[0]}"
+        if j.nodes > sum(1 for s in sizes if s >= max(j.gpus_per_node, 1)):
+            return (
+                f"asks for {j.nodes} hosts with {j.gpus_per_node} GPUs; the fleet{where} has fewer"
+            )
+        if j.vcpus > self.max_vcpus or j.memory_mib > self.max_mem:
+            return "asks for more vCPUs or memory than any host has"
+        return ""
+
+    def _reindex(self, h: _Host) -> None:
+        h.view = None
+        was_empty = h.host_id in self._empty_set
+        part = self.partial[(h.region, h.model)]
+        if h.empty():
+            part.discard(h.host_id)
+            if not was_empty:
+                bisect.insort(self.empty[h.key], h.host_id)
+                self._empty_set.add(h.host_id)
+            return
+        if was_empty:
+            lst = self.empty[h.key]
+            del lst[bisect.bisect_left(lst, h.host_id)]
+            self._empty_set.discard(h.host_id)
+        if h.has_room():
+            part.add(h.host_id)
+        else:
+            part.discard(h.host_id)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> Result:
+        t_wall = time.perf_counter()
+        self._fleet_index()
+        self._empty_set = {hid for lst in self.empty.values() for hid in lst}
+        self.state: dict[str, JobState] = {}
+        self.queue: dict[str, JobState] = {}
+        self.reqs: dict[str, PlacementRequest] = {}
+        self.running: dict[str, _Run] = {}
+        self.tenant_runs: dict[str, dict[str, None]] = defaultdict(dict)
+        self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (tenant, model) -> milli
+        self.tenant_used: dict[str, int] = defaultdict(int)
+        self.demand: dict[str, int] = defaultdict(int)  # tenant -> queued + running jobs
+        self.rows: list[RunRow] = []
+        self.events: list[tuple[float, int, str, str, int]] = []
+        self.seq = 0
+        self.used = 0
+        self.preemptions = 0
+        self.plan_calls = 0
+        self.view_rejects = 0
+        self.dirty_tenants: set[str] = set()
+        self._cls: dict[str, str] = {}
+        self.rank_runs: dict[int, int] = defaultdict(int)
+        alloc_area = 0.0
+        active_time = 0.0
+        t_alloc: dict[str, float] = defaultdict(float)
+        t_fair: dict[str, float] = defaultdict(float)
+        series: list[tuple[float, int, float, dict[str, float]]] = []
+        marks = list(self.marks)
+        mark_out: dict[str, float] = {}
+        arrived = 0.0
+        skipped = 0
+        jobs = self.jobs
+        horizon = (jobs[-1].submit - jobs[0].submit) if jobs else 0.0
+        step = horizon / self.series_points if self.series_points and horizon > 0 else math.inf
+        next_sample = jobs[0].submit if jobs else 0.0
+        ai = 0
+        last = jobs[0].submit if jobs else 0.0
+        cap = self.capacity
+        dirty = False
+        while ai < len(jobs) or self.events:
+            t = jobs[ai].submit if ai < len(jobs) else math.inf
+            if self.events and self.events[0][0] < t:
+                t = self.events[0][0]
+            # ---- integrate metrics over [last, t)
+            dt = t - last
+            if dt > 0 and (self.queue or self.running):
+                alloc_area += self.used * dt
+                active_time += dt
+                active = [tn for tn, c in self.demand.items() if c > 0]
+                wsum = sum(self.weights.get(tn, 1.0) for tn in active)
+                for tn in active:
+                    t_alloc[tn] += self.tenant_used.get(tn, 0) * dt
+                    t_fair[tn] += cap * self.weights.get(tn, 1.0) / wsum * dt
+            last = t
+            if t >= next_sample:
+                series.append(
+                    (
+                        t,
+                        len(self.queue),
+                        self.used / cap if cap else 0.0,
+                        {tn: u / cap for tn, u in self.tenant_used.items() if u},
+                    )
+                )
+                next_sample = t + step
+            # ---- events at t
+            while ai < len(jobs) and jobs[ai].submit == t:
+                j = jobs[ai]
+                ai += 1
+                js = JobState(j, j.duration)
+                self.state[j.job_id] = js
+                arrived += j.gpus * WHOLE
+                why = self._never_fits(j)
+                if why:
+                    js.rejected = why
+                    skipped += 1
+                    continue
+                self._enqueue(js)
+                dirty = True
+            while self.events and self.events[0][0] == t:
+                _t, _s, kind, jid, ver = heapq.heappop(self.events)
+                r = self.running.get(jid)
+                if r is None or r.version != ver:
+                    continue
+                self._stop(r, t, preempted=kind == "stop")
+                dirty = True
+            if dirty and self.queue:
+                dirty = self._schedule(t)
+            elif not self.queue:
+                dirty = False
+            while marks and arrived >= marks[0] * cap - 1e-6:
+                mark_out[f"{marks[0]:g}"] = self.used / cap
+                marks.pop(0)
+        # whatever could never start (no departures, or blocked forever)
+        for js in self.queue.values():
+            js.rejected = js.rejected or "never placed"
+        return Result(
+            jobs=self.state,
+            runs=self.rows,
+            capacity_milli=cap,
+            alloc_area=alloc_area,
+            active_time=active_time,
+            tenant_alloc=dict(t_alloc),
+            tenant_fair=dict(t_fair),
+            preemptions=self.preemptions,
+            plan_calls=self.plan_calls,
+            wall_s=time.perf_counter() - t_wall,
+            series=series,
+            demand_marks=mark_out,
+            view_rejects=self.view_rejects,
+            skipped=skipped,
+        )
+
+    # ------------------------------------------------------------------ queue
+
+    def _enqueue(self, js: JobState) -> None:
+        j = js.job
+        self.queue[j.job_id] = js
+        self.demand[j.tenant] += 1
+        self.reqs.pop(j.job_id, None)
+        self.dirty_tenants.add(j.tenant)
+
+    def _request(self, js: JobState, priority: str) -> PlacementRequest:
+        j = js.job
+        r = self.reqs.get(j.job_id)
+        if r is None or r.priority != priority:
+            r = self.reqs[j.job_id] = PlacementRequest(
+                request_id=j.job_id,
+                tenant_id=j.tenant,
+                gpu_model=j.gpu_model,
+                gpus_per_node=j.gpus_per_node,
+                gpu_milli=j.gpu_milli,
+                nodes=j.nodes,
+                region=j.region,
+                vcpus=j.vcpus,
+                memory_mib=j.memory_mib,
+                kind="job",
+                priority=priority,  # type: ignore[arg-type]
+                billing="spot" if priority == "low" and self.guar else j.billing,  # type: ignore[arg-type]
+                submitted_at=j.submit,
+                expected_duration=(js.remaining if self.oracle else None),
+                attained_service=js.attained,
+                restartable=True,
+            )
+        return r
+
+    def _classes(self) -> dict[str, str]:
+        """Lending: each tenant's oldest running work up to its guarantee is
+        ``standard``, the rest borrows as ``low``; queued work is ``standard``
+        while it fits in what the guarantee leaves."""
+        out: dict[str, str] = {}
+        for tn in self.dirty_tenants:
+            g = self.guar.get(tn, 0)
+            cum = 0
+            for jid in self.tenant_runs.get(tn, ()):
+                r = self.running[jid]
+                cls = "standard" if cum + r.milli <= g else "low"
+                if cls == "standard":
+                    cum += r.milli
+                if cls != r.priority and not r.preempting:
+                    self.rank_runs[CLASS_RANK[r.priority]] -= 1
+                    self.rank_runs[CLASS_RANK[cls]] += 1
+                    r.priority = cls
+                    r.alloc = replace(
+                        r.alloc, priority=cls, billing="spot" if cls == "low" else "on_demand"
+                    )  # type: ignore[arg-type]
+            qd = sorted(
+                (js for js in self.queue.values() if js.job.tenant == tn),
+                key=lambda js: (js.job.submit, js.job.job_id),
+            )
+            for js in qd:
+                m = (
+                    js.job.gpu_milli * js.job.nodes
+                    if js.job.gpus_per_node == 0
+                    else js.job.gpus_per_node * WHOLE * js.job.nodes
+                )
+                if cum + m <= g:
+                    cum += m
+                    out[js.job.job_id] = "standard"
+                else:
+                    out[js.job.job_id] = "low"
+        return out
+
+    # ------------------------------------------------------------------ planning
+
+    def _schedule(self, now: float) -> bool:
+        """One scheduling point. Returns whether the next event must plan again
+        even if nothing else changes (never: plan() is deterministic)."""
+        if self.guar:
+            classes = self._classes()
+            self._cls.update(classes)
+            self.dirty_tenants.clear()
+            reqs = [self._request(js, self._cls.get(jid, "low")) for jid, js in self.queue.items()]
+        else:
+            self.dirty_tenants.clear()
+            reqs = [self._request(js, js.job.priority) for js in self.queue.values()]
+        if self.chunked:
+            reqs.sort(key=lambda r: (r.submitted_at, r.request_id))
+            i = 0
+            while i < len(reqs):
+                chunk = reqs[i : i + FIFO_CHUNK]
+                placed, waited = self._plan_once(chunk, now)
+                if waited or not placed:
+                    break
+                i += FIFO_CHUNK
+            return False
+        self._plan_once(reqs, now)
+        return False
+
+    def _plan_once(self, reqs: list[PlacementRequest], now: float) -> tuple[int, int]:
+        view = self._view(reqs, now)
+        if view is None:
+            return 0, len(reqs)
+        snap = view
+        self.plan_calls += 1
+        result: Plan = plan(snap, reqs, self.p, now=now)
+        return self._apply(result, now)
+
+    def _view(self, reqs: list[PlacementRequest], now: float) -> ClusterSnapshot | None:
+        hosts = self.hosts
+        ids: set[str] = set()
+        models: dict[tuple[str | None, str], int] = defaultdict(int)
+        need: dict[tuple[str, str | None, int], int] = {}
+        min_g = math.inf
+        frac = False
+        min_rank = 3
+        for r in reqs:
+            models[(r.region, r.gpu_model)] += r.nodes
+            key = (r.gpu_model, r.region, max(r.gpus_per_node, 1))
+            if need.get(key, 0) < r.nodes:
+                need[key] = r.nodes
+            if r.gpus_per_node == 0:
+                frac = True
+            elif r.gpus_per_node < min_g:
+                min_g = r.gpus_per_node
+            rank = CLASS_RANK.get(r.priority, 1)
+            if rank < min_rank:
+                min_rank = rank
+        for key, lst in self.empty.items():
+            n = models.get((key[0], key[1]), 0) + models.get((None, key[1]), 0)
+            if n and lst:
+                ids.update(lst[: n + self.k + 1])
+        # partly used hosts that could hold the smallest queued request
+        min_m = min((r.gpu_milli for r in reqs if r.gpus_per_node == 0), default=WHOLE + 1)
+        for (region, model), part in self.partial.items():
+            if part and ((region, model) in models or (None, model) in models):
+                for hid in part:
+                    h = hosts[hid]
+                    if h.nfree >= min_g or (
+                        frac
+                        and any(
+                            not w and WHOLE - m >= min_m
+                            for m, w in zip(h.milli, h.whole, strict=True)
+                        )
+                    ):
+                        ids.add(hid)
+        # victims the queue could preempt (in the core's host order, a bounded prefix)
+        victims: set[str] = set()
+        if self.may_preempt and any(c for rk, c in self.rank_runs.items() if rk > min_rank):
+            vr: list[str] = []
+            for run in self.running.values():
+                if run.preempting or CLASS_RANK.get(run.priority, 1) <= min_rank:
+                    continue
+                if self.p.mode_for(run.priority) != "dynamic":
+                    continue
+                vr.extend(p.host_id for p in run.placements)
+            if vr:
+                want = 2 * (self.p.preempt_candidates + max(need.values(), default=1))
+                victims = set(sorted(set(vr))[:want])
+        # nothing could start and nothing could be preempted: plan() would only wait
+        if not victims and not frac:
+            best = max((hosts[h].nfree for h in ids), default=0)
+            if best < min_g:
+                return None
+        ids |= victims
+        if self.p.backfill and self.oracle and self.running:
+            ends: dict[str, float] = {}
+            for run in self.running.values():
+                e = run.alloc.stop_by if run.preempting else run.alloc.expected_end
+                if e is None:
+                    continue
+                for p in run.placements:
+                    if e < ends.get(p.host_id, math.inf):
+                        ends[p.host_id] = e
+            b = 2 * max(need.values(), default=1) + 8
+            ids.update(heapq.nsmallest(b, ends, key=lambda h: (ends[h], h)))
+        # the largest hosts each queued shape needs, so the core's "never fits" agrees
+        for (model, region, g), nodes in need.items():
+            got = 0
+            for h in self.by_size.get((model, region), ()):
+                if h.total < g:
+                    break
+                ids.add(h.host_id)
+                got += 1
+                if got >= nodes:
+                    break
+        if any(r.vcpus for r in reqs):
+            ids.add(self.big_cpu)
+        if any(r.memory_mib for r in reqs):
+            ids.add(self.big_mem)
+        # allocations touching the view, the rest summed per tenant
+        allocs: dict[str, Allocation] = {}
+        for hid in ids:
+            for jid in hosts[hid].runs:
+                if jid not in allocs:
+                    allocs[jid] = self.running[jid].alloc
+        seen: dict[tuple[str, str], int] = defaultdict(int)
+        for jid, a in allocs.items():
+            run = self.running[jid]
+            seen[(a.tenant_id, run.model)] += run.milli
+        rest = []
+        for (tn, model), milli in self.usage.items():
+            left = milli - seen.get((tn, model), 0)
+            if left > 0:
+                rest.append(
+                    Allocation(
+                        request_id=f"{_NOWHERE}/{tn}/{model}",
+                        tenant_id=tn,
+                        placements=(HostPlacement(_NOWHERE, (_NOWHERE,), left),),
+                        gpu_model=model,
+                        priority="critical",  # never a victim: it stands for many
+                    )
+                )
+        tenants = tuple(
+            TenantView(tenant_id=tn, weight=w) for tn, w in sorted(self.weights.items())
+        )
+        return ClusterSnapshot(
+            hosts=tuple(hosts[h].host_view() for h in sorted(ids)),
+            allocations=tuple(allocs.values()) + tuple(rest),
+            tenants=tenants,
+        )
+
+    def _apply(self, result: Plan, now: float) -> tuple[int, int]:
+        placed = waited = 0
+        for d in result.decisions:
+            if isinstance(d, Place):
+                self._start(self.queue.pop(d.request_id), d.placements, now)
+                placed += 1
+            elif isinstance(d, Preempt):
+                r = self.running.get(d.victim_id)
+                if r is None or r.preempting:
+                    continue
+                r.preempting = True
+                stop_by = now + d.notice_s
+                r.alloc = replace(
+                    r.alloc, preempting=True, preempting_for=d.because_request_id, stop_by=stop_by
+                )
+                if stop_by < r.start + r.js.remaining:
+                    self._push(stop_by, "stop", d.victim_id, r.version)
+            elif isinstance(d, Reject):
+                js = self.queue.get(d.request_id)
+                if js is None:
+                    continue
+                # admission ran against the whole fleet, so this is the view's doing
+                self.view_rejects += 1
+                waited += 1
+            elif isinstance(d, Wait):
+                waited += 1
+                if self.drop:
+                    # nothing ever ends, so what does not fit now never will
+                    js = self.queue.pop(d.request_id, None)
+                    if js is not None:
+                        js.rejected = "did not fit when it arrived"
+                        self.demand[js.job.tenant] -= 1
+        return placed, waited
+
+    # ------------------------------------------------------------------ runs
+
+    def _push(self, t: float, kind: str, jid: str, ver: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, jid, ver))
+
+    def _start(self, js: JobState, placements: tuple[HostPlacement, ...], now: float) -> None:
+        j = js.job
+        milli = 0
+        for p in placements:
+            h = self.hosts[p.host_id]
+            for u in p.gpus:
+                i = int(u.rsplit("/", 1)[1])
+                if p.milli >= WHOLE:
+                    assert not h.whole[i] and h.milli[i] == 0, f"{u} booked twice"
+                    h.whole[i] = True
+                    h.milli[i] = WHOLE
+                    h.nfree -= 1
+                else:
+                    if h.milli[i] == 0:
+                        h.nfree -= 1
+                    h.milli[i] += p.milli
+                    assert h.milli[i] <= WHOLE, f"{u} over 1000 milli"
+                milli += p.milli
+            h.free_vcpus -= j.vcpus
+            h.free_mem -= j.memory_mib
+            h.runs[j.job_id] = None
+            self._reindex(h)
+        if js.first_start is None:
+            js.first_start = now
+        prio = self.reqs[j.job_id].priority if j.job_id in self.reqs else j.priority
+        alloc = Allocation(
+            request_id=j.job_id,
+            tenant_id=j.tenant,
+            placements=placements,
+            gpu_model=j.gpu_model,
+            priority=prio,
+            billing=self.reqs[j.job_id].billing if j.job_id in self.reqs else j.billing,  # type: ignore[arg-type]
+            kind="job",
+            started_at=now,
+            expected_end=(now + js.remaining) if self.oracle else None,
+            restartable=True,
+            vcpus=j.vcpus,
+            memory_mib=j.memory_mib,
+        )
+        run = _Run(js, now, placements, alloc, milli, j.gpu_model, prio)
+        old = self.running.get(j.job_id)
+        run.version = (old.version + 1) if old else self.seq
+        self.running[j.job_id] = run
+        self.rank_runs[CLASS_RANK.get(prio, 1)] += 1
+        self.tenant_runs[j.tenant][j.job_id] = None
+        self.usage[(j.tenant, j.gpu_model)] += milli
+        self.tenant_used[j.tenant] += milli
+        self.used += milli
+        self.dirty_tenants.add(j.tenant)
+        if not math.isinf(js.remaining):
+            self._push(now + js.remaining, "end", j.job_id, run.version)
+
+    def _stop(self, run: _Run, now: float, *, preempted: bool) -> None:
+        js = run.js
+        j = js.job
+        del self.running[j.job_id]
+        self.rank_runs[CLASS_RANK.get(run.priority, 1)] -= 1
+        del self.tenant_runs[j.tenant][j.job_id]
+        for p in run.placements:
+            h = self.hosts[p.host_id]
+            for u in p.gpus:
+                i = int(u.rsplit("/", 1)[1])
+                if p.milli >= WHOLE:
+                    h.whole[i] = False
+                    h.milli[i] = 0
+                    h.nfree += 1
+                else:
+                    h.milli[i] -= p.milli
+                    if h.milli[i] == 0:
+                        h.nfree += 1
+            h.free_vcpus += j.vcpus
+            h.free_mem += j.memory_mib
+            del h.runs[j.job_id]
+            self._reindex(h)
+        self.usage[(j.tenant, run.model)] -= run.milli
+        self.tenant_used[j.tenant] -= run.milli
+        self.used -= run.milli
+        self.dirty_tenants.add(j.tenant)
+        ran = now - run.start
+        first = run.placements[0]
+        self.rows.append(
+            RunRow(
+                j.job_id,
+                j.tenant,
+                j.submit,
+                run.start,
+                now,
+                tuple(p.host_id for p in run.placements),
+                len(first.gpus) if first.milli >= WHOLE else 0,
+                first.milli,
+                preempted,
+            )
+        )
+        if preempted:
+            self.preemptions += 1
+            js.preemptions += 1
+            js.remaining = max(0.0, js.remaining - ran)
+            js.attained += ran * run.milli / WHOLE
+            self.demand[j.tenant] -= 1
+            self._enqueue(js)
+        else:
+            js.end = now
+            self.demand[j.tenant] -= 1

@@ -1,0 +1,106 @@
+"""A metering run in a real Celery worker, SIGKILLed at random points, then run again:
+the ledger is exactly right — no second lost, none doubled (invariant 3)."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.conf import settings
+from django.db.models import Sum
+
+from billing import metering, pricing, services
+from billing.models import Account, LedgerEntry, Meter
+from billing.tasks import metering_run_task
+from gpucloud.celery import app
+from scheduler.choices import State
+from tests.billing.helpers import at, make_run, set_price
+from tests.conftest import make_actor
+
+N = 120
+
+
+def start_worker() -> subprocess.Popen:
+    db = settings.DATABASES["default"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.test_settings",
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "gpucloud", "worker", "--pool=solo", "--concurrency=1",
+         "--without-gossip", "--without-mingle", "--loglevel=WARNING"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if app.control.ping(timeout=0.5):
+            return proc
+        assert proc.poll() is None
+    pytest.fail("the Celery worker did not start")
+
+
+def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
+    rng = random.Random(20250301)
+    from django.core.management import call_command
+
+    call_command("seed_catalog", stdout=open(os.devnull, "w"))
+    tenants = [make_actor(f"t{i}@crash.test", tenant_name=f"Crash {i}") for i in range(3)]
+    set_price("h100.1x", "2.4900")
+    set_price("h100.1x", "2.1700", since=at(2025, 3, 1, 12, 0, 0, 250_000))  # mid-run price change
+    workloads = []
+    for i in range(N):
+        t = at(2025, 3, 1, 8) + timedelta(seconds=rng.randint(0, 4 * 3600), microseconds=rng.randint(0, 999_999))
+        steps = [(t, State.PENDING)]
+        for _ in range(rng.randint(1, 3)):
+            t += timedelta(seconds=rng.randint(1, 600), microseconds=rng.randint(0, 999_999))
+            steps.append((t, State.RUNNING))
+            t += timedelta(seconds=rng.randint(0, 3 * 3600), microseconds=rng.randint(0, 999_999))
+            end = rng.choice([State.PREEMPTED, State.LOST, State.FAILED, None])
+            if end is None:
+                break
+            steps.append((t, end))
+            t += timedelta(milliseconds=rng.randint(1, 2000))
+            steps.append((t, State.PENDING))
+        workloads.append(make_run(rng.choice(tenants), transitions=steps, name=f"w{i}"))
+    now = at(2025, 3, 1, 18, 0, 0)
+    cutoff = services.metering_cutoff(now)
+
+    app.control.purge()
+    kills = 0
+    for _ in range(2):
+        advanced_before = Meter.objects.filter(metered_until=cutoff).count()
+        target = rng.randint(advanced_before + 1, advanced_before + (N - advanced_before) // 2)
+        worker = start_worker()
+        try:
+            metering_run_task.delay(now.isoformat())
+            deadline = time.monotonic() + 60
+            while Meter.objects.filter(metered_until=cutoff).count() < target and time.monotonic() < deadline:
+                time.sleep(0.01)
+            worker.send_signal(signal.SIGKILL)  # mid-run, maybe mid-transaction
+            kills += 1
+        finally:
+            worker.wait(timeout=30)
+    done = Meter.objects.filter(metered_until=cutoff).count()
+    assert 0 < done < N, "the kills landed mid-run"
+
+    services.metering_run(now=now)  # run again, to the same cutoff
+    services.metering_run(now=now)  # ...and once more: nothing changes
+
+    end = services.epoch_floor(cutoff)
+    for w in workloads:
+        events = [(services.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
+        prices = [(services.epoch_ceil(p.effective_from), p.per_hour) for p in
+                  w.instance_type.prices.filter(region=w.region, kind="on_demand").order_by("effective_from")]
+        parts = metering.slices(events=events, prices=prices, start=services.epoch_floor(w.created_at), end=end)
+        posted = LedgerEntry.objects.filter(workload=w)
+        assert sum(e.seconds for e in posted) == metering.running_seconds(events, start=0, end=end), w.name
+        exact = sum((p.price_seconds() for p in parts), Decimal(0))
+        assert -sum((e.amount for e in posted), Decimal(0)) == pricing.micro_of_price_seconds(exact), w.name
+    for actor in tenants:
+        total = LedgerEntry.objects.filter(tenant=actor.tenant).aggregate(s=Sum("amount"))["s"]
+        assert Account.objects.get(tenant=actor.tenant).balance == total
+    assert kills == 2
