@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 import docker  # noqa: F401  (pinned in requirements.txt: a missing SDK must fail, not skip)
 
