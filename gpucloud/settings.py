@@ -214,6 +214,9 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
     "enterprise": {"max_gpus": 1024, "max_instances": 512},
 }
 
+# Prometheus scrapes /metrics; with a token set it must send `Authorization: Bearer <token>`.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+
 # Scheduler.
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "gpucloud")
 SCHEDULER_TICK_S = env_int("SCHEDULER_TICK_S", 2)

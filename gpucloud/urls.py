@@ -4,8 +4,11 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from gpucloud.metrics import metrics_view
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include("gpucloud.api.urls")),
     path("agent/v1/", include("agents.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
