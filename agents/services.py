@@ -869,13 +869,20 @@ def gpu_samples_rollup(*, now: datetime | None = None) -> RollupOutcome:
 # --- logs -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LogTail:
+    text: str
+    captured_at: datetime | None
+    pending: bool  # a fresh tail was asked for and arrives with the agent's next heartbeat
+
+
 def workload_logs_request(
     *, workload: Workload, tail: int, now: datetime | None = None
-) -> ContainerLog:
+) -> LogTail:
     """Ask the agent running `workload` for the last `tail` lines of its container's log.
 
-    Returns its ContainerLog (the latest stored tail, maybe none yet). Only work holding
-    GPUs has a container to ask about; for other work the stored tail is all there is.
+    Returns the latest stored tail (maybe none yet). Only work holding GPUs has a
+    container to ask about; for other work the stored tail is all there is.
     """
     from agents.selectors import workload_attempt
 
@@ -888,4 +895,5 @@ def workload_logs_request(
             host_id=host_id, attempt_id=attempt, requested_tail=tail, requested_at=now
         )
         log.refresh_from_db()
-    return log
+    return LogTail(text=log.text, captured_at=log.captured_at,
+                   pending=log.requested_at is not None and workload.state in HOLDING)

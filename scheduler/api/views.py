@@ -14,7 +14,7 @@ from gpucloud.api.views import TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from scheduler import selectors, services
 from scheduler.api import serializers as s
-from scheduler.choices import HOLDING, PriorityClass, State, WorkloadKind
+from scheduler.choices import PriorityClass, State, WorkloadKind
 from scheduler.models import Workload
 
 
@@ -96,10 +96,8 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         workload = self.get_object()
         q = agent_s.LogsQuerySerializer(data=request.query_params.dict())
         q.is_valid(raise_exception=True)
-        log = agent_services.workload_logs_request(workload=workload, tail=q.validated_data["tail"])
-        body = {"text": log.text, "captured_at": log.captured_at,
-                "pending": log.requested_at is not None and workload.state in HOLDING}
-        return Response(agent_s.LogsSerializer(body).data)
+        tail = agent_services.workload_logs_request(workload=workload, tail=q.validated_data["tail"])
+        return Response(agent_s.LogsSerializer(tail).data)
 
     def destroy(self, request, *args, **kwargs):
         """Terminate: stop it if needed and remove it from your lists (billing keeps its history)."""
