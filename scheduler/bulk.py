@@ -84,13 +84,18 @@ def set_wait_reasons(changes: dict[str, tuple[str, int]]) -> None:
         Workload.objects.bulk_update([w for w in rows if str(w.pk) in still], ["reason", "queue_position"],
                                      batch_size=2000)
         return
-    items = list(changes.items())
+    # Rows another transaction holds are skipped, never waited for: a reason is advice, the
+    # next cycle writes it, and waiting here could deadlock a cycle running without the lock.
+    items = sorted(changes.items())
+    table = Workload._meta.db_table
     with connection.cursor() as cur:
         for i in range(0, len(items), _CHUNK):
             chunk = items[i:i + _CHUNK]
             cur.execute(
-                f"UPDATE {Workload._meta.db_table} AS w SET reason = v.reason, queue_position = v.pos "
+                f"UPDATE {table} AS w SET reason = v.reason, queue_position = v.pos "
                 "FROM unnest(%s::uuid[], %s::text[], %s::int[]) AS v(id, reason, pos) "
-                "WHERE w.id = v.id AND w.state = 'pending'",
-                [[pk for pk, _ in chunk], [r for _, (r, _p) in chunk], [p for _, (_r, p) in chunk]],
+                f"WHERE w.id = v.id AND w.id IN (SELECT id FROM {table} WHERE id = ANY(%s::uuid[]) "
+                "AND state = 'pending' ORDER BY id FOR UPDATE SKIP LOCKED)",
+                [[pk for pk, _ in chunk], [r for _, (r, _p) in chunk], [p for _, (_r, p) in chunk],
+                 [pk for pk, _ in chunk]],
             )

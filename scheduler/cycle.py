@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F
 from django.utils import timezone
 
@@ -78,6 +78,7 @@ class CycleStats:
     gpus: int = 0
     notices_expired: int = 0
     timeouts: int = 0
+    retries: int = 0  # apply transactions PostgreSQL rolled back for a deadlock and that ran again
     apply: ApplyResult = field(default_factory=ApplyResult)
     load_s: float = 0.0
     plan_s: float = 0.0
@@ -113,6 +114,30 @@ def _enforce_deadlines(region_id: int, now: datetime, stats: CycleStats) -> None
         stats.timeouts += 1
 
 
+# PostgreSQL's "deadlock detected" and "could not serialize": the whole transaction was rolled back.
+_RETRYABLE = {"40P01", "40001"}
+
+
+def _apply_retrying(plan: core.Plan, cycle: snapshot.CycleInput, now: datetime,
+                    stats: CycleStats, attempts: int = 3) -> ApplyResult:
+    """Apply in one transaction; a deadlock rolls it back whole, so the same plan is applied again.
+
+    Only cycles running without the region lock (the concurrency tests) can deadlock each
+    other; the guarded claims re-check every GPU on the retry, so nothing is booked twice.
+    """
+    for attempt in range(attempts):
+        try:
+            with transaction.atomic():
+                return apply(plan=plan, cycle=cycle, now=now)
+        except OperationalError as exc:
+            code = getattr(exc.__cause__, "sqlstate", None)
+            if code not in _RETRYABLE or attempt == attempts - 1:
+                raise
+            stats.retries += 1
+            logger.warning("cycle region=%s apply rolled back (%s), applying again", stats.region_id, code)
+    raise AssertionError("unreachable")
+
+
 def _cycle(region_id: int, now: datetime) -> CycleStats:
     stats = CycleStats(region_id=region_id, ran=True)
     t0 = time.perf_counter()
@@ -128,8 +153,7 @@ def _cycle(region_id: int, now: datetime) -> CycleStats:
         plan = core.plan(cycle.snapshot, cycle.queue, policy_for(region_id), now=now.timestamp())
         t2 = time.perf_counter()
         stats.plan_s = t2 - t1
-        with transaction.atomic():
-            stats.apply = apply(plan=plan, cycle=cycle, now=now)
+        stats.apply = _apply_retrying(plan, cycle, now, stats)
         stats.apply_s = time.perf_counter() - t2
     logger.info(
         "cycle region=%s pending=%d placed=%d conflicts=%d waiting=%d rejected=%d notices=%d "
