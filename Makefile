@@ -4,13 +4,14 @@ VENV   ?= .venv
 PORT   ?= 8000
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint schema clean help
+.PHONY: demo test lint schema vendor clean help
 
 help:
 	@echo "make demo   - the platform on embedded defaults (SQLite, filesystem broker) at http://127.0.0.1:$(PORT)"
 	@echo "make test   - the whole test suite against PostgreSQL and Redis on 127.0.0.1"
 	@echo "make lint   - ruff and mypy"
 	@echo "make schema - write the OpenAPI schema to var/openapi.yml"
+	@echo "make vendor - refresh the console's browser libraries (htmx, uPlot) from npm"
 
 # The virtualenv is rebuilt whenever requirements.txt changes.
 $(BIN)/.installed: requirements.txt
@@ -32,6 +33,16 @@ lint: $(BIN)/.installed
 
 schema: $(BIN)/.installed
 	mkdir -p var && DEBUG=1 $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yml
+
+# The console's browser libraries, from the npm registry, served by the app itself (no CDN).
+# The copies are committed, so `make demo` needs no Node.js; run this after changing frontend/package.json.
+VENDOR := frontend/static/vendor
+vendor:
+	cd frontend && npm ci --no-audit --no-fund
+	mkdir -p $(VENDOR)/htmx $(VENDOR)/uplot
+	cp frontend/node_modules/htmx.org/dist/htmx.min.js frontend/node_modules/htmx.org/LICENSE $(VENDOR)/htmx/
+	cp frontend/node_modules/uplot/dist/uPlot.iife.min.js frontend/node_modules/uplot/dist/uPlot.min.css \
+	   frontend/node_modules/uplot/LICENSE $(VENDOR)/uplot/
 
 clean:
 	rm -rf var $(VENV)
