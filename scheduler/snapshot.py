@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import FloatField, Func
+from django.db.models import Count, F, FloatField, Func, Sum
 
 from agents.choices import HostState
 from agents.models import Gpu, Host
@@ -162,14 +162,17 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
         return ()
     # tenant -> {(model, region): (gpu milli, workloads)}
     usage: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    for tenant, model, region, count, share, nodes in (
-        Workload.objects.filter(tenant_id__in=tenant_ids, state__in=HOLDING)
-        .values_list("tenant_id", "instance_type__gpu_model__code", "region__code",
-                     "instance_type__gpu_count", "instance_type__gpu_share_milli", "nodes")
+    # Summed by PostgreSQL: one row per tenant × model × region, not one per running workload.
+    for tenant, model, region, milli, n in (
+        Workload.objects.filter(tenant_id__in=list(tenant_ids), state__in=HOLDING)
+        .values_list("tenant_id", "instance_type__gpu_model__code", "region__code")
+        .annotate(milli=Sum(F("instance_type__gpu_count") * F("instance_type__gpu_share_milli") * F("nodes")),
+                  n=Count("id"))
+        .order_by()
     ):
         cell = usage[str(tenant)][(model, region)]
-        cell[0] += count * share * nodes
-        cell[1] += 1
+        cell[0] += milli
+        cell[1] += n
 
     def used(tenant: str, model: str | None, region: str | None, i: int) -> int:
         return sum(v[i] for (m, r), v in usage.get(tenant, {}).items()
