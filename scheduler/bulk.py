@@ -58,12 +58,15 @@ def insert_allocations(rows: list[tuple], *, now: datetime) -> None:
           ((*row, True, now) for row in rows))
 
 
-def insert_events(rows: list[WorkloadEvent]) -> None:
+def insert_events(rows: list[tuple]) -> None:
+    """Events from (workload_id, from_state, to_state, reason, actor, created_at) tuples."""
     if not _pg():
-        WorkloadEvent.objects.bulk_create(rows, batch_size=2000)
+        WorkloadEvent.objects.bulk_create(
+            [WorkloadEvent(workload_id=w, from_state=f, to_state=t, reason=r, actor=a, created_at=c)
+             for w, f, t, r, a, c in rows], batch_size=2000)
         return
     _copy(WorkloadEvent._meta.db_table, ["workload_id", "from_state", "to_state", "reason", "actor", "created_at"],
-          ((e.workload_id, e.from_state, e.to_state, e.reason, e.actor, e.created_at) for e in rows))
+          rows)
 
 
 def set_state(ids: list[UUID], *, old: str, values: dict[str, Any]) -> list[UUID]:

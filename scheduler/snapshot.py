@@ -11,13 +11,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, F, FloatField, Func, Sum
 
 from agents.choices import HostState
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import Quota, Region
 from gpucloud.tenancy.models import Tenant
-from scheduler import core
+from scheduler import bulk, core
 from scheduler.choices import HOLDING, State, WorkloadKind
 from scheduler.models import Allocation, Workload
 
@@ -88,8 +89,44 @@ def _hosts(region_id: int, code: str) -> tuple[core.HostView, ...]:
     )
 
 
-def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
-    rows = (
+_ALLOCATIONS_SQL = """
+SELECT a.workload_id, a.host_id, array_agg(a.gpu_id ORDER BY a.gpu_id), max(a.milli), max(a.vcpus),
+       max(a.memory_mib), w.tenant_id, w.priority, w.billing, w.kind,
+       EXTRACT(EPOCH FROM w.started_at)::float8, EXTRACT(EPOCH FROM w.created_at)::float8, w.timeout_s,
+       EXTRACT(EPOCH FROM w.stop_by)::float8, w.preempted_for, m.code
+FROM {allocation} a
+JOIN {host} h ON h.id = a.host_id
+JOIN {workload} w ON w.id = a.workload_id
+JOIN {itype} t ON t.id = w.instance_type_id
+JOIN {model} m ON m.id = t.gpu_model_id
+WHERE a.active AND h.region_id = %s
+GROUP BY a.workload_id, a.host_id, w.id, m.code
+ORDER BY a.workload_id, a.host_id
+"""
+
+
+def _allocation_rows(region_id: int):
+    """One row per workload × host, its GPUs as a list.
+
+    On PostgreSQL the GPUs are gathered by `array_agg`, so Python handles one row per
+    host a workload holds rather than one per GPU (a quarter to an eighth of the rows).
+    """
+    if connection.vendor == "postgresql":
+        from gpucloud.catalogue.models import GpuModel, InstanceType
+
+        sql = _ALLOCATIONS_SQL.format(
+            allocation=Allocation._meta.db_table, host=Host._meta.db_table, workload=Workload._meta.db_table,
+            itype=InstanceType._meta.db_table, model=GpuModel._meta.db_table)
+        with bulk.pg_cursor() as cur:
+            cur.execute(sql, [region_id])
+            yield from cur
+        return
+    for row in _allocation_rows_orm(region_id):
+        yield (row[0], row[1], [row[2]], *row[3:])
+
+
+def _allocation_rows_orm(region_id: int):
+    return (
         Allocation.objects.filter(active=True, host__region_id=region_id)
         .annotate(started_s=Epoch("workload__started_at"), created_s=Epoch("workload__created_at"),
                   stop_by_s=Epoch("workload__stop_by"))
@@ -100,9 +137,12 @@ def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
                       "workload__instance_type__gpu_model__code")
         .order_by("workload_id", "host_id", "gpu_id")
     )
+
+
+def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
     grouped: dict[object, dict] = {}
-    for (wid, host, gpu, milli, vcpus, mem, tenant, prio, billing, kind, started, created,
-         timeout, stop_by, preempted_for, model) in rows:
+    for (wid, host, gpus, milli, vcpus, mem, tenant, prio, billing, kind, started, created,
+         timeout, stop_by, preempted_for, model) in _allocation_rows(region_id):
         entry = grouped.get(wid)
         if entry is None:
             begun = started or created or 0.0
@@ -112,7 +152,7 @@ def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
                 "stop_by": stop_by, "for": str(preempted_for) if preempted_for else None,
                 "model": model, "hosts": defaultdict(list), "milli": milli, "vcpus": 0, "mem": 0,
             }
-        entry["hosts"][str(host)].append(gpu)
+        entry["hosts"][str(host)].extend(gpus)
         entry["vcpus"] = max(entry["vcpus"], vcpus)
         entry["mem"] = max(entry["mem"], mem)
     return tuple(
