@@ -1,93 +1,246 @@
+"""Hosts, GPUs and bootstrap tokens in the operators' panel.
+
+Host admin states change only through the actions (cordon, drain, uncordon), which call
+`agents.services`; GPU health only through "Clear unhealthy". Each action tells, host by
+host, what happened: changed, already so, or waiting for a DOWN host to come back.
+"""
+
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from django.contrib import admin, messages
 from django.utils import timezone
 
+from agents.choices import AdminState, HostState
 from agents.models import BootstrapToken, ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.services import (
-    bootstrap_token_prepare,
-    bootstrap_token_record,
+    bootstrap_token_create,
     gpu_mark_healthy,
     host_cordon,
     host_drain,
     host_uncordon,
 )
+from gpucloud.tenancy.admin import OperatorAdmin, Outcome, names
+
+
+def bootstrap_secret_message(request, token: BootstrapToken, secret: str) -> None:
+    """The secret is not stored: this message is the only time anyone sees it."""
+    messages.warning(
+        request,
+        f"Bootstrap token for {token.region} — copy it now, it is shown only once and admits one "
+        f"host: {secret}  — on the new host run: python -m agents.host --server "
+        f"{request.build_absolute_uri('/').rstrip('/')} --bootstrap-token {secret}",
+    )
 
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = ["uuid", "index", "gpu_model", "healthy", "unhealthy_reason", "unhealthy_since",
-              "whole", "used_milli", "utilisation", "sampled_at"]
+    fields = [
+        "uuid",
+        "index",
+        "gpu_model",
+        "healthy",
+        "unhealthy_reason",
+        "unhealthy_since",
+        "whole",
+        "used_milli",
+        "utilisation",
+        "sampled_at",
+    ]
     readonly_fields = fields
     can_delete = False
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
-    list_display = ["name", "region", "state", "admin_state", "vcpus", "used_vcpus", "memory_mib",
-                    "last_heartbeat_at"]
+class HostAdmin(OperatorAdmin):
+    list_display = [
+        "name",
+        "region",
+        "state",
+        "admin_state",
+        "vcpus",
+        "used_vcpus",
+        "memory_mib",
+        "last_heartbeat_at",
+    ]
     list_filter = ["state", "admin_state", "region"]
     search_fields = ["name", "id"]
     list_select_related = ["region"]
     # State changes go through the actions (services), never through the form.
-    readonly_fields = ["state", "admin_state", "token_hash", "last_heartbeat_at", "last_seq",
-                       "down_since", "used_vcpus", "used_memory_mib"]
+    readonly_fields = [
+        "state",
+        "admin_state",
+        "token_hash",
+        "last_heartbeat_at",
+        "last_seq",
+        "down_since",
+        "used_vcpus",
+        "used_memory_mib",
+    ]
     inlines = [GpuInline]
     actions = ["cordon", "drain", "uncordon"]
 
+    def has_add_permission(self, request):
+        # A host joins by registering with a bootstrap token; a row made by hand has no agent.
+        return False
+
+    def _set(
+        self,
+        request,
+        queryset,
+        *,
+        to: str,
+        verb: str,
+        already: str,
+        service,
+        done: str | Callable[[], str],
+    ) -> Outcome:
+        """Move each selected host to admin state `to` through `service`, and say what happened."""
+        outcome = Outcome()
+        down = []
+        for host in queryset:
+            if host.admin_state == to:
+                outcome.notes.append(f"{host.name} was already {already}: nothing changed.")
+                continue
+            if outcome.attempt(host.name, verb, lambda h=host: service(host=h)) is not None:
+                if host.state == HostState.DOWN:
+                    down.append(host.name)
+        outcome.tell(self, request, done if isinstance(done, str) else done())
+        if down:
+            verb = "is" if len(down) == 1 else "are"
+            self.message_user(
+                request,
+                f"{names(down)} {verb} down (no heartbeat): "
+                "the change applies when the agent is back.",
+                messages.WARNING,
+            )
+        return outcome
+
     @admin.action(description="Cordon: take no new work")
     def cordon(self, request, queryset):
-        for host in queryset:
-            host_cordon(host=host)
-        self.message_user(request, f"{len(queryset)} host(s) cordoned.")
+        self._set(
+            request,
+            queryset,
+            to=AdminState.CORDONED,
+            verb="cordon",
+            already="cordoned",
+            service=host_cordon,
+            done="Cordoned {names}: no new work lands there; what runs there keeps running.",
+        )
 
     @admin.action(description="Drain: no new work, requeue batch jobs, instances run to their end")
     def drain(self, request, queryset):
-        jobs = 0
-        for host in queryset:
-            jobs += len(host_drain(host=host)[1])
-        self.message_user(request, f"{len(queryset)} host(s) draining; {jobs} job(s) requeued.")
+        requeued: list[int] = []
+
+        def drain_one(*, host):
+            host, jobs = host_drain(host=host)
+            requeued.append(len(jobs))
+            return host
+
+        self._set(
+            request,
+            queryset,
+            to=AdminState.DRAINING,
+            verb="drain",
+            already="draining",
+            service=drain_one,
+            done=lambda: (
+                "Draining {names}: no new work lands there; instances run until "
+                f"their owners stop them; {sum(requeued)} batch job(s) went back "
+                "to the queue."
+            ),
+        )
 
     @admin.action(description="Uncordon: take new work again")
     def uncordon(self, request, queryset):
-        for host in queryset:
-            host_uncordon(host=host)
-        self.message_user(request, f"{len(queryset)} host(s) ready for new work.")
+        self._set(
+            request,
+            queryset,
+            to=AdminState.READY,
+            verb="uncordon",
+            already="taking new work",
+            service=host_uncordon,
+            done="Uncordoned {names}: new work may land there again.",
+        )
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
-    list_display = ["uuid", "host", "index", "gpu_model", "healthy", "unhealthy_reason", "whole",
-                    "used_milli", "utilisation"]
+class GpuAdmin(OperatorAdmin):
+    list_display = [
+        "uuid",
+        "host",
+        "index",
+        "gpu_model",
+        "healthy",
+        "unhealthy_reason",
+        "whole",
+        "used_milli",
+        "utilisation",
+    ]
     list_filter = ["gpu_model", "healthy", "whole", "host__region"]
     search_fields = ["uuid", "host__name"]
     list_select_related = ["host", "gpu_model"]
     # Booking counters are the scheduler's; health changes through the action (audited).
-    readonly_fields = ["healthy", "unhealthy_reason", "unhealthy_since", "ecc_uncorrected", "whole",
-                       "used_milli", "utilisation", "memory_used_mib", "idle_since", "sampled_at"]
+    readonly_fields = [
+        "healthy",
+        "unhealthy_reason",
+        "unhealthy_since",
+        "ecc_uncorrected",
+        "whole",
+        "used_milli",
+        "utilisation",
+        "memory_used_mib",
+        "idle_since",
+        "sampled_at",
+    ]
     actions = ["mark_healthy"]
 
-    @admin.action(description="Mark healthy (repaired): take new work again")
+    def has_add_permission(self, request):
+        return False  # GPUs are what an agent discovers
+
+    @admin.action(description="Clear unhealthy (repaired): take new work again")
     def mark_healthy(self, request, queryset):
-        n = 0
-        for gpu in queryset.filter(healthy=False):
-            gpu_mark_healthy(gpu=gpu)
-            n += 1
-        self.message_user(request, f"{n} GPU(s) marked healthy.")
+        outcome = Outcome()
+        for gpu in queryset.select_related("host"):
+            label = f"{gpu.host.name}#{gpu.index}"
+            if gpu.healthy:
+                outcome.notes.append(
+                    f"GPU {label} ({gpu.uuid}) is healthy: there was nothing to clear."
+                )
+                continue
+            outcome.attempt(label, "clear", lambda g=gpu: gpu_mark_healthy(gpu=g))
+        outcome.tell(self, request, "Cleared {names}: marked healthy, they take new work again.")
 
 
 @admin.register(BootstrapToken)
-class BootstrapTokenAdmin(admin.ModelAdmin):
+class BootstrapTokenAdmin(OperatorAdmin):
     """Operators mint a token per new host; the secret appears once, in a message."""
 
-    list_display = ["prefix", "region", "note", "created_at", "created_by", "expires_at", "used_at",
-                    "host"]
+    list_display = [
+        "prefix",
+        "region",
+        "note",
+        "created_at",
+        "created_by",
+        "expires_at",
+        "used_at",
+        "host",
+    ]
     list_filter = ["region", ("used_at", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "note", "host__name"]
     list_select_related = ["region", "created_by", "host"]
-    fields = ["region", "note", "expires_at", "prefix", "created_at", "created_by", "used_at",
-              "host"]
+    fields = [
+        "region",
+        "note",
+        "expires_at",
+        "prefix",
+        "created_at",
+        "created_by",
+        "used_at",
+        "host",
+    ]
     readonly_fields = ["prefix", "created_at", "created_by", "used_at", "host"]
     actions = ["expire_now"]
 
@@ -98,20 +251,30 @@ class BootstrapTokenAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         if change:
             return super().save_model(request, obj, form, change)
-        obj.created_by = request.user
-        secret = bootstrap_token_prepare(token=obj)
-        super().save_model(request, obj, form, change)
-        bootstrap_token_record(token=obj)
-        messages.warning(
-            request,
-            f"Bootstrap token for {obj.region} (shown only now; it admits one host): {secret}  — "
-            f"python -m agents.host --server <this URL> --bootstrap-token {secret}",
+        # Through the service (secret made, hash stored, audited as the operator, one transaction).
+        token, secret = bootstrap_token_create(
+            region=obj.region, note=obj.note, expires_at=obj.expires_at, created_by=request.user
         )
+        obj.pk, obj.prefix, obj.created_at = token.pk, token.prefix, token.created_at
+        obj.created_by = token.created_by
+        obj._state.adding = False  # the admin's "added" message and log entry name this row
+        bootstrap_secret_message(request, token, secret)
 
     @admin.action(description="Expire the selected unused tokens now")
     def expire_now(self, request, queryset):
+        used = [t.prefix for t in queryset if t.used_at is not None]
         n = queryset.filter(used_at__isnull=True).update(expires_at=timezone.now())
-        self.message_user(request, f"{n} token(s) expired.")
+        if n:
+            self.message_user(
+                request, f"Expired {n} token(s): they admit no host any more.", messages.SUCCESS
+            )
+        if used:
+            self.message_user(
+                request,
+                f"{names(used)} already admitted a host: a used token "
+                "admits nothing more, so there was nothing to expire.",
+                messages.WARNING,
+            )
 
 
 class _ReadOnlyAdmin(admin.ModelAdmin):
@@ -126,8 +289,15 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(GpuSample)
 class GpuSampleAdmin(_ReadOnlyAdmin):
-    list_display = ["gpu", "time", "gpu_util", "mem_util", "mem_used_mib", "temperature_c",
-                    "power_w"]
+    list_display = [
+        "gpu",
+        "time",
+        "gpu_util",
+        "mem_util",
+        "mem_used_mib",
+        "temperature_c",
+        "power_w",
+    ]
     search_fields = ["gpu__uuid"]
     date_hierarchy = "time"
     show_full_result_count = False  # the table is large; counting it is not free

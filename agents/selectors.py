@@ -236,3 +236,51 @@ def _mean(values: list[float | None]) -> float | None:
 
 def _round(v: float | None) -> float | None:
     return None if v is None else round(float(v), 2)
+
+
+# --- capacity for the console's catalogue ----------------------------------------------------
+
+
+def launchable_counts(
+    *, instance_types: list, region_codes: list[str] | None = None
+) -> dict[tuple[int, str], int]:
+    """{(instance type id, region code): how many of it would fit on READY hosts right now}.
+
+    An estimate for people choosing what to rent, not a reservation: per host it counts
+    free healthy GPUs of the type's model (whole GPUs for whole types, free shares of
+    unshared-or-shared GPUs for fractional ones) and free vCPUs and memory; NVLink islands
+    and the queue ahead are the scheduler's business. Two queries whatever the fleet size.
+    """
+    from agents.choices import HostState
+    from agents.models import Gpu
+
+    hosts = Host.objects.filter(state=HostState.READY)
+    if region_codes:
+        hosts = hosts.filter(region__code__in=region_codes)
+    free_cpu_mem = {
+        pk: (region, vcpus - used_v, (mem - used_m) / 1024)
+        for pk, region, vcpus, used_v, mem, used_m in hosts.values_list(
+            "pk", "region__code", "vcpus", "used_vcpus", "memory_mib", "used_memory_mib")
+    }
+    # per host and GPU model: free whole GPUs, and the free milli of each GPU not held whole
+    whole: dict[tuple[UUID, str], int] = defaultdict(int)
+    shares: dict[tuple[UUID, str], list[int]] = defaultdict(list)
+    for host_id, model, used, is_whole in Gpu.objects.filter(
+        host_id__in=list(free_cpu_mem), healthy=True
+    ).values_list("host_id", "gpu_model__code", "used_milli", "whole"):
+        if used == 0:
+            whole[(host_id, model)] += 1
+        if not is_whole:
+            shares[(host_id, model)].append(1000 - used)
+    out: dict[tuple[int, str], int] = defaultdict(int)
+    for it in instance_types:
+        model = it.gpu_model.code
+        for host_id, (region, vcpus, mem_gib) in free_cpu_mem.items():
+            if it.gpu_share_milli >= 1000:
+                by_gpu = whole.get((host_id, model), 0) // it.gpu_count
+            else:
+                free_shares = shares.get((host_id, model), [])
+                by_gpu = sum(free // it.gpu_share_milli for free in free_shares)
+            fit = min(by_gpu, int(vcpus // it.vcpus), int(mem_gib // it.memory_gib))
+            out[(it.pk, region)] += max(0, fit)
+    return dict(out)

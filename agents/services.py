@@ -41,6 +41,7 @@ from django.db.models import Avg, Count, F, Max, Min
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from agents import fastpath
 from agents.choices import AdminState, HostState
 from agents.host.gpu import FATAL_XIDS
 from agents.liveness import is_lost
@@ -331,6 +332,7 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
         host.refresh_from_db()
         action = "host.reregister"
     BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(used_at=now, host=host)
+    fastpath.hosts_changed(host_ids=[host.pk])  # the old token, inventory, seq: all re-read
     audit_record(
         tenant=None,
         action=action,
@@ -359,6 +361,10 @@ class HeartbeatOutcome:
     # The host's active allocations as read after the last write of this heartbeat (None:
     # something moved since; read them again for the answer).
     allocations: list | None = None
+    # The token hash on the host row as locked here (the fast path caches a token only
+    # when it was still the host's after the cache version was read).
+    token_hash: str = ""
+    unknown_gpus: bool = False  # a sample named a GPU this host does not have
 
 
 def _async_commit() -> None:
@@ -401,7 +407,9 @@ def gpu_fault(sample: GpuSampleMsg, ecc_before: int | None) -> str | None:
     return None
 
 
-def _apply_samples(host: Host, samples: list[GpuSampleMsg], now: datetime) -> list[Gpu]:
+def _apply_samples(
+    host: Host, samples: list[GpuSampleMsg], now: datetime, outcome: HeartbeatOutcome | None = None
+) -> list[Gpu]:
     """Store the samples (one INSERT), update each GPU's last measurement (one UPDATE).
 
     Returns the GPUs that became unhealthy now; their work is failed by the caller.
@@ -414,6 +422,8 @@ def _apply_samples(host: Host, samples: list[GpuSampleMsg], now: datetime) -> li
         g = rows.get(s.uuid)
         if g is None:
             logger.warning("sample of an unknown gpu host=%s gpu=%s", host.pk, s.uuid)
+            if outcome is not None:
+                outcome.unknown_gpus = True
             continue
         g.sampled_at = now
         if s.gpu_util is not None:
@@ -580,11 +590,15 @@ class _Mover:
                 self.end(w, f"container exited with code {code}", exit_code=code)
 
 
-def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) -> HeartbeatOutcome:
+def host_heartbeat(
+    *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None
+) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
     The desired set is read afterwards (`selectors.host_desired_containers`), so it
-    reflects the transitions made here.
+    reflects the transitions made here. `fresh`: whether to apply it, when the caller
+    already decided that from the seq (the fast path claims seqs in Redis, see
+    agents/fastpath.py); None: decided here from `Host.last_seq`.
     """
     if hb.host_id != str(host.pk):
         raise TokenRefused("This host token belongs to another host.")
@@ -597,7 +611,8 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
         # Heartbeats of one host decide their order one at a time; the liveness task's
         # DOWN update waits for this too.
         locked = Host.objects.select_for_update().get(pk=host.pk)
-        outcome = HeartbeatOutcome(applied=seq_is_fresh(hb.seq, locked.last_seq))
+        applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
+        outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
         fields = ["last_heartbeat_at", "agent_version"]
         locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
         locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
@@ -618,7 +633,7 @@ def host_heartbeat(*, host: Host, hb: Heartbeat, now: datetime | None = None) ->
         return outcome
     with transaction.atomic():
         _async_commit()
-        failed_gpus = _apply_samples(locked, hb.gpus, now)
+        failed_gpus = _apply_samples(locked, hb.gpus, now, outcome)
     if failed_gpus:
         _fail_work_on(failed_gpus, outcome)
     if hb.logs:
@@ -658,6 +673,9 @@ class LivenessOutcome:
 def hosts_mark_down(*, now: datetime | None = None) -> list[str]:
     """Hosts silent for more than HOST_DOWN_AFTER_S go DOWN: they take no new work."""
     now = now or timezone.now()
+    # Heartbeats answered by the fast path are in Redis until flushed: write them first,
+    # so no host is judged on a liveness time older than what it told us.
+    fastpath.heartbeats_flush()
     interval = float(settings.AGENT_HEARTBEAT_INTERVAL_S)
     tolerance = settings.HOST_DOWN_AFTER_S / interval
     down = []
@@ -674,6 +692,8 @@ def hosts_mark_down(*, now: datetime | None = None) -> list[str]:
         ):
             logger.warning("host down host=%s name=%s last_heartbeat_at=%s", pk, name, seen)
             down.append(str(pk))
+    # Their next heartbeat must take the slow path, which brings them back.
+    fastpath.hosts_changed(host_ids=down)
     return down
 
 
@@ -795,6 +815,7 @@ def gpu_mark_healthy(*, gpu: Gpu) -> Gpu:
     reason = gpu.unhealthy_reason
     Gpu.objects.filter(pk=gpu.pk).update(healthy=True, unhealthy_reason="", unhealthy_since=None)
     gpu.refresh_from_db()
+    fastpath.hosts_changed(host_ids=[gpu.host_id])  # a still-failing GPU is caught again
     audit_record(tenant=None, action="gpu.mark_healthy", obj=gpu, data={"was": reason})
     _trigger_cycle_on_commit(gpu.host.region_id)
     logger.info("gpu marked healthy gpu=%s was=%s", gpu.pk, reason)
@@ -819,6 +840,7 @@ def gpu_samples_rollup(*, now: datetime | None = None) -> RollupOutcome:
     as the raw samples still go back.
     """
     now = now or timezone.now()
+    fastpath.heartbeats_flush()  # the minute being rolled up may still be in Redis
     out = RollupOutcome()
     end = now.replace(second=0, microsecond=0)  # the current minute is not complete yet
     last = GpuSampleMinute.objects.aggregate(m=Max("minute"))["m"]
@@ -894,6 +916,7 @@ def workload_logs_request(
         ContainerLog.objects.filter(pk=log.pk).update(
             host_id=host_id, attempt_id=attempt, requested_tail=tail, requested_at=now
         )
+        fastpath.hosts_changed(host_ids=[host_id])  # the request rides on the next answer
         log.refresh_from_db()
     return LogTail(text=log.text, captured_at=log.captured_at,
                    pending=log.requested_at is not None and workload.state in HOLDING)

@@ -43,3 +43,18 @@ def gpu_samples_rollup_task() -> dict[str, int]:
     )
     return {"minutes": out.minutes, "raw_pruned": out.raw_pruned,
             "minutes_pruned": out.minutes_pruned}
+
+
+@shared_task(ignore_result=True, soft_time_limit=20, time_limit=30)
+def heartbeats_flush_task() -> dict[str, int]:
+    """Every second (beat): heartbeats the fast path answered -> samples, GPUs, hosts."""
+    from agents.fastpath import heartbeats_flush
+
+    t0 = time.perf_counter()
+    out = heartbeats_flush()
+    if out.heartbeats:
+        logger.debug(
+            "heartbeats flush heartbeats=%d samples=%d gpus=%d hosts=%d duration_ms=%.1f",
+            out.heartbeats, out.samples, out.gpus, out.hosts, (time.perf_counter() - t0) * 1000,
+        )
+    return {"heartbeats": out.heartbeats, "samples": out.samples}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from agents.api.views import HostHeartbeatApi, HostRegisterApi
+from agents.api.views import HostRegisterApi, host_heartbeat_view
 
 urlpatterns = [
     path("register", HostRegisterApi.as_view(), name="agent-register"),
-    path("heartbeat", HostHeartbeatApi.as_view(), name="agent-heartbeat"),
+    path("heartbeat", host_heartbeat_view, name="agent-heartbeat"),
 ]

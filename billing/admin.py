@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 
 from billing import services
 from billing.choices import EntryKind, InvoiceStatus
@@ -16,6 +16,7 @@ from billing.models import (
     MeteringCursor,
     SpotFloor,
 )
+from gpucloud.tenancy.admin import OperatorAdmin, Outcome
 
 
 class _ReadOnly(admin.ModelAdmin):
@@ -33,27 +34,61 @@ class _ReadOnly(admin.ModelAdmin):
 
 @admin.register(Account)
 class AccountAdmin(_ReadOnly):
-    list_display = ["tenant", "balance", "currency", "exhausted_since", "low_balance_notified_at", "budget_blocked"]
+    list_display = [
+        "tenant",
+        "balance",
+        "currency",
+        "exhausted_since",
+        "low_balance_notified_at",
+        "budget_blocked",
+    ]
     list_filter = ["budget_blocked", "currency"]
     search_fields = ["tenant__name", "tenant__slug"]
     list_select_related = ["tenant"]
 
 
 class CreditForm(forms.ModelForm):
-    kind = forms.ChoiceField(choices=[(k, v) for k, v in EntryKind.choices
-                                      if k in (EntryKind.CREDIT, EntryKind.PAYMENT, EntryKind.ADJUSTMENT)])
+    kind = forms.ChoiceField(
+        choices=[
+            (k, v)
+            for k, v in EntryKind.choices
+            if k in (EntryKind.CREDIT, EntryKind.PAYMENT, EntryKind.ADJUSTMENT)
+        ]
+    )
 
     class Meta:
         model = LedgerEntry
         fields = ["tenant", "kind", "amount", "memo"]
 
+    def clean(self):
+        # The service's own rule, said on the form rather than as a 500 from save_model.
+        data = super().clean()
+        amount, kind = data.get("amount"), data.get("kind")
+        if amount is not None and kind != EntryKind.ADJUSTMENT and amount <= 0:
+            self.add_error(
+                "amount",
+                "A credit or payment is a positive amount; use an adjustment to take money off.",
+            )
+        return data
+
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
+class LedgerEntryAdmin(OperatorAdmin):
     """The ledger is append-only: operators add credits (and payments, adjustments) here."""
 
-    list_display = ["created_at", "tenant", "kind", "amount", "workload", "instance_type", "region",
-                    "period_start", "seconds", "per_hour", "memo"]
+    list_display = [
+        "created_at",
+        "tenant",
+        "kind",
+        "amount",
+        "workload",
+        "instance_type",
+        "region",
+        "period_start",
+        "seconds",
+        "per_hour",
+        "memo",
+    ]
     list_filter = ["kind", "price_kind", "region"]
     search_fields = ["tenant__name", "tenant__slug", "memo", "workload__name"]
     list_select_related = ["tenant", "workload", "instance_type", "region"]
@@ -67,10 +102,10 @@ class LedgerEntryAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
-        from gpucloud.tenancy.audit import Actor, acting_as
-
-        with acting_as(Actor(user=request.user)):
-            entry = services.credit_grant(tenant=obj.tenant, amount=obj.amount, memo=obj.memo, kind=obj.kind)
+        # Through the service (balance moved in the same transaction, audited as the operator).
+        entry = services.credit_grant(
+            tenant=obj.tenant, amount=obj.amount, memo=obj.memo, kind=obj.kind
+        )
         obj.pk = entry.pk
         obj._state.adding = False
 
@@ -98,14 +133,23 @@ class InvoiceLineInline(admin.TabularInline):
 
 
 @admin.register(Invoice)
-class InvoiceAdmin(admin.ModelAdmin):
+class InvoiceAdmin(OperatorAdmin):
     list_display = ["period_start", "tenant", "status", "total", "currency", "issued_at", "paid_at"]
     list_filter = ["status", "period_start"]
     search_fields = ["tenant__name", "tenant__slug", "id"]
     list_select_related = ["tenant"]
     inlines = [InvoiceLineInline]
-    readonly_fields = ["tenant", "period_start", "period_end", "status", "currency", "total", "issued_at",
-                       "paid_at", "payment_reference"]
+    readonly_fields = [
+        "tenant",
+        "period_start",
+        "period_end",
+        "status",
+        "currency",
+        "total",
+        "issued_at",
+        "paid_at",
+        "payment_reference",
+    ]
     actions = ["mark_paid"]
 
     def has_add_permission(self, request):
@@ -113,14 +157,23 @@ class InvoiceAdmin(admin.ModelAdmin):
 
     @admin.action(description="Record payment in full (credits the ledger, marks paid)")
     def mark_paid(self, request, queryset):
-        from gpucloud.tenancy.audit import Actor, acting_as
-
-        n = 0
-        with acting_as(Actor(user=request.user)):
-            for invoice in queryset.filter(status=InvoiceStatus.ISSUED):
-                services.invoice_mark_paid(invoice=invoice, amount=invoice.total, reference="recorded by operator")
-                n += 1
-        self.message_user(request, f"{n} invoice(s) marked paid.", messages.SUCCESS)
+        outcome = Outcome()
+        for invoice in queryset.select_related("tenant"):
+            label = f"{invoice.tenant} {invoice.period_start:%Y-%m}"
+            if invoice.status != InvoiceStatus.ISSUED:
+                outcome.notes.append(
+                    f"The invoice of {label} is {invoice.get_status_display().lower()}, "
+                    "not issued: only an issued invoice can be marked paid."
+                )
+                continue
+            outcome.attempt(
+                label,
+                "mark paid the invoice of",
+                lambda i=invoice: services.invoice_mark_paid(
+                    invoice=i, amount=i.total, reference="recorded by operator"
+                ),
+            )
+        outcome.tell(self, request, "Recorded payment in full of the invoices of {names}.")
 
 
 @admin.register(InvoiceLine)
@@ -132,8 +185,16 @@ class InvoiceLineAdmin(_ReadOnly):
 
 
 @admin.register(Budget)
-class BudgetAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "name", "monthly_amount", "thresholds", "hard_stop", "notify_email", "webhook_url"]
+class BudgetAdmin(OperatorAdmin):
+    list_display = [
+        "tenant",
+        "name",
+        "monthly_amount",
+        "thresholds",
+        "hard_stop",
+        "notify_email",
+        "webhook_url",
+    ]
     list_filter = ["hard_stop", "notify_email"]
     search_fields = ["tenant__name", "tenant__slug", "name"]
     list_select_related = ["tenant"]
@@ -141,15 +202,24 @@ class BudgetAdmin(admin.ModelAdmin):
 
 @admin.register(BudgetAlert)
 class BudgetAlertAdmin(_ReadOnly):
-    list_display = ["created_at", "budget", "month", "threshold", "spend", "email_sent_at", "webhook_delivered_at",
-                    "webhook_attempts", "last_error"]
+    list_display = [
+        "created_at",
+        "budget",
+        "month",
+        "threshold",
+        "spend",
+        "email_sent_at",
+        "webhook_delivered_at",
+        "webhook_attempts",
+        "last_error",
+    ]
     list_filter = ["threshold", "month"]
     search_fields = ["budget__tenant__name", "budget__name"]
     list_select_related = ["budget__tenant"]
 
 
 @admin.register(SpotFloor)
-class SpotFloorAdmin(admin.ModelAdmin):
+class SpotFloorAdmin(OperatorAdmin):
     list_display = ["region", "gpu_model", "floor_fraction"]
     list_filter = ["region", "gpu_model"]
     search_fields = ["region__code", "gpu_model__code"]

@@ -1,10 +1,53 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import include, path
 
 from frontend import views
+from scheduler.choices import WorkloadKind
+
+
+def _workload_routes(prefix: str, kind: str, name: str) -> list:
+    k = {"kind": kind}
+    return [
+        path(f"{prefix}/", views.workload_list, k, name=f"{name}s"),
+        path(f"{prefix}/<uuid:pk>/", views.workload_detail, k, name=name),
+        path(f"{prefix}/<uuid:pk>/live", views.workload_live, k, name=f"{name}_live"),
+        path(f"{prefix}/<uuid:pk>/metrics.json", views.workload_metrics, k, name=f"{name}_metrics"),
+        path(f"{prefix}/<uuid:pk>/logs", views.workload_logs, k, name=f"{name}_logs"),
+        path(f"{prefix}/<uuid:pk>/stop", views.workload_stop, k, name=f"{name}_stop"),
+        path(f"{prefix}/<uuid:pk>/terminate", views.workload_terminate, k, name=f"{name}_terminate"),
+    ]
+
+
+console = [
+    path("", views.dashboard, name="dashboard"),
+    path("signin/", views.SignInView.as_view(), name="login"),
+    path("signup/", views.signup, name="signup"),
+    path("signout/", views.signout, name="logout"),
+    path("tenant/", views.tenant_switch, name="tenant_switch"),
+    path("invitations/accept/", views.invitation_accept, name="invitation_accept"),
+    path("catalogue/", views.catalogue, name="catalogue"),
+    path("launch/", views.launch, name="launch"),
+    path("launch/price", views.launch_price, name="launch_price"),
+    *_workload_routes("instances", WorkloadKind.INSTANCE, "instance"),
+    *_workload_routes("jobs", WorkloadKind.JOB, "job"),
+    path("usage/", views.usage, name="usage"),
+    path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
+    path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),
+    path("budgets/", views.budget_create, name="budget_create"),
+    path("budgets/<uuid:pk>/delete", views.budget_delete, name="budget_delete"),
+    path("settings/api-keys/", views.api_keys, name="api_keys"),
+    path("settings/api-keys/<uuid:pk>/revoke", views.api_key_revoke, name="api_key_revoke"),
+    path("settings/ssh-keys/", views.ssh_keys, name="ssh_keys"),
+    path("settings/ssh-keys/<int:pk>/delete", views.ssh_key_delete, name="ssh_key_delete"),
+    path("settings/members/", views.members, name="members"),
+    path("settings/members/<uuid:pk>/role", views.member_role, name="member_role"),
+    path("settings/members/<uuid:pk>/remove", views.member_remove, name="member_remove"),
+    path("settings/quotas/", views.quotas, name="quotas"),
+]
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("console/", include((console, "console"))),
 ]

@@ -1,14 +1,70 @@
+"""The web console (/console/) and the public landing page.
+
+Views are thin: each passes through `frontend.console.console_view` (sign-in, tenant,
+permission from the matrix, audit actor), reads through the apps' selectors and writes
+through their services. Input is validated by the API's own serializers, so a mistake
+reads the same in the console as from the API.
+"""
 from __future__ import annotations
 
-from django.db import connection
-from django.http import JsonResponse
-from django.shortcuts import render
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
-from gpucloud.catalogue.selectors import instance_type_list, prices_in_force
+from django.contrib import messages
+from django.contrib.auth import login, logout
+from django.contrib.auth.views import LoginView, redirect_to_login
+from django.db import connection
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from agents import selectors as agent_selectors
+from agents import services as agent_services
+from billing import selectors as billing_selectors
+from billing import services as billing_services
+from billing.api import serializers as billing_s
+from billing.api.views import invoice_csv
+from billing.choices import UsageGroup
+from billing.models import BudgetAlert
+from frontend import selectors as console_selectors
+from frontend import services as console_services
+from frontend.console import apply_errors, console_view, service_error_to_form
+from frontend.forms import (
+    IMAGE_TEMPLATES, ApiKeyForm, BudgetForm, InvitationAcceptForm, InviteForm, LaunchForm, RoleForm, SignInForm, SignUpForm,
+    SshKeyForm,
+)
+from gpucloud.catalogue.selectors import (
+    gpu_model_list, instance_type_list, price_at, prices_in_force, quota_list, region_list,
+)
+from gpucloud.lib.errors import ServiceError
+from gpucloud.lib.http import client_ip
+from gpucloud.tenancy import permissions as perms
+from gpucloud.tenancy import selectors as tenancy_selectors
+from gpucloud.tenancy import services as tenancy_services
+from gpucloud.tenancy.api import serializers as tenancy_s
+from gpucloud.tenancy.audit import Actor, acting_as
+from gpucloud.tenancy.selectors import membership_list_for_user
+from scheduler import selectors as workload_selectors
+from scheduler import services as workload_services
+from scheduler.api import serializers as workload_s
+from scheduler.choices import ACTIVE, HOLDING, TERMINAL, Billing, State, WorkloadKind
+
+# Live parts refresh at this pace (htmx `every Ns`); the GPU chart shows this window.
+POLL_S = 2
+CHART_WINDOW_S = 600
+CHART_STEP_S = 2
+
+
+# ------------------------------------------------------------------ public
 
 
 def home(request):
-    """The landing page: what this installation offers, with links to the API and admin."""
+    """The landing page: signed-in users go to their console; others see the catalogue."""
+    if request.user.is_authenticated:
+        return redirect("console:dashboard")
     types = list(instance_type_list())
     prices = prices_in_force(instance_types=types)
     rows = []
@@ -24,3 +80,559 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+# ------------------------------------------------------------------ accounts
+
+
+class SignInView(LoginView):
+    template_name = "frontend/signin.html"
+    authentication_form = SignInForm
+    redirect_authenticated_user = True
+
+    def get_default_redirect_url(self):
+        return reverse("console:dashboard")
+
+
+def signup(request):
+    """Create an account and the tenant it owns (the API's sign-up, in a form)."""
+    if request.user.is_authenticated:
+        return redirect("console:dashboard")
+    form = SignUpForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        ser = tenancy_s.SignupSerializer(data=form.api_data())
+        if not ser.is_valid():
+            apply_errors(form, ser.errors)
+        else:
+            data = ser.validated_data
+            try:
+                with acting_as(Actor(ip=client_ip(request))):
+                    user, tenant = tenancy_services.user_signup(
+                        email=data["email"], password=data["password"], tenant_name=data["tenant_name"],
+                        full_name=data["name"])
+            except ServiceError as exc:
+                service_error_to_form(form, exc)
+            else:
+                login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+                request.session["tenant_id"] = str(tenant.pk)
+                messages.success(request, f"Welcome! {tenant.name} starts with a credit to try things out.")
+                return redirect("console:dashboard")
+    return render(request, "frontend/signup.html", {"form": form})
+
+
+@require_POST
+def signout(request):
+    logout(request)
+    return redirect("console:login")
+
+
+def invitation_accept(request):
+    """Join a tenant with an invitation token. Needs a signed-in user, not a tenant yet."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path(), reverse("console:login"))
+    form = InvitationAcceptForm(request.POST or None, initial={"token": request.GET.get("token", "")})
+    if request.method == "POST" and form.is_valid():
+        ser = tenancy_s.InvitationAcceptSerializer(data=form.cleaned_data)
+        if not ser.is_valid():
+            apply_errors(form, ser.errors)
+        else:
+            try:
+                with acting_as(Actor(user=request.user, ip=client_ip(request))):
+                    membership = tenancy_services.invitation_accept(token=ser.validated_data["token"],
+                                                                    user=request.user)
+            except ServiceError as exc:
+                service_error_to_form(form, exc)
+            else:
+                request.session["tenant_id"] = str(membership.tenant_id)
+                messages.success(request, f"You joined {membership.tenant.name} as {membership.role}.")
+                return redirect("console:dashboard")
+    return render(request, "frontend/invitation_accept.html", {"form": form},
+                  status=400 if form.is_bound and form.errors else 200)
+
+
+@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+def tenant_switch(request):
+    """Act for another of the user's tenants from now on (kept in the session)."""
+    wanted = request.POST.get("tenant", "")
+    for m in membership_list_for_user(user=request.user):
+        if wanted in (str(m.tenant_id), m.tenant.slug):
+            request.session["tenant_id"] = str(m.tenant_id)
+            messages.success(request, f"Now working in {m.tenant.name}.")
+            break
+    else:
+        messages.error(request, "You are not a member of that tenant.")
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                           require_https=request.is_secure()):
+        target = reverse("console:dashboard")  # never bounce to another site
+    return redirect(target)
+
+
+# ------------------------------------------------------------------ dashboard
+
+
+@console_view(read=perms.WORKLOADS_READ)
+def dashboard(request):
+    tenant = request.console.tenant
+    work = list(
+        workload_selectors.workload_list(tenant=tenant, kind=WorkloadKind.INSTANCE).filter(state__in=ACTIVE)
+    ) + list(workload_selectors.workload_list(tenant=tenant, kind=WorkloadKind.JOB).filter(state__in=ACTIVE))
+    costs = billing_selectors.workload_costs(workloads=work)
+    running = [w for w in work if w.state in HOLDING]
+    queued = sorted((w for w in work if w.state == State.PENDING),
+                    key=lambda w: (w.queue_position is None, w.queue_position or 0, w.created_at))
+    ctx = {
+        "running": [(w, costs[w.pk]) for w in running],
+        "queued": queued,
+        "balance": billing_selectors.balance_get(tenant=tenant),
+        "quotas": quota_list(tenant=tenant),
+        "hourly": sum((costs[w.pk].hourly or Decimal(0)) for w in running if w.state == State.RUNNING),
+    }
+    return render(request, "frontend/dashboard.html", ctx)
+
+
+# ------------------------------------------------------------------ catalogue
+
+
+SORTS = {
+    "price": ("on-demand price", lambda r: (r["on_demand"] is None, r["on_demand"].per_hour if r["on_demand"] else 0)),
+    "perf": ("price per TFLOPS", lambda r: (r["on_demand"] is None,
+                                            r["on_demand"].per_bf16_tflops_hour if r["on_demand"] else 0)),
+    "spot": ("spot price", lambda r: (r["spot"] is None, r["spot"].per_hour if r["spot"] else 0)),
+    "gpu": ("GPU model", lambda r: (r["type"].gpu_model.code, r["type"].gpu_count, r["type"].gpu_share_milli)),
+}
+
+
+@console_view(read=perms.TENANT_READ)
+def catalogue(request):
+    region = request.GET.get("region", "")
+    gpu = request.GET.get("gpu", "")
+    sort = request.GET.get("sort", "perf") if request.GET.get("sort") in SORTS else "perf"
+    types = list(instance_type_list())
+    if gpu:
+        types = [t for t in types if t.gpu_model.code == gpu]
+    prices = prices_in_force(instance_types=types)
+    available = agent_selectors.launchable_counts(instance_types=types, region_codes=[region] if region else None)
+    rows = []
+    for it in types:
+        by_region: dict[str, dict] = {}
+        for p in prices[it.pk]:
+            if region and p.region != region:
+                continue
+            by_region.setdefault(p.region, {})[p.kind] = p
+        for code, kinds in by_region.items():
+            rows.append({"type": it, "region": code, "on_demand": kinds.get("on_demand"),
+                         "spot": kinds.get("spot"), "available": available.get((it.pk, code), 0)})
+    rows.sort(key=SORTS[sort][1])
+    ctx = {"rows": rows, "regions": region_list().order_by("code"), "gpus": gpu_model_list().order_by("code"),
+           "region": region, "gpu": gpu, "sort": sort, "sorts": {k: v[0] for k, v in SORTS.items()}}
+    template = "frontend/partials/catalogue_table.html" if request.htmx else "frontend/catalogue.html"
+    return render(request, template, ctx)
+
+
+# ------------------------------------------------------------------ launch
+
+
+def _launch_price(instance_type: str, region: str) -> dict:
+    """On-demand and spot price of a type in a region now, for the price shown before launch."""
+    it = instance_type_list().filter(code=instance_type).first()
+    reg = region_list().filter(code=region).first()
+    out: dict = {"type": it, "region": reg, "on_demand": None, "spot": None}
+    if it and reg:
+        now = timezone.now()
+        for kind in (Billing.ON_DEMAND, Billing.SPOT):
+            price = price_at(instance_type=it, region=reg, kind=kind, at=now)
+            out[kind] = price.per_hour if price else None
+    return out
+
+
+@console_view(read=perms.WORKLOADS_LAUNCH, write=perms.WORKLOADS_LAUNCH)
+def launch(request):
+    console = request.console
+    saved = list(console_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
+    initial = {"instance_type": request.GET.get("type", ""), "region": request.GET.get("region", ""),
+               "kind": request.GET.get("kind", "instance"),
+               "image": IMAGE_TEMPLATES["pytorch"].image, "command": IMAGE_TEMPLATES["pytorch"].command}
+    form = LaunchForm(request.POST or None, initial=initial, saved_keys=saved)
+    if request.method == "POST" and form.is_valid():
+        kind = form.cleaned_data["kind"]
+        serializer = workload_s.JobCreateSerializer if kind == WorkloadKind.JOB else workload_s.WorkloadCreateSerializer
+        ser = serializer(data=form.api_data())
+        if not ser.is_valid():
+            apply_errors(form, ser.errors, field_map=LaunchForm.FIELD_MAP)
+        else:
+            try:
+                workload = workload_services.workload_launch(
+                    tenant=console.tenant, spec=workload_services.WorkloadSpec(kind=kind, **ser.validated_data),
+                    user=request.user)
+            except ServiceError as exc:
+                service_error_to_form(form, exc, LaunchForm.FIELD_MAP)
+            else:
+                messages.success(request, f"{workload.name} is queued; the scheduler places it in a moment.")
+                return redirect(_detail_url(workload))
+    values = form.data if form.is_bound else initial
+    first = {name: (form.fields[name].choices[0][0] if form.fields[name].choices else "")
+             for name in ("instance_type", "region")}
+    price = _launch_price(values.get("instance_type") or first["instance_type"],
+                          values.get("region") or first["region"])
+    ctx = {"form": form, "price": price, "spot": bool(values.get("spot")),
+           "templates_json": {k: {"image": t.image, "ports": t.ports, "command": t.command}
+                              for k, t in IMAGE_TEMPLATES.items()}}
+    return render(request, "frontend/launch.html", ctx, status=400 if form.is_bound else 200)
+
+
+@console_view(read=perms.WORKLOADS_LAUNCH)
+def launch_price(request):
+    """The partial under the launch form: what an hour costs, on demand and spot."""
+    price = _launch_price(request.GET.get("instance_type", ""), request.GET.get("region", ""))
+    return render(request, "frontend/partials/launch_price.html",
+                  {"price": price, "spot": request.GET.get("spot") in ("on", "true", "1")})
+
+
+# ------------------------------------------------------------------ instances and jobs
+
+
+def _detail_url(workload) -> str:
+    name = "console:instance" if workload.kind == WorkloadKind.INSTANCE else "console:job"
+    return reverse(name, args=[workload.pk])
+
+
+def _workload(request, kind: str, pk, *, detail: bool = False):
+    """The tenant's workload or 404: another tenant's is simply not there."""
+    select = workload_selectors.workload_detail_list if detail else workload_selectors.workload_list
+    workload = select(tenant=request.console.tenant, kind=kind).filter(pk=pk).first()
+    if workload is None:
+        raise Http404("No such workload in this tenant.")
+    return workload
+
+
+def _kind(kind: str) -> dict:
+    return {"kind": kind, "kind_label": "instance" if kind == WorkloadKind.INSTANCE else "batch job",
+            "plural": "Instances" if kind == WorkloadKind.INSTANCE else "Batch jobs",
+            "list_url": "console:instances" if kind == WorkloadKind.INSTANCE else "console:jobs"}
+
+
+@console_view(read=perms.WORKLOADS_READ)
+def workload_list(request, kind: str):
+    show = request.GET.get("show", "active")
+    qs = workload_selectors.workload_list(tenant=request.console.tenant, kind=kind)
+    if show == "active":
+        qs = qs.filter(state__in=ACTIVE)
+    items = list(qs[:200])
+    costs = billing_selectors.workload_costs(workloads=items)
+    ctx = {**_kind(kind), "rows": [(w, costs[w.pk]) for w in items], "show": show, "poll_s": POLL_S}
+    template = "frontend/partials/workload_rows.html" if request.htmx else "frontend/workload_list.html"
+    return render(request, template, ctx)
+
+
+def _live_context(request, workload) -> dict:
+    cost = billing_selectors.workload_costs(workloads=[workload])[workload.pk]
+    allocations = sorted(workload.active_allocations, key=lambda a: (a.host.name, a.gpu_id))
+    return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations,
+            "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
+            "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
+            and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1]}
+
+
+@console_view(read=perms.WORKLOADS_READ)
+def workload_detail(request, kind: str, pk):
+    workload = _workload(request, kind, pk, detail=True)
+    return render(request, "frontend/workload_detail.html", _live_context(request, workload))
+
+
+@console_view(read=perms.WORKLOADS_READ)
+def workload_live(request, kind: str, pk):
+    """The polled part of the detail page: state, reason, cost, host and GPUs, the timeline."""
+    workload = _workload(request, kind, pk, detail=True)
+    return render(request, "frontend/partials/workload_live.html", _live_context(request, workload))
+
+
+@console_view(read=perms.WORKLOADS_READ)
+def workload_metrics(request, kind: str, pk):
+    """GPU utilisation and memory per GPU for uPlot: {t: [...], gpus: [{label, util, mem}]}."""
+    workload = _workload(request, kind, pk)
+    now = timezone.now()
+    data = agent_selectors.workload_metrics(workload=workload, since=now - timedelta(seconds=CHART_WINDOW_S),
+                                            step=CHART_STEP_S, now=now)
+    times = sorted({int(p["t"].timestamp()) for g in data["gpus"] for p in g["points"]})
+    index = {t: i for i, t in enumerate(times)}
+    gpus = []
+    for g in data["gpus"]:
+        util: list[float | None] = [None] * len(times)
+        mem: list[float | None] = [None] * len(times)
+        for p in g["points"]:
+            i = index[int(p["t"].timestamp())]
+            util[i] = p["gpu_util"]
+            mem[i] = None if p["mem_used_mib"] is None else round(p["mem_used_mib"] / 1024, 2)
+        gpus.append({"label": f"GPU {g['index']}", "uuid": g["uuid"], "util": util, "mem": mem})
+    return JsonResponse({"t": times, "gpus": gpus, "step": CHART_STEP_S, "state": workload.state})
+
+
+@console_view(read=perms.WORKLOADS_READ)
+def workload_logs(request, kind: str, pk):
+    """The latest log tail; asks the agent for a fresh one while the container runs."""
+    workload = _workload(request, kind, pk)
+    tail = agent_services.workload_logs_request(workload=workload, tail=200)
+    return render(request, "frontend/partials/workload_logs.html",
+                  {"tail": tail, "w": workload, "poll_s": POLL_S * 2, **_kind(kind)})
+
+
+@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+def workload_stop(request, kind: str, pk):
+    workload = _workload(request, kind, pk)
+    try:
+        workload_services.workload_stop(workload=workload)
+    except ServiceError as exc:
+        messages.error(request, f"Could not stop {workload.name}: {exc.message}")
+    else:
+        messages.success(request, f"Stopping {workload.name}.")
+    return redirect(_detail_url(workload))
+
+
+@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+def workload_terminate(request, kind: str, pk):
+    workload = _workload(request, kind, pk)
+    try:
+        workload_services.workload_delete(workload=workload)
+    except ServiceError as exc:
+        messages.error(request, f"Could not terminate {workload.name}: {exc.message}")
+        return redirect(_detail_url(workload))
+    messages.success(request, f"{workload.name} is terminated; its cost stays in usage and invoices.")
+    return redirect(_kind(kind)["list_url"])
+
+
+# ------------------------------------------------------------------ usage and billing
+
+
+def _month_start(now: datetime) -> datetime:
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+@console_view(read=perms.BILLING_READ)
+def usage(request):
+    tenant = request.console.tenant
+    now = timezone.now().astimezone(UTC)
+    start, end = _month_start(now), now + timedelta(seconds=1)
+    by_type = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE_TYPE)
+    by_instance = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE)
+    ctx = {"by_type": by_type, "by_instance": by_instance, "month": start, "poll_s": 5}
+    if request.htmx:
+        return render(request, "frontend/partials/usage_tables.html", ctx)
+    since = (now - timedelta(days=30)).replace(hour=0, minute=0, second=0, microsecond=0)
+    by_day = billing_selectors.usage(tenant=tenant, start=since, end=end, group_by=UsageGroup.DAY)
+    budgets = list(billing_selectors.budget_list(tenant=tenant))
+    ctx.update({
+        "balance": billing_selectors.balance_get(tenant=tenant, now=now),
+        "invoices": list(billing_selectors.invoice_list(tenant=tenant).order_by("-period_start")[:24]),
+        "alerts": list(BudgetAlert.objects.filter(budget__in=budgets).select_related("budget")[:20]),
+        "spend_json": {"t": [int(datetime.fromisoformat(r.key).replace(tzinfo=UTC).timestamp()) for r in by_day],
+                       "amount": [float(r.amount) for r in by_day],
+                       # the whole window, so one day of usage is not stretched over the axis
+                       "from": int(since.timestamp()), "to": int(since.timestamp()) + 31 * 86400},
+        "budget_form": BudgetForm(),
+    })
+    return render(request, "frontend/usage.html", ctx)
+
+
+def _invoice(request, pk):
+    invoice = billing_selectors.invoice_list(tenant=request.console.tenant).filter(pk=pk).first()
+    if invoice is None:
+        raise Http404("No such invoice in this tenant.")
+    return invoice
+
+
+@console_view(read=perms.BILLING_READ)
+def invoice_detail(request, pk):
+    invoice = _invoice(request, pk)
+    return render(request, "frontend/invoice.html", {"invoice": invoice, "lines": list(invoice.lines.all())})
+
+
+@console_view(read=perms.BILLING_READ)
+def invoice_download(request, pk):
+    invoice = _invoice(request, pk)
+    response = HttpResponse(invoice_csv(invoice), content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="invoice-{invoice.number}.csv"'
+    return response
+
+
+@console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
+def budget_create(request):
+    form = BudgetForm(request.POST)
+    if form.is_valid():
+        ser = billing_s.BudgetWriteSerializer(data=form.api_data())
+        if ser.is_valid():
+            budget = billing_services.budget_create(tenant=request.console.tenant, **ser.validated_data)
+            messages.success(request, f"Budget {budget.name!r} saved: {budget.monthly_amount} a month.")
+            return redirect("console:usage")
+        apply_errors(form, ser.errors)
+    messages.error(request, "The budget was not saved: " + "; ".join(
+        f"{'' if k == '__all__' else k + ': '}{' '.join(v)}" for k, v in form.errors.items()))
+    return redirect("console:usage")
+
+
+@console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
+def budget_delete(request, pk):
+    budget = billing_selectors.budget_list(tenant=request.console.tenant).filter(pk=pk).first()
+    if budget is None:
+        raise Http404("No such budget in this tenant.")
+    billing_services.budget_delete(budget=budget)
+    messages.success(request, f"Budget {budget.name!r} deleted.")
+    return redirect("console:usage")
+
+
+# ------------------------------------------------------------------ settings
+
+
+@console_view(read=perms.API_KEYS_READ, write=perms.API_KEYS_CREATE)
+def api_keys(request):
+    console = request.console
+    form = ApiKeyForm(request.POST or None)
+    created = None
+    if request.method == "POST" and form.is_valid():
+        ser = tenancy_s.ApiKeyCreateSerializer(data=form.api_data())
+        if not ser.is_valid():
+            apply_errors(form, ser.errors)
+        else:
+            try:
+                key, secret = tenancy_services.api_key_create(membership=console.membership, **ser.validated_data)
+            except ServiceError as exc:
+                service_error_to_form(form, exc)
+            else:
+                # Rendered once, never stored: the response is not cached and the page is not redirected.
+                created = {"key": key, "secret": secret}
+                form = ApiKeyForm()
+    keys = list(tenancy_selectors.api_key_list(tenant=console.tenant).order_by("-created_at"))
+    ctx = {"form": form, "keys": keys, "created": created, "api_base": request.build_absolute_uri("/api/v1/")}
+    response = render(request, "frontend/settings_keys.html", ctx,
+                      status=400 if form.is_bound and form.errors else 200)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@console_view(read=perms.API_KEYS_READ, write=perms.API_KEYS_READ)
+def api_key_revoke(request, pk):
+    console = request.console
+    key = tenancy_selectors.api_key_list(tenant=console.tenant).filter(pk=pk).first()
+    if key is None:
+        raise Http404("No such key in this tenant.")
+    # Your own keys you may always revoke (a leaked key must die fast); others' need api_keys.manage.
+    if key.created_by_id != request.user.pk and not console.can(perms.API_KEYS_MANAGE):
+        from django.core.exceptions import PermissionDenied
+
+        from frontend.console import refusal
+
+        raise PermissionDenied(refusal(console, perms.API_KEYS_MANAGE))
+    tenancy_services.api_key_revoke(key=key)
+    messages.success(request, f"Key {key.prefix} is revoked; it stops working at once.")
+    return redirect("console:api_keys")
+
+
+@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+def ssh_keys(request):
+    console = request.console
+    form = SshKeyForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            console_services.ssh_key_add(membership=console.membership, **form.cleaned_data)
+        except ServiceError as exc:
+            service_error_to_form(form, exc)
+        else:
+            messages.success(request, f"Saved {form.cleaned_data['name']}; the launch page offers it.")
+            return redirect("console:ssh_keys")
+    keys = list(console_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
+    return render(request, "frontend/settings_ssh.html", {"form": form, "keys": keys},
+                  status=400 if form.is_bound and form.errors else 200)
+
+
+@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+def ssh_key_delete(request, pk):
+    key = console_selectors.ssh_key_list(tenant=request.console.tenant, user=request.user).filter(pk=pk).first()
+    if key is None:
+        raise Http404("No such key.")
+    console_services.ssh_key_remove(key=key)
+    messages.success(request, f"Removed {key.name}.")
+    return redirect("console:ssh_keys")
+
+
+@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_MANAGE)
+def members(request):
+    console = request.console
+    form = InviteForm(request.POST or None)
+    invited = None
+    if request.method == "POST" and form.is_valid():
+        ser = tenancy_s.InvitationCreateSerializer(data=form.api_data())
+        if not ser.is_valid():
+            apply_errors(form, ser.errors)
+        else:
+            try:
+                invitation, token = tenancy_services.invitation_create(actor=console.membership,
+                                                                       **ser.validated_data)
+            except ServiceError as exc:
+                service_error_to_form(form, exc)
+            else:
+                invited = {"invitation": invitation, "token": token}
+                form = InviteForm()
+    ctx = {
+        "form": form, "invited": invited,
+        "members": list(tenancy_selectors.member_list(tenant=console.tenant).order_by("user__email")),
+        "invitations": [i for i in tenancy_selectors.invitation_list(tenant=console.tenant) if i.is_open()],
+        "roles": RoleForm.base_fields["role"].choices,
+    }
+    response = render(request, "frontend/settings_members.html", ctx,
+                      status=400 if form.is_bound and form.errors else 200)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _member(request, pk):
+    m = tenancy_selectors.member_list(tenant=request.console.tenant).filter(pk=pk).first()
+    if m is None:
+        raise Http404("No such member in this tenant.")
+    return m
+
+
+@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_MANAGE)
+def member_role(request, pk):
+    membership = _member(request, pk)
+    ser = tenancy_s.MemberUpdateSerializer(data={"role": request.POST.get("role", "")})
+    if not ser.is_valid():
+        messages.error(request, "Choose one of the roles.")
+        return redirect("console:members")
+    try:
+        tenancy_services.member_update_role(actor=request.console.membership, membership=membership,
+                                            role=ser.validated_data["role"])
+    except ServiceError as exc:
+        messages.error(request, f"The role was not changed: {exc.message}")
+    else:
+        messages.success(request, f"{membership.user.email} is now {membership.role}.")
+    return redirect("console:members")
+
+
+@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_READ)
+def member_remove(request, pk):
+    """Remove a member (members.manage), or leave (anybody may remove themselves)."""
+    console = request.console
+    membership = _member(request, pk)
+    if membership.pk != console.membership.pk and not console.can(perms.MEMBERS_MANAGE):
+        from django.core.exceptions import PermissionDenied
+
+        from frontend.console import refusal
+
+        raise PermissionDenied(refusal(console, perms.MEMBERS_MANAGE))
+    try:
+        tenancy_services.member_remove(actor=console.membership, membership=membership)
+    except ServiceError as exc:
+        messages.error(request, f"Not removed: {exc.message}")
+        return redirect("console:members")
+    if membership.pk == console.membership.pk:
+        request.session.pop("tenant_id", None)
+        messages.success(request, f"You left {console.tenant.name}.")
+        return redirect("console:dashboard")
+    messages.success(request, f"{membership.user.email} was removed.")
+    return redirect("console:members")
+
+
+@console_view(read=perms.QUOTAS_READ)
+def quotas(request):
+    return render(request, "frontend/settings_quotas.html", {"quotas": quota_list(tenant=request.console.tenant)})
+

@@ -22,6 +22,9 @@ app.conf.beat_schedule = {
     "allocations-audit": {"task": "scheduler.tasks.allocations_audit_task", "schedule": 60.0},
     # Host liveness: silent hosts go DOWN, work on hosts DOWN past the grace period is LOST.
     "hosts-liveness": {"task": "agents.tasks.hosts_liveness_task", "schedule": 5.0},
+    # Heartbeats answered from Redis (agents/fastpath.py): samples and liveness -> PostgreSQL.
+    "heartbeats-flush": {"task": "agents.tasks.heartbeats_flush_task", "schedule": 1.0,
+                         "options": {"expires": 10}},
     # GPU samples: raw ones averaged into minutes, both pruned to their retention.
     "gpu-samples-rollup": {"task": "agents.tasks.gpu_samples_rollup_task", "schedule": 60.0},
     # Billing: post closed windows of usage (idempotent), then enforce balances and budgets.

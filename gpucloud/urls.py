@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from gpucloud.metrics import metrics_view
 
 urlpatterns = [
+    path("admin/fleet/", include("frontend.fleet.urls")),  # before admin/, whose catch-all 404s it
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include("gpucloud.api.urls")),

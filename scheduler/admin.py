@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from gpucloud.tenancy.admin import OperatorAdmin
 from scheduler.models import Allocation, RegionSchedulerSettings, Workload, WorkloadEvent
 
 
@@ -14,21 +15,41 @@ class EventInline(admin.TabularInline):
 
 
 @admin.register(Workload)
-class WorkloadAdmin(admin.ModelAdmin):
-    list_display = ["name", "kind", "tenant", "state", "instance_type", "region", "priority", "billing",
-                    "created_at", "reason"]
+class WorkloadAdmin(OperatorAdmin):
+    list_display = [
+        "name",
+        "kind",
+        "tenant",
+        "state",
+        "instance_type",
+        "region",
+        "priority",
+        "billing",
+        "created_at",
+        "reason",
+    ]
     list_filter = ["kind", "state", "priority", "billing", "region", "instance_type__gpu_model"]
     search_fields = ["name", "id", "tenant__name", "tenant__slug"]
     list_select_related = ["tenant", "instance_type", "region"]
     date_hierarchy = "created_at"
     inlines = [EventInline]
     # State changes go through the lifecycle services, never a form.
-    readonly_fields = ["state", "reason", "queue_position", "started_at", "ended_at", "stop_by",
-                       "preempted_for", "retries", "exit_code", "deleted_at"]
+    readonly_fields = [
+        "state",
+        "reason",
+        "queue_position",
+        "started_at",
+        "ended_at",
+        "stop_by",
+        "preempted_for",
+        "retries",
+        "exit_code",
+        "deleted_at",
+    ]
 
 
 @admin.register(Allocation)
-class AllocationAdmin(admin.ModelAdmin):
+class AllocationAdmin(OperatorAdmin):
     list_display = ["gpu", "host", "workload", "milli", "active", "created_at", "released_at"]
     list_filter = ["active", "host__region"]
     search_fields = ["gpu__uuid", "host__name", "workload__name"]
@@ -39,7 +60,7 @@ class AllocationAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkloadEvent)
-class WorkloadEventAdmin(admin.ModelAdmin):
+class WorkloadEventAdmin(OperatorAdmin):
     list_display = ["created_at", "workload", "from_state", "to_state", "reason", "actor"]
     list_filter = ["to_state"]
     search_fields = ["workload__name", "reason"]
@@ -50,6 +71,6 @@ class WorkloadEventAdmin(admin.ModelAdmin):
 
 
 @admin.register(RegionSchedulerSettings)
-class RegionSchedulerSettingsAdmin(admin.ModelAdmin):
+class RegionSchedulerSettingsAdmin(OperatorAdmin):
     list_display = ["region", "policy", "mode", "notice_s", "reclaim_idle_util", "reclaim_idle_s"]
     search_fields = ["region__code"]

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agents.fastpath import workloads_changed
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.lib.errors import Conflict, InvalidInput
@@ -166,6 +167,8 @@ def workload_transition(*, workload: Workload, to: str, reason: str = "",
     for key, value in values.items():
         setattr(workload, key, value)
     _record(workload, old, to, reason, now).save()
+    if old in HOLDING or to in HOLDING:
+        workloads_changed(workload_ids=[workload.pk])  # their hosts' heartbeat answers
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=[workload.pk], now=now)
     if to == State.PENDING or (old in HOLDING and to not in HOLDING):
@@ -192,11 +195,10 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
             if reasons.get(pk):
                 Workload.objects.filter(pk=pk).update(reason=reasons[pk][:500])
     actor = current_actor().label[:200]
-    bulk.insert_events([
-        WorkloadEvent(workload_id=pk, from_state=old, to_state=to, reason=((reasons or {}).get(pk) or reason)[:500],
-                      actor=actor, created_at=now)
-        for pk in moved
-    ])
+    why = reason[:500]
+    bulk.insert_events([(pk, old, to, ((reasons or {}).get(pk) or why)[:500], actor, now) for pk in moved])
+    if old in HOLDING or to in HOLDING:
+        workloads_changed(workload_ids=moved)  # their hosts' heartbeat answers
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=moved, now=now)
     return moved

@@ -3,33 +3,55 @@ from __future__ import annotations
 from django.contrib import admin
 
 from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Quota, Region
+from gpucloud.tenancy.admin import OperatorAdmin
 
 
 @admin.register(Region)
-class RegionAdmin(admin.ModelAdmin):
+class RegionAdmin(OperatorAdmin):
     list_display = ["code", "name", "country", "active"]
     list_filter = ["active", "country"]
     search_fields = ["code", "name"]
+    actions = ["create_bootstrap_token"]
+
+    @admin.action(description="Create a bootstrap token (one new host joins the region)")
+    def create_bootstrap_token(self, request, queryset):
+        from agents.admin import bootstrap_secret_message
+        from agents.services import bootstrap_token_create
+
+        for region in queryset:
+            token, secret = bootstrap_token_create(
+                region=region, note=f"by {request.user.email}", created_by=request.user
+            )
+            bootstrap_secret_message(request, token, secret)
 
 
 @admin.register(GpuModel)
-class GpuModelAdmin(admin.ModelAdmin):
+class GpuModelAdmin(OperatorAdmin):
     list_display = ["code", "name", "vendor", "memory_gib", "bf16_tflops", "interconnect"]
     list_filter = ["vendor"]
     search_fields = ["code", "name"]
 
 
 @admin.register(InstanceType)
-class InstanceTypeAdmin(admin.ModelAdmin):
-    list_display = ["code", "name", "gpu_model", "gpu_count", "gpu_share_milli", "vcpus", "memory_gib",
-                    "disk_gib", "active"]
+class InstanceTypeAdmin(OperatorAdmin):
+    list_display = [
+        "code",
+        "name",
+        "gpu_model",
+        "gpu_count",
+        "gpu_share_milli",
+        "vcpus",
+        "memory_gib",
+        "disk_gib",
+        "active",
+    ]
     list_filter = ["gpu_model", "active", "gpu_share_milli"]
     search_fields = ["code", "name"]
     list_select_related = ["gpu_model"]
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(OperatorAdmin):
     """Prices are history: add a row with a later effective_from to change one; never edit."""
 
     list_display = ["instance_type", "region", "kind", "per_hour", "currency", "effective_from"]
@@ -40,7 +62,15 @@ class PriceAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         if obj is not None:  # a saved price may have been billed: it never changes
-            return ["instance_type", "region", "kind", "per_hour", "currency", "effective_from", "created_at"]
+            return [
+                "instance_type",
+                "region",
+                "kind",
+                "per_hour",
+                "currency",
+                "effective_from",
+                "created_at",
+            ]
         return ["created_at"]
 
     def has_delete_permission(self, request, obj=None):
@@ -48,7 +78,7 @@ class PriceAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(OperatorAdmin):
     list_display = ["tenant", "gpu_model", "region", "max_gpus", "max_instances"]
     list_filter = ["gpu_model", "region"]
     search_fields = ["tenant__name", "tenant__slug"]

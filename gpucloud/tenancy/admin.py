@@ -1,15 +1,90 @@
+"""Tenancy in the operators' panel, and what every admin module shares.
+
+`OperatorAdmin` runs each admin request as the signed-in operator (`acting_as`), so
+whatever a service records in the audit log through an action, an add form or a
+save names the operator and their address. `Outcome` collects what an action did to
+each selected object and tells the operator in plain words: what changed, what was
+already so, and what could not be done and why.
+"""
+
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django import forms
 from django.contrib import admin, messages
+from django.template.response import TemplateResponse
 
 from gpucloud.catalogue.models import Quota
+from gpucloud.lib.errors import ServiceError
+from gpucloud.lib.http import client_ip
 from gpucloud.tenancy import services
 from gpucloud.tenancy.audit import Actor, acting_as
+from gpucloud.tenancy.choices import TenantStatus
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Tenant
 
 
-def _operator(request) -> Actor:
-    return Actor(user=request.user, ip=request.META.get("REMOTE_ADDR"))
+def operator_actor(request) -> Actor:
+    return Actor(user=request.user, ip=client_ip(request))
+
+
+class OperatorAdmin(admin.ModelAdmin):
+    """A ModelAdmin whose writes (actions, add and change forms, deletes) are audited as
+    the operator: services read the actor from the context, not from an argument."""
+
+    def changelist_view(self, request, extra_context=None):
+        with acting_as(operator_actor(request)):
+            return super().changelist_view(request, extra_context)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        with acting_as(operator_actor(request)):
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        with acting_as(operator_actor(request)):
+            return super().delete_view(request, object_id, extra_context)
+
+
+def names(items: list[str], limit: int = 8) -> str:
+    """Names as "a, b and c"; a long list ends in "and N more", so a message stays short."""
+    shown = items[:limit]
+    rest = len(items) - len(shown)
+    if rest:
+        return f"{', '.join(shown)} and {rest} more"
+    if len(shown) <= 1:
+        return "".join(shown)
+    return f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+@dataclass
+class Outcome:
+    """What one admin action did, object by object, to be told to the operator."""
+
+    done: list[str] = field(default_factory=list)  # names of the objects changed
+    notes: list[str] = field(default_factory=list)  # sentences: nothing to do, or a caveat
+    failed: list[str] = field(default_factory=list)  # sentences: what could not be done, and why
+
+    def attempt(self, name: str, verb: str, fn) -> object | None:
+        """Run `fn()` for one object; a service's refusal becomes a sentence, not a 500."""
+        try:
+            result = fn()
+        except ServiceError as e:
+            self.failed.append(f"Could not {verb} {name}: {e.message}")
+            return None
+        self.done.append(name)
+        return result
+
+    def tell(self, modeladmin: admin.ModelAdmin, request, done: str) -> None:
+        """`done` is a sentence with {names} (and optionally {n}) for the changed objects."""
+        if self.done:
+            modeladmin.message_user(
+                request, done.format(names=names(self.done), n=len(self.done)), messages.SUCCESS
+            )
+        for note in self.notes:
+            modeladmin.message_user(request, note, messages.WARNING)
+        for why in self.failed:
+            modeladmin.message_user(request, why, messages.ERROR)
 
 
 class MembershipInline(admin.TabularInline):
@@ -26,41 +101,127 @@ class QuotaInline(admin.TabularInline):
     fields = ["gpu_model", "region", "max_gpus", "max_instances"]
 
 
+class GrantCreditForm(forms.Form):
+    """The second step of "Grant credit": how much, and why (the memo is on the ledger)."""
+
+    amount = forms.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        help_text="Added to each selected tenant's balance, in its account currency.",
+        error_messages={
+            "min_value": "A credit is a positive amount: at least 0.01.",
+            "max_decimal_places": "Cents at most: two decimal places.",
+        },
+    )
+    memo = forms.CharField(
+        max_length=300,
+        help_text="Why: the tenant reads it on their ledger, the audit log keeps it.",
+        error_messages={
+            "required": "Say why the credit is granted; the tenant reads it on their ledger."
+        },
+    )
+
+
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "plan", "status", "fair_share_weight", "member_count", "created_at"]
+class TenantAdmin(OperatorAdmin):
+    list_display = [
+        "name",
+        "slug",
+        "plan",
+        "status",
+        "balance",
+        "fair_share_weight",
+        "member_count",
+        "created_at",
+    ]
     list_filter = ["status", "plan"]
     search_fields = ["name", "slug", "memberships__user__email"]
     readonly_fields = ["id", "created_at", "status", "suspended_reason"]
     inlines = [MembershipInline, QuotaInline]
-    actions = ["suspend", "reactivate"]
+    actions = ["suspend", "reactivate", "grant_credit"]
 
     def get_queryset(self, request):
-        from django.db.models import Count
+        from django.db.models import Count, F
 
-        return super().get_queryset(request).annotate(_members=Count("memberships"))
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(_members=Count("memberships"), _balance=F("billing_account__balance"))
+        )
 
     @admin.display(ordering="_members", description="members")
     def member_count(self, obj) -> int:
         return obj._members
 
+    @admin.display(ordering="_balance", description="balance")
+    def balance(self, obj) -> str:
+        return "—" if obj._balance is None else f"{obj._balance:.2f}"
+
     @admin.action(description="Suspend: can read and stop, cannot launch")
     def suspend(self, request, queryset):
-        with acting_as(_operator(request)):
-            for tenant in queryset:
-                services.tenant_suspend(tenant=tenant, reason=f"suspended by operator {request.user.email}")
-        self.message_user(request, f"Suspended {queryset.count()} tenant(s).", messages.SUCCESS)
+        outcome = Outcome()
+        for tenant in queryset:
+            if tenant.status == TenantStatus.SUSPENDED:
+                outcome.notes.append(f"{tenant.name} was already suspended: nothing changed.")
+                continue
+            outcome.attempt(
+                tenant.name,
+                "suspend",
+                lambda t=tenant: services.tenant_suspend(
+                    tenant=t, reason=f"suspended by operator {request.user.email}"
+                ),
+            )
+        outcome.tell(
+            self,
+            request,
+            "Suspended {names}: they can still read and stop their work, but launch nothing new.",
+        )
 
-    @admin.action(description="Reactivate")
+    @admin.action(description="Resume: can launch again")
     def reactivate(self, request, queryset):
-        with acting_as(_operator(request)):
+        outcome = Outcome()
+        for tenant in queryset:
+            if tenant.status == TenantStatus.ACTIVE:
+                outcome.notes.append(f"{tenant.name} was not suspended: nothing changed.")
+                continue
+            outcome.attempt(
+                tenant.name, "resume", lambda t=tenant: services.tenant_reactivate(tenant=t)
+            )
+        outcome.tell(self, request, "Resumed {names}: they can launch again.")
+
+    @admin.action(description="Grant credit…")
+    def grant_credit(self, request, queryset):
+        """Two steps: the action renders the form; its submit posts the action again + `apply`."""
+        from django.contrib.admin import helpers
+
+        from billing.services import credit_grant
+
+        form = GrantCreditForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            amount, memo = form.cleaned_data["amount"], form.cleaned_data["memo"]
+            outcome = Outcome()
             for tenant in queryset:
-                services.tenant_reactivate(tenant=tenant)
-        self.message_user(request, f"Reactivated {queryset.count()} tenant(s).", messages.SUCCESS)
+                outcome.attempt(
+                    tenant.name,
+                    "credit",
+                    lambda t=tenant: credit_grant(tenant=t, amount=amount, memo=memo),
+                )
+            outcome.tell(self, request, f"Granted {amount:.2f} of credit to {{names}}.")
+            return None  # back to the list, where the messages show
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Grant credit",
+            "opts": self.model._meta,
+            "tenants": list(queryset),
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/tenancy/tenant/grant_credit.html", context)
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(OperatorAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["role"]
     search_fields = ["user__email", "tenant__name", "tenant__slug"]
@@ -69,8 +230,16 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 @admin.register(Invitation)
-class InvitationAdmin(admin.ModelAdmin):
-    list_display = ["email", "tenant", "role", "created_at", "expires_at", "accepted_at", "revoked_at"]
+class InvitationAdmin(OperatorAdmin):
+    list_display = [
+        "email",
+        "tenant",
+        "role",
+        "created_at",
+        "expires_at",
+        "accepted_at",
+        "revoked_at",
+    ]
     list_filter = ["role"]
     search_fields = ["email", "tenant__name"]
     list_select_related = ["tenant"]
@@ -78,15 +247,33 @@ class InvitationAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "tenant", "created_by", "scopes", "created_at", "expires_at",
-                    "revoked_at", "last_used_at"]
+class ApiKeyAdmin(OperatorAdmin):
+    list_display = [
+        "prefix",
+        "name",
+        "tenant",
+        "created_by",
+        "scopes",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    ]
     list_filter = ["revoked_at"]
     search_fields = ["prefix", "name", "tenant__name", "created_by__email"]
     list_select_related = ["tenant", "created_by"]
-    # Keys are created by members (the secret is shown once, to them); operators may revoke or limit.
-    readonly_fields = ["id", "tenant", "created_by", "prefix", "secret_hash", "scopes", "created_at",
-                       "last_used_at", "last_used_ip"]
+    # Keys are created by members (the secret is shown once, to them); operators revoke or limit.
+    readonly_fields = [
+        "id",
+        "tenant",
+        "created_by",
+        "prefix",
+        "secret_hash",
+        "scopes",
+        "created_at",
+        "last_used_at",
+        "last_used_ip",
+    ]
     actions = ["revoke"]
 
     def has_add_permission(self, request):
@@ -94,14 +281,27 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request, queryset):
-        with acting_as(_operator(request)):
-            for key in queryset:
-                services.api_key_revoke(key=key)
+        outcome = Outcome()
+        for key in queryset:
+            label = f"{key.prefix}… ({key.tenant})"
+            if key.revoked_at is not None:
+                outcome.notes.append(f"Key {label} was already revoked.")
+                continue
+            outcome.attempt(label, "revoke", lambda k=key: services.api_key_revoke(key=k))
+        outcome.tell(self, request, "Revoked {names}: they no longer authenticate.")
 
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "tenant", "actor", "action", "object_type", "object_repr", "source_ip"]
+    list_display = [
+        "created_at",
+        "tenant",
+        "actor",
+        "action",
+        "object_type",
+        "object_repr",
+        "source_ip",
+    ]
     list_filter = ["action", "object_type"]
     search_fields = ["actor", "action", "object_id", "object_repr", "tenant__name"]
     list_select_related = ["tenant"]
@@ -133,3 +333,6 @@ class GpucloudUserAdmin(UserAdmin):
 
 admin.site.site_header = "gpucloud operators"
 admin.site.site_title = "gpucloud operators"
+# The index links the fleet page (frontend/fleet); a template of our own name, because
+# django.contrib.admin comes first in INSTALLED_APPS and its admin/index.html would win.
+admin.site.index_template = "admin/gpucloud_index.html"

@@ -1,6 +1,6 @@
 """gpucloud scheduler core: pure Python, no Django, Celery or network.
 
-    plan(snapshot, queue, policy, *, now) -> Plan
+    plan(snapshot, queue, policy, *, now, cache=None) -> Plan
 
 See docs/scheduler.md.
 """
@@ -49,6 +49,7 @@ from .model import (
 )
 from .planner import derive_mix, plan
 from .policy import POLICIES, Policy, get_policy, register_policy
+from .state import PlanCache
 
 __all__ = [
     "CLASSES",
@@ -76,6 +77,7 @@ __all__ = [
     "PlacementRequest",
     "PlacementSpec",
     "Plan",
+    "PlanCache",
     "PlanCounters",
     "Policy",
     "Preempt",

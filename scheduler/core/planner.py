@@ -15,6 +15,8 @@ See docs/scheduler.md for the full story.
 from __future__ import annotations
 
 import gc
+import operator
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -45,13 +47,23 @@ from .model import (
     TenantView,
     Wait,
 )
-from .plugins import frag_model, pick_share, pick_whole
+from .plugins import ResourcesFilter, frag_model, pick_share, pick_whole
 from .policy import Policy, get_policy
 from .queue import ShareBook, make_order
 from .quota import QuotaBook
-from .state import INF, N_SHARE_BUCKETS, SHARE_BUCKET, AllocState, Fleet, HostState, Pool
+from .state import (
+    INF,
+    N_SHARE_BUCKETS,
+    SHARE_BUCKET,
+    AllocState,
+    Fleet,
+    HostState,
+    PlanCache,
+    Pool,
+)
 
 _T = TypeVar("_T")
+_SHAPE_OF = operator.attrgetter("gpus_per_node", "gpu_milli")
 
 
 class _Miss:
@@ -95,11 +107,16 @@ def plan(
     policy: Policy | str,
     *,
     now: float,
+    cache: PlanCache | None = None,
 ) -> Plan:
     """Decide one cycle. Pure: same arguments, same plan.
 
     ``queue`` holds the pending requests (any order; the policy orders them).
     Running work, tenants and idle data come in ``snapshot``.
+
+    ``cache`` (optional) lets a caller that plans again and again over mostly the
+    same ``HostView`` objects skip rebuilding their working state; the plan is
+    the same with or without it (see ``PlanCache``).
     """
     pol = get_policy(policy) if isinstance(policy, str) else policy
     reqs = list(queue)
@@ -109,7 +126,17 @@ def plan(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _Planner(snapshot, reqs, pol, now).run()
+        if cache is None:
+            return _Planner(snapshot, reqs, pol, now).run()
+        planner = None
+        try:
+            planner = _Planner(snapshot, reqs, pol, now, cache)
+            return planner.run()
+        finally:
+            if planner is None or sys.exc_info()[0] is not None:
+                cache.clear()  # half-built or half-booked state: start afresh
+            else:
+                cache.forget(planner.fleet.touched)
     finally:
         if was_enabled:
             gc.enable()
@@ -120,7 +147,7 @@ def derive_mix(
 ) -> tuple[tuple[int, int, float], ...]:
     """The typical request mix for fragmentation scores: the ``top`` most common
     shapes of the queue, as (gpus_per_node, gpu_milli, probability)."""
-    counts = Counter((r.gpus_per_node, r.gpu_milli) for r in reqs)
+    counts = Counter(map(_SHAPE_OF, reqs))
     if not counts:
         return ((1, WHOLE, 1.0),)
     common = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
@@ -138,15 +165,26 @@ def _plural(n: int, word: str) -> str:
 
 class _Planner:
     def __init__(
-        self, snapshot: ClusterSnapshot, reqs: list[PlacementRequest], policy: Policy, now: float
+        self,
+        snapshot: ClusterSnapshot,
+        reqs: list[PlacementRequest],
+        policy: Policy,
+        now: float,
+        cache: PlanCache | None = None,
     ) -> None:
         self.p = policy
         self.now = now
         self.reqs = reqs
-        self.fleet = Fleet(snapshot, now)
         self.spec = PLACEMENTS[policy.placement]
         self.k = max(1, policy.k if policy.k is not None else self.spec.k)
         self.mix = policy.mix or derive_mix(reqs)
+        if cache is not None:
+            # cached score totals are only valid for the same plugins and mix
+            key = (self.spec, self.mix)
+            if cache.key != key:
+                cache.clear()
+                cache.key = key
+        self.fleet = Fleet(snapshot, now, cache)
         self.frag = frag_model(self.mix)
         ctx = CycleContext(now=now, mix=self.mix, require_island=policy.topology == "require")
         names = list(BASE_FILTERS)
@@ -346,6 +384,9 @@ class _Planner:
         ]
         self.hot_multi = [f for f in self.hot if f.name != "gpus"]
         self.hot_one = [f for f in self.hot_multi if f.name != "nvlink"]
+        # the usual single-GPU case runs the resources filter alone: the candidate
+        # loop then does its two comparisons inline instead of a call per host
+        self.one_res_only = len(self.hot_one) == 1 and type(self.hot_one[0]) is ResourcesFilter
 
     def mark_reserved(self, hs: HostState, at: float, request_id: str) -> None:
         hs.reserved_at = at
@@ -374,18 +415,26 @@ class _Planner:
     def never_fits(self, req: PlacementRequest) -> str:
         f = self.fleet
         model, region = req.gpu_model, req.region
-        where = f" in {region}" if region else ""
         biggest = f.max_gpus.get((model, region))
+        g = req.gpus_per_node
+        if (
+            biggest is not None
+            and g <= biggest
+            and req.vcpus <= f.max_vcpus
+            and req.memory_mib <= f.max_mem
+            and (req.nodes == 1 or req.nodes <= f.hosts_with(model, region, max(g, 1)))
+        ):
+            return ""  # the common case: no words to build
+        where = f" in {region}" if region else ""
         if biggest is None:
             return f"the fleet has no {model} GPUs{where}"
-        g = req.gpus_per_node
         if g > biggest:
             return (
                 f"asks for {g} {model} GPUs on one host but the largest {model} host{where} "
                 f"has {biggest}"
             )
         if req.nodes > 1:
-            have = f.hosts_with.get((model, region, max(g, 1)), 0)
+            have = f.hosts_with(model, region, max(g, 1))
             if req.nodes > have:
                 return (
                     f"asks for {req.nodes} hosts with {g} {model} GPUs each but the fleet{where} "
@@ -423,6 +472,27 @@ class _Planner:
             # the common case, walked inline (no generator): hosts with >= g free
             # GPUs, fewest free first
             top = max([p.max_gpus for p in pools], default=0)
+            if g == 1 and self.one_res_only:
+                vcpus = req.vcpus
+                mem = req.memory_mib
+                for c in range(1, top + 1):
+                    for pool in pools:
+                        if c >= len(pool.by_free):
+                            continue
+                        for hs in pool.by_free[c]:
+                            examined += 1
+                            res = hs.res
+                            if res.free_vcpus < vcpus or res.free_mem < mem:
+                                if fails is None:
+                                    fails = Counter()
+                                fails["resources"] += 1
+                            else:
+                                out.append(hs)
+                                if len(out) >= need:
+                                    return out, fails, examined
+                            if examined >= limit:
+                                return out, fails, examined
+                return out, fails, examined
             for c in range(g, top + 1):
                 for pool in pools:
                     if c >= len(pool.by_free):
@@ -534,6 +604,8 @@ class _Planner:
             shape = (req.gpus_per_node, req.gpu_milli, req.vcpus, req.memory_mib)
             ranked = []
             scores = self.scores
+            best: HostState | None = None
+            best_total = 0
             for hs in feasible:
                 cache = hs.scores
                 if cache is None:
@@ -544,9 +616,18 @@ class _Planner:
                     for sc in scores:
                         total += sc.weight * sc.score(req, hs)
                     cache[shape] = total
-                ranked.append((-total, hs.host_id, hs))
-            if nodes == 1:
-                return (min(ranked, key=_first_two)[2],)
+                if nodes == 1:
+                    # min over (-total, host_id) without building the tuples
+                    if (
+                        best is None
+                        or total > best_total
+                        or (total == best_total and hs.host_id < best.host_id)
+                    ):
+                        best, best_total = hs, total
+                else:
+                    ranked.append((-total, hs.host_id, hs))
+            if best is not None:
+                return (best,)
             ranked.sort(key=_first_two)
             return tuple(r[2] for r in ranked[:nodes])
         return tuple(feasible[:nodes])
@@ -605,7 +686,7 @@ class _Planner:
             else:
                 for sl in host_slices:
                     sl.scores = None
-        backfilled = self.is_blocked(req)
+        backfilled = bool(self.blocked) and self.is_blocked(req)
         self.decisions.append(Place(req.request_id, tuple(out), backfilled))
         if self.quota.rules:
             self.quota.charge(req, hosts[0].region)
@@ -634,6 +715,8 @@ class _Planner:
 
     def fits_with(self, req: PlacementRequest, hs: HostState, gone: Sequence[AllocState]) -> bool:
         """Would ``req`` fit on ``hs`` (ignoring reservations) once ``gone`` stopped?"""
+        if not gone:
+            return self.fits_now(req, hs)
         whole = hs.whole[:]
         milli = hs.milli[:]
         vcpus = hs.res.free_vcpus
@@ -665,25 +748,39 @@ class _Planner:
             return False
         if g > 1 and self.p.topology == "require":
             per: dict[int, int] = {}
-            sizes: dict[int, int] = {}
-            for i in range(hs.total):
-                sizes[hs.island[i]] = sizes.get(hs.island[i], 0) + 1
             for i in free:
                 per[hs.island[i]] = per.get(hs.island[i], 0) + 1
-            if not any(c >= g for c in per.values()) and g <= max(sizes.values()):
+            if not any(c >= g for c in per.values()) and g <= hs.max_island():
                 return False
         return True
 
-    def host_victims(self, req: PlacementRequest, hs: HostState) -> list[AllocState] | None:
+    def fits_now(self, req: PlacementRequest, hs: HostState) -> bool:
+        """``fits_with(req, hs, ())`` read straight off the host's counters."""
+        res = hs.res
+        if res.free_vcpus < req.vcpus or res.free_mem < req.memory_mib:
+            return False
+        g = req.gpus_per_node
+        if g == 0:
+            return hs.fits_share(req.gpu_milli)
+        if hs.free < g:
+            return False
+        if g > 1 and self.p.topology == "require":
+            for c in hs.island_free.values():
+                if c >= g:
+                    return True
+            return g > hs.max_island()
+        return True
+
+    def host_victims(
+        self, req: PlacementRequest, hs: HostState, stale: list[HostState] | None = None
+    ) -> list[AllocState] | None:
+        """The victims on ``hs`` that make ``req`` fit, or None. A host with nothing
+        left to preempt for this class goes on ``stale``: the caller drops it from
+        the preemptible index once it stopped iterating that index."""
         elig = [a for a in hs.allocs if self.eligible(req, a)]
         if not elig:
-            pool = hs.pool
-            if pool is not None:
-                hosts = self.victim_hosts.get(
-                    (pool.region, pool.model, CLASS_RANK.get(req.priority, 1))
-                )
-                if hosts is not None:
-                    hosts.pop(hs, None)
+            if stale is not None:
+                stale.append(hs)
             return None
         if req.gpus_per_node > 0:
             # cheap bound before the exact check
@@ -723,22 +820,27 @@ class _Planner:
         options: list[tuple[tuple[int, float, int], str, HostState, list[AllocState]]] = []
         want = max(self.p.preempt_candidates, req.nodes)
         rank = CLASS_RANK.get(req.priority, 1)
+        stale: list[HostState] = []
+        gang = req.nodes > 1
+        g = req.gpus_per_node
+        rid = req.request_id
         for pool in pools:
             hosts: Iterable[HostState]
-            if req.nodes > 1:
+            if gang:
                 hosts = pool.hosts
             else:
                 hosts = self.preemptible_hosts(pool, rank)
-            for hs in list(hosts):
-                if hs.reserved_at is not None and hs.reserved_for != req.request_id:
+            # no copy of the index: hosts found stale are dropped after the loop
+            for hs in hosts:
+                if hs.reserved_at is not None and hs.reserved_for != rid:
                     continue
-                if req.gpus_per_node > hs.total:
+                if g > hs.total:
                     continue
-                if req.nodes > 1 and self.fits_with(req, hs, ()):
+                if gang and self.fits_now(req, hs):
                     # a gang may combine free hosts with hosts that need victims
                     options.append(((0, 0.0, 0), hs.host_id, hs, []))
                 else:
-                    vs = self.host_victims(req, hs)
+                    vs = self.host_victims(req, hs, stale)
                     if vs is None:
                         continue
                     cost = (
@@ -752,6 +854,12 @@ class _Planner:
             else:
                 continue
             break
+        for hs in stale:
+            pool = hs.pool
+            if pool is not None:
+                index = self.victim_hosts.get((pool.region, pool.model, rank))
+                if index is not None:
+                    index.pop(hs, None)
         options.sort(key=lambda o: (o[0], o[1]))
         if len(options) < req.nodes:
             return []
@@ -794,8 +902,10 @@ class _Planner:
 
     def earliest_fit(self, req: PlacementRequest, hs: HostState) -> float:
         """When ``req`` could start on ``hs`` if running work ends as expected."""
-        if self.fits_with(req, hs, ()):
+        if self.fits_now(req, hs):
             return self.now
+        if not hs.allocs:
+            return INF
         ends = sorted(
             ((a.end, a.alloc.request_id, a) for a in hs.allocs if a.end < INF),
             key=lambda t: (t[0], t[1]),

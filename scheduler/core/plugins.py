@@ -231,7 +231,8 @@ class LoadScore:
         self.weight = weight
 
     def score(self, req: PlacementRequest, host: HostState) -> int:
-        return _clamp(MAX_SCORE * (1 - host.load))
+        x = MAX_SCORE * (1 - host.load)  # _clamp() written out: a hot call
+        return 0 if x < 0 else MAX_SCORE if x > MAX_SCORE else int(x + 0.5)
 
 
 class TopologyScore:
@@ -285,7 +286,8 @@ class FragScore:
         else:
             delta = self.model.delta_whole(host, req.gpus_per_node)
         # 1000 milli more fragmentation costs 25 points around a neutral 50
-        return _clamp(MAX_SCORE / 2 - delta / 40)
+        x = MAX_SCORE / 2 - delta / 40  # _clamp() written out: a hot call
+        return 0 if x < 0 else MAX_SCORE if x > MAX_SCORE else int(x + 0.5)
 
 
 register_score("best-fit", lambda ctx, w: BestFitScore(w))

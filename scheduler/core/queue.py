@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import deque
 from collections.abc import Iterable
 
 from .model import CLASS_RANK, WHOLE, ClusterSnapshot, PlacementRequest
 from .policy import Policy
 from .state import Fleet
+
+
+_AGE = operator.attrgetter("submitted_at", "request_id")
 
 
 class ShareBook:
@@ -35,12 +39,29 @@ class ShareBook:
         self.inv_cap = {m: 1.0 / c for m, c in fleet.cap_milli.items() if c}
         self.inv_cpu = 1.0 / fleet.cap_vcpus if fleet.cap_vcpus else 0.0
         self.inv_mem = 1.0 / fleet.cap_mem if fleet.cap_mem else 0.0
+        # Sum the running work per tenant first and take each share once: usage
+        # only grows, so this equals adding the allocations one by one.
+        gpu, cpu, mem = self.gpu, self.cpu, self.mem
         for st in fleet.allocs.values():
             a = st.alloc
-            model = fleet.model_of(a)
-            milli = sum(len(p.gpus) * p.milli for p in a.placements)
+            model = a.gpu_model or fleet.model_of(a)
+            tenant = a.tenant_id
             n = len(a.placements)
-            self._add(a.tenant_id, model, milli, a.vcpus * n, a.memory_mib * n)
+            g = gpu.get(tenant)
+            if g is None:
+                g = gpu[tenant] = {}
+            g[model] = g.get(model, 0) + st.milli
+            cpu[tenant] = cpu.get(tenant, 0) + a.vcpus * n
+            mem[tenant] = mem.get(tenant, 0) + a.memory_mib * n
+        inv_cap = self.inv_cap
+        for tenant, g in gpu.items():
+            s = max(cpu[tenant] * self.inv_cpu, mem[tenant] * self.inv_mem, 0.0)
+            for model, used in g.items():
+                x = used * inv_cap.get(model, 0.0)
+                if x > s:
+                    s = x
+            self.raw[tenant] = s
+            self.share_of[tenant] = s / self.weight.get(tenant, 1.0)
 
     def _add(self, tenant: str, model: str, milli: int, vcpus: int, mem: int) -> None:
         # usage only grows within a cycle, so the dominant share is a running max
@@ -63,10 +84,29 @@ class ShareBook:
         return self.share_of.get(tenant, 0.0)
 
     def charge(self, req: PlacementRequest) -> None:
+        # _add() written out: this runs once per placement
         n = req.nodes
         g = req.gpus_per_node
-        milli = (g * WHOLE if g else req.gpu_milli) * n
-        self._add(req.tenant_id, req.gpu_model, milli, req.vcpus * n, req.memory_mib * n)
+        tenant = req.tenant_id
+        model = req.gpu_model
+        gpu = self.gpu.get(tenant)
+        if gpu is None:
+            gpu = self.gpu[tenant] = {}
+        used = gpu[model] = gpu.get(model, 0) + (g * WHOLE if g else req.gpu_milli) * n
+        cpu = self.cpu[tenant] = self.cpu.get(tenant, 0) + req.vcpus * n
+        mem = self.mem[tenant] = self.mem.get(tenant, 0) + req.memory_mib * n
+        s = self.raw.get(tenant, 0.0)
+        x = used * self.inv_cap.get(model, 0.0)
+        if x > s:
+            s = x
+        x = cpu * self.inv_cpu
+        if x > s:
+            s = x
+        x = mem * self.inv_mem
+        if x > s:
+            s = x
+        self.raw[tenant] = s
+        self.share_of[tenant] = s / self.weight.get(tenant, 1.0)
 
 
 class Order:
@@ -105,7 +145,7 @@ class FairOrder(Order):
             qs: dict[str, deque[PlacementRequest]] = {}
             heap: list[tuple[float, float, str, int]] = []
             for tenant, lst in lanes[rank].items():
-                lst.sort(key=lambda r: (r.submitted_at, r.request_id))
+                lst.sort(key=_AGE)
                 qs[tenant] = deque(lst)
                 heap.append((book.share(tenant), lst[0].submitted_at, tenant, 0))
             heapq.heapify(heap)
@@ -113,30 +153,36 @@ class FairOrder(Order):
             self.heaps[rank] = heap
         self._ri = 0
         self._current: tuple[int, str] | None = None
+        #: the served tenant's next entry, pushed by the next pop()
+        self._pending: tuple[float, float, str, int] | None = None
 
     def pop(self) -> PlacementRequest | None:
         while self._ri < len(self.ranks):
             rank = self.ranks[self._ri]
             heap = self.heaps[rank]
-            while heap:
-                share, age, tenant, ver = heap[0]
-                if ver != self.version.get(tenant, 0):
-                    # the tenant placed work since this entry was pushed: refresh
-                    q = self.queues[rank][tenant]
-                    heapq.heapreplace(
-                        heap,
-                        (
-                            self.book.share(tenant),
-                            q[0].submitted_at,
-                            tenant,
-                            self.version.get(tenant, 0),
-                        ),
-                    )
-                    continue
-                heapq.heappop(heap)
-                self._current = (rank, tenant)
-                return self.queues[rank][tenant].popleft()
-            self._ri += 1
+            pending = self._pending
+            if pending is not None:
+                # done() left the tenant's next entry here: push and pop in one sift
+                self._pending = None
+                entry = heapq.heappushpop(heap, pending)
+            elif heap:
+                entry = heapq.heappop(heap)
+            else:
+                self._ri += 1
+                continue
+            version = self.version
+            while True:
+                share, age, tenant, ver = entry
+                current = version.get(tenant, 0)
+                if ver == current:
+                    break
+                # the tenant placed work since this entry was pushed: refresh
+                q = self.queues[rank][tenant]
+                entry = heapq.heappushpop(
+                    heap, (self.book.share(tenant), q[0].submitted_at, tenant, current)
+                )
+            self._current = (rank, tenant)
+            return self.queues[rank][tenant].popleft()
         return None
 
     def done(self, req: PlacementRequest, placed: bool) -> None:
@@ -150,9 +196,7 @@ class FairOrder(Order):
             ver = self.version.get(tenant, 0)
         q = self.queues[rank][tenant]
         if q:
-            heapq.heappush(
-                self.heaps[rank], (book.share_of.get(tenant, 0.0), q[0].submitted_at, tenant, ver)
-            )
+            self._pending = (book.share_of.get(tenant, 0.0), q[0].submitted_at, tenant, ver)
         self._current = None
 
 
@@ -170,7 +214,7 @@ def make_order(policy: Policy, queue: Iterable[PlacementRequest], book: ShareBoo
         return FairOrder(reqs, book, classes=kind == "gpucloud")
     inf = math.inf
     if kind == "fifo":
-        reqs.sort(key=lambda r: (r.submitted_at, r.request_id))
+        reqs.sort(key=_AGE)
     elif kind == "priority":
         reqs.sort(key=lambda r: (CLASS_RANK.get(r.priority, 1), r.submitted_at, r.request_id))
     elif kind == "sjf":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import Counter
 from collections.abc import Iterable
 
 from .model import (
@@ -31,14 +30,11 @@ from .model import (
     HostView,
 )
 
-# C-level attribute getters: building the state for 100k GPUs is a hot loop
-_UUID = operator.attrgetter("uuid")
-_ISLAND = operator.attrgetter("nvlink_island")
-_NUMA = operator.attrgetter("numa_node")
-_WHOLE = operator.attrgetter("whole")
-_HELD = operator.attrgetter("whole", "used_milli")
-_UTIL = operator.attrgetter("utilisation")
-_IDLE = operator.attrgetter("idle_since")
+# a C-level getter of every field of a GPU: building the state for 100k GPUs is
+# a hot loop
+_ROW = operator.attrgetter(
+    "index", "uuid", "nvlink_island", "numa_node", "whole", "used_milli", "utilisation", "idle_since"
+)
 
 SHARE_BUCKET = 125  # milli per shared-GPU bucket; 8 buckets cover 1..999 free
 N_SHARE_BUCKETS = WHOLE // SHARE_BUCKET
@@ -60,18 +56,30 @@ class HostRes:
 class AllocState:
     """A running allocation plus what this cycle decided about it."""
 
-    __slots__ = ("alloc", "rank", "doomed", "end", "gpu_count")
+    __slots__ = ("alloc", "rank", "doomed", "end", "gpu_count", "milli")
 
     def __init__(self, alloc: Allocation, now: float) -> None:
         self.alloc = alloc
         self.rank = CLASS_RANK.get(alloc.priority, 1)
+        placements = alloc.placements
+        if len(placements) == 1:
+            p = placements[0]
+            self.gpu_count = len(p.gpus)
+            self.milli = self.gpu_count * p.milli
+        else:
+            self.gpu_count = sum(len(p.gpus) for p in placements)
+            self.milli = sum(len(p.gpus) * p.milli for p in placements)
+        self.reset(now)
+
+    def reset(self, now: float) -> None:
+        """Back to what the snapshot says (a cached state is reused next cycle)."""
+        alloc = self.alloc
         # doomed: already under notice, or chosen as a victim in this cycle
         self.doomed = alloc.preempting
         if alloc.preempting:
             self.end = alloc.stop_by if alloc.stop_by is not None else now
         else:
             self.end = alloc.expected_end if alloc.expected_end is not None else INF
-        self.gpu_count = sum(len(p.gpus) for p in alloc.placements)
 
 
 class HostState:
@@ -107,40 +115,45 @@ class HostState:
     def __init__(
         self, view: HostView, model: str, res: HostRes, single_model: bool = False
     ) -> None:
-        gpus = list(view.gpus) if single_model else [g for g in view.gpus if g.model == model]
-        idx = [g.index for g in gpus]
-        if idx != sorted(idx):
-            gpus.sort(key=lambda g: g.index)
+        gpus = view.gpus if single_model else [g for g in view.gpus if g.model == model]
         self.view = view
         self.host_id = view.host_id
         self.region = view.region
         self.model = model
         self.ready = view.ready
-        # runs for every host of the fleet each cycle: list comprehensions beat one
-        # loop with appends in CPython
-        uuids = list(map(_UUID, gpus))
-        island = tuple(map(_ISLAND, gpus))
-        milli = [WHOLE if w else min(m, WHOLE) for w, m in map(_HELD, gpus)]
-        util = tuple(map(_UTIL, gpus))
-        self.uuids: tuple[str, ...] = tuple(uuids)
+        self.total = n = len(gpus)
+        if n:
+            # runs for every host of the fleet each cycle: one C-level pass reads
+            # every field of every GPU, zip(*) turns the rows into columns
+            idx, uuids, island, numa, whole, used, util, idle = zip(*map(_ROW, gpus))
+            if any(a > b for a, b in zip(idx, idx[1:])):
+                order = sorted(range(n), key=idx.__getitem__)
+                uuids, island, numa, whole, used, util, idle = (
+                    tuple(col[i] for i in order)
+                    for col in (uuids, island, numa, whole, used, util, idle)
+                )
+        else:
+            uuids = island = numa = whole = used = util = idle = ()
+        milli = [WHOLE if w else (m if m < WHOLE else WHOLE) for w, m in zip(whole, used)]
+        self.uuids: tuple[str, ...] = uuids
         self.island: tuple[int, ...] = island
-        self.numa: tuple[int, ...] = tuple(map(_NUMA, gpus))
-        self.whole: list[bool] = list(map(_WHOLE, gpus))
+        self.numa: tuple[int, ...] = numa
+        self.whole: list[bool] = list(whole)
         self.milli: list[int] = milli
         self.util: tuple[float, ...] = util
-        self.idle_since: tuple[float | None, ...] = tuple(map(_IDLE, gpus))
-        self.total = len(gpus)
-        self.load = sum(util) / self.total if gpus else 0.0
+        self.idle_since: tuple[float | None, ...] = idle
+        self.load = sum(util) / n if n else 0.0
         island_free = dict.fromkeys(island, 0)
         free = 0
-        for i, m in enumerate(milli):
-            if m == 0:
-                free += 1
-                island_free[island[i]] += 1
+        if 0 in milli:
+            for i, m in enumerate(milli):
+                if m == 0:
+                    free += 1
+                    island_free[island[i]] += 1
         self.free = free
         self.island_free = island_free
         self.res = res
-        self.pos: dict[str, int] = {u: i for i, u in enumerate(uuids)}
+        self.pos: dict[str, int] = dict(zip(uuids, range(n)))
         self.allocs: list[AllocState] = []
         self.reserved_at: float | None = None  # backfill / preemption reservation start
         self.reserved_for: str | None = None
@@ -152,6 +165,13 @@ class HostState:
 
     def __repr__(self) -> str:
         return f"HostState({self.host_id}, {self.model}, free={self.free}/{self.total})"
+
+    def max_island(self) -> int:
+        """GPUs on the largest NVLink island of this slice."""
+        sizes: dict[int, int] = {}
+        for isl in self.island:
+            sizes[isl] = sizes.get(isl, 0) + 1
+        return max(sizes.values(), default=0)
 
     def max_island_free(self) -> int:
         return max(self.island_free.values(), default=0)
@@ -166,9 +186,12 @@ class HostState:
 class Pool:
     """Ready hosts with GPUs of one model in one region, indexed by free capacity."""
 
-    __slots__ = ("region", "model", "hosts", "by_free", "shared", "max_gpus")
+    __slots__ = ("region", "model", "hosts", "by_free", "shared", "max_gpus", "touched")
 
-    def __init__(self, region: str, model: str, max_gpus: int) -> None:
+    def __init__(
+        self, region: str, model: str, max_gpus: int, touched: set[str] | None = None
+    ) -> None:
+        self.touched: set[str] = touched if touched is not None else set()
         self.region = region
         self.model = model
         self.max_gpus = max_gpus
@@ -187,6 +210,7 @@ class Pool:
     # -- consumption -----------------------------------------------------------------
 
     def take_whole(self, hs: HostState, idxs: Iterable[int]) -> None:
+        self.touched.add(hs.host_id)
         hs.share_memo = None
         old = hs.free
         for i in idxs:
@@ -199,6 +223,7 @@ class Pool:
 
     def take_share(self, hs: HostState, i: int, milli: int) -> None:
         assert not hs.whole[i] and hs.milli[i] + milli <= WHOLE, "GPU share overbooked"
+        self.touched.add(hs.host_id)
         hs.share_memo = None
         before = hs.milli[i]
         if before == 0:
@@ -218,69 +243,175 @@ class Pool:
             self.by_free[hs.free][hs] = None
 
 
+class PlanCache:
+    """Working state ``plan()`` may keep between calls (opt-in, for callers that
+    plan many times over a slowly changing fleet, like the trace simulator).
+
+    A host's per-cycle state (``HostState`` slices and ``HostRes``) is derived
+    from its ``HostView`` only, so when the caller passes the *identical*
+    ``HostView`` object again, the state built last time is reused instead of
+    rebuilt. Hosts a cycle booked capacity on are dropped after that cycle (their
+    state no longer matches their view; the caller will pass a new view once it
+    applied the plan), and cycle-local marks (reservations, allocations) are reset
+    on reuse, so a plan with a cache equals the plan without one.
+
+    Score totals cached on a host depend on the scoring plugins and the request
+    mix, so the cache is emptied whenever ``key`` (placement spec and mix)
+    changes. Not thread-safe: one cache per planning loop.
+    """
+
+    __slots__ = ("hosts", "allocs", "key", "hits", "misses")
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, tuple[HostView, HostRes, list[HostState]]] = {}
+        #: the last cycle's allocation states, reused for identical Allocation objects
+        self.allocs: dict[str, AllocState] = {}
+        self.key: object = None
+        self.hits = 0
+        self.misses = 0
+
+    def clear(self) -> None:
+        self.hosts.clear()
+        self.allocs = {}
+
+    def forget(self, host_ids: Iterable[str]) -> None:
+        pop = self.hosts.pop
+        for h in host_ids:
+            pop(h, None)
+
+
 class Fleet:
     """All working state of one cycle."""
 
-    def __init__(self, snapshot: ClusterSnapshot, now: float) -> None:
+    def __init__(
+        self, snapshot: ClusterSnapshot, now: float, cache: PlanCache | None = None
+    ) -> None:
         self.slices: dict[str, list[HostState]] = {}
         self.pools: dict[tuple[str, str], Pool] = {}
         self.pools_by_model: dict[str, list[Pool]] = {}
         # fleet capabilities (all hosts, ready or not) for "could never place" checks
         self.max_gpus: dict[tuple[str, str | None], int] = {}
-        self.hosts_with: dict[tuple[str, str | None, int], int] = {}
+        # (model, region or None) -> GPUs per host of every host, for hosts_with()
+        self.totals: dict[tuple[str, str | None], list[int]] = {}
+        self._hosts_with: dict[tuple[str, str | None, int], int] = {}
         self.max_vcpus = 0
         self.max_mem = 0
         # capacity of ready hosts, the denominators of dominant-resource shares
         self.cap_milli: dict[str, int] = {}
         self.cap_vcpus = 0
         self.cap_mem = 0
+        #: host ids whose capacity this cycle consumed (a PlanCache drops them)
+        self.touched: set[str] = set()
         counts: dict[tuple[str, str], list[int]] = {}
-        for view in sorted(snapshot.hosts, key=lambda h: h.host_id):
-            res = HostRes(
-                view.free_vcpus, view.free_memory_mib, view.total_vcpus, view.total_memory_mib
-            )
-            self.max_vcpus = max(self.max_vcpus, res.total_vcpus)
-            self.max_mem = max(self.max_mem, res.total_mem)
-            if view.ready:
-                self.cap_vcpus += res.total_vcpus
-                self.cap_mem += res.total_mem
-            first = view.gpus[0].model if view.gpus else ""
-            if all(g.model == first for g in view.gpus):
-                models = [first] if view.gpus else []
+        cached = cache.hosts if cache is not None else None
+        max_vcpus = max_mem = cap_vcpus = cap_mem = 0
+        cap_milli = self.cap_milli
+        slices_of = self.slices
+        hosts = snapshot.hosts
+        ids = [v.host_id for v in hosts]
+        if ids != sorted(ids):
+            hosts = sorted(hosts, key=lambda h: h.host_id)
+        for view in hosts:
+            entry = cached.get(view.host_id) if cached is not None else None
+            if entry is not None and entry[0] is view:
+                res = entry[1]
+                slices = entry[2]
+                for hs in slices:
+                    # cycle-local marks of the last cycle
+                    hs.allocs = []
+                    hs.reserved_at = None
+                    hs.reserved_for = None
+                cache.hits += 1  # type: ignore[union-attr]
             else:
-                models = sorted({g.model for g in view.gpus})
-            slices = []
-            for model in models:
-                hs = HostState(view, model, res, len(models) == 1)
-                slices.append(hs)
-                counts.setdefault((view.region, model), []).append(hs.total)
-                if view.ready:
-                    self.cap_milli[model] = self.cap_milli.get(model, 0) + hs.total * WHOLE
-            self.slices[view.host_id] = slices
-        for (region, model), totals in counts.items():
-            mx = max(totals)
-            per_total = Counter(totals)
-            for key in ((model, region), (model, None)):
-                self.max_gpus[key] = max(self.max_gpus.get(key, 0), mx)
-                for c in range(1, mx + 1):
-                    k3 = (key[0], key[1], c)
-                    n = sum(k for t, k in per_total.items() if t >= c)
-                    self.hosts_with[k3] = self.hosts_with.get(k3, 0) + n
-            self.pools[(region, model)] = Pool(region, model, mx)
-        for host_id in sorted(self.slices):
-            for hs in self.slices[host_id]:
+                res = HostRes(
+                    view.free_vcpus, view.free_memory_mib, view.total_vcpus, view.total_memory_mib
+                )
+                gpus = view.gpus
+                first = gpus[0].model if gpus else ""
+                if all(g.model == first for g in gpus):
+                    models = [first] if gpus else []
+                else:
+                    models = sorted({g.model for g in gpus})
+                slices = [HostState(view, model, res, len(models) == 1) for model in models]
+                if cached is not None:
+                    cached[view.host_id] = (view, res, slices)
+                    cache.misses += 1  # type: ignore[union-attr]
+            if res.total_vcpus > max_vcpus:
+                max_vcpus = res.total_vcpus
+            if res.total_mem > max_mem:
+                max_mem = res.total_mem
+            ready = view.ready
+            if ready:
+                cap_vcpus += res.total_vcpus
+                cap_mem += res.total_mem
+            for hs in slices:
+                key = (view.region, hs.model)
+                lst = counts.get(key)
+                if lst is None:
+                    counts[key] = [hs.total]
+                else:
+                    lst.append(hs.total)
+                if ready:
+                    cap_milli[hs.model] = cap_milli.get(hs.model, 0) + hs.total * WHOLE
+            slices_of[view.host_id] = slices
+        self.max_vcpus = max_vcpus
+        self.max_mem = max_mem
+        self.cap_vcpus = cap_vcpus
+        self.cap_mem = cap_mem
+        totals = self.totals
+        max_gpus = self.max_gpus
+        for (region, model), lst in counts.items():
+            mx = max(lst)
+            for key2 in ((model, region), (model, None)):
+                if max_gpus.get(key2, 0) < mx:
+                    max_gpus[key2] = mx
+                t = totals.get(key2)
+                if t is None:
+                    totals[key2] = list(lst)
+                else:
+                    t.extend(lst)
+            self.pools[(region, model)] = Pool(region, model, mx, self.touched)
+        pools = self.pools
+        # hosts are in host id order here (slices_of was filled in that order), so
+        # every index bucket starts in host id order: the tie-break of the walk
+        for slices in slices_of.values():
+            for hs in slices:
                 if hs.ready:
-                    self.pools[(hs.region, hs.model)].add(hs)
-        for (_region, model), pool in sorted(self.pools.items()):
+                    pools[(hs.region, hs.model)].add(hs)
+        for (_region, model), pool in sorted(pools.items()):
             self.pools_by_model.setdefault(model, []).append(pool)
         self.allocs: dict[str, AllocState] = {}
+        allocs = self.allocs
+        old = cache.allocs if cache is not None else None
         for a in snapshot.allocations:
-            st = AllocState(a, now)
-            self.allocs[a.request_id] = st
+            st = old.get(a.request_id) if old is not None else None
+            if st is not None and st.alloc is a:
+                st.reset(now)
+            else:
+                st = AllocState(a, now)
+            allocs[a.request_id] = st
             for p in a.placements:
-                for hs in self.slices.get(p.host_id, ()):
-                    if p.gpus and p.gpus[0] in hs.pos and st not in hs.allocs:
-                        hs.allocs.append(st)
+                sl = slices_of.get(p.host_id)
+                if sl is None or not p.gpus:
+                    continue
+                u = p.gpus[0]
+                for hs in sl:
+                    if u in hs.pos:
+                        lst = hs.allocs
+                        if st not in lst:
+                            lst.append(st)
+        if cache is not None:
+            cache.allocs = allocs
+
+    def hosts_with(self, model: str, region: str | None, c: int) -> int:
+        """How many hosts (ready or not) have at least ``c`` GPUs of ``model``."""
+        key = (model, region, c)
+        n = self._hosts_with.get(key)
+        if n is None:
+            n = self._hosts_with[key] = sum(
+                1 for t in self.totals.get((model, region), ()) if t >= c
+            )
+        return n
 
     def host_slice(self, host_id: str, model: str) -> HostState | None:
         for hs in self.slices.get(host_id, ()):

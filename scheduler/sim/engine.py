@@ -24,11 +24,15 @@ the view is summed per tenant into one allocation with no placement on a view
 host, so DRF shares and quota usage stay exact. The capacity denominators of
 DRF shares are those of the view (exact for one GPU model, approximate across
 models). docs/simulator.md lists what this approximation does and does not keep.
+The engine also keeps a ``PlanCache``: host views and allocations are rebuilt only
+when they change, so the core reuses its working state for the unchanged ones
+(the plan is the same with or without the cache).
 """
 
 from __future__ import annotations
 
 import bisect
+import gc
 import heapq
 import math
 import time
@@ -47,6 +51,7 @@ from scheduler.core import (
     Place,
     PlacementRequest,
     Plan,
+    PlanCache,
     Policy,
     Preempt,
     Reject,
@@ -108,6 +113,7 @@ class _Host:
         "view",
         "key",
         "uuids",
+        "gpu_views",
     )
 
     def __init__(self, n: Node) -> None:
@@ -128,6 +134,7 @@ class _Host:
         self.view: HostView | None = None
         self.key = (n.region, n.gpu_model, n.num_gpus)
         self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
+        self.gpu_views: dict[tuple[int, bool, int], GpuView] = {}
 
     def has_room(self) -> bool:
         if self.nfree:
@@ -137,27 +144,34 @@ class _Host:
     def empty(self) -> bool:
         return self.nfree == self.total and not self.runs
 
+    def gpu_view(self, i: int) -> GpuView:
+        """GPU ``i`` as the core sees it. A GPU has only a few states (free, held
+        whole, carrying some milli), so the frozen views are made once per state."""
+        whole = self.whole[i]
+        milli = self.milli[i]
+        key = (i, whole, milli)
+        g = self.gpu_views.get(key)
+        if g is None:
+            g = self.gpu_views[key] = GpuView(
+                uuid=self.uuids[i],
+                index=i,
+                model=self.model,
+                nvlink_island=self.islands[i],
+                numa_node=i // max(1, self.total // 2),
+                whole=whole,
+                used_milli=0 if whole else milli,
+                # busy GPUs compute; nothing in the trace is ever idle-held
+                utilisation=1.0 if milli else 0.0,
+            )
+        return g
+
     def host_view(self) -> HostView:
         if self.view is None:
-            numa = max(1, self.total // 2)
             self.view = HostView(
                 host_id=self.host_id,
                 region=self.region,
                 ready=True,
-                gpus=tuple(
-                    GpuView(
-                        uuid=self.uuids[i],
-                        index=i,
-                        model=self.model,
-                        nvlink_island=self.islands[i],
-                        numa_node=i // numa,
-                        whole=self.whole[i],
-                        used_milli=0 if self.whole[i] else self.milli[i],
-                        # busy GPUs compute; nothing in the trace is ever idle-held
-                        utilisation=1.0 if self.milli[i] else 0.0,
-                    )
-                    for i in range(self.total)
-                ),
+                gpus=tuple([self.gpu_view(i) for i in range(self.total)]),
                 free_vcpus=self.free_vcpus,
                 free_memory_mib=self.free_mem,
                 total_vcpus=self.vcpus,
@@ -280,10 +294,15 @@ class Simulator:
         self.max_mem = max((h.mem for h in self.hosts.values()), default=0)
         self.big_cpu = max(self.hosts.values(), key=lambda h: (h.vcpus, h.host_id)).host_id
         self.big_mem = max(self.hosts.values(), key=lambda h: (h.mem, h.host_id)).host_id
+        self._sizes: dict[tuple[str, str | None], list[int]] = {}
 
     def _never_fits(self, j: Job) -> str:
         """The core's admission check against the whole fleet (the view is smaller)."""
-        sizes = [h.total for h in self.by_size.get((j.gpu_model, j.region), ())]
+        key = (j.gpu_model, j.region)
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            # largest first, like by_size; fixed for the replay
+            sizes = self._sizes[key] = [h.total for h in self.by_size.get(key, ())]
         where = f" in {j.region}" if j.region else ""
         if not sizes:
             return f"the fleet has no {j.gpu_model} GPUs{where}"
@@ -291,7 +310,7 @@ class Simulator:
             return "a fractional share must be between 1 and 999 milli-GPUs"
         if j.gpus_per_node > sizes[0]:
             return f"asks for {j.gpus_per_node} GPUs on one host; the largest{where} has {sizes[0]}"
-        if j.nodes > sum(1 for s in sizes if s >= max(j.gpus_per_node, 1)):
+        if j.nodes > 1 and j.nodes > sum(1 for s in sizes if s >= max(j.gpus_per_node, 1)):
             return (
                 f"asks for {j.nodes} hosts with {j.gpus_per_node} GPUs; the fleet{where} has fewer"
             )
@@ -321,8 +340,32 @@ class Simulator:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> Result:
+        # The replay keeps every job, run and row alive until the end and makes no
+        # reference cycles, so the cyclic GC would only re-scan a growing heap
+        # (about a tenth of the run time). Pause it, as plan() does.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if was_enabled:
+                # What the replay made is alive until its caller is done with it:
+                # promote it to the oldest generation unscanned (freeze + unfreeze)
+                # rather than have the first young collection walk all of it.
+                gc.freeze()
+                gc.unfreeze()
+                gc.enable()
+
+    def _run(self) -> Result:
         t_wall = time.perf_counter()
         self._fleet_index()
+        # host views are rebuilt only when a host changes, so the core may keep
+        # their working state between plan() calls
+        self.cache = PlanCache()
+        self._summaries: dict[tuple[str, str, int], Allocation] = {}
+        self._tenant_views = tuple(
+            TenantView(tenant_id=tn, weight=w) for tn, w in sorted(self.weights.items())
+        )
         self._empty_set = {hid for lst in self.empty.values() for hid in lst}
         self.state: dict[str, JobState] = {}
         self.queue: dict[str, JobState] = {}
@@ -534,7 +577,7 @@ class Simulator:
             return 0, len(reqs)
         snap = view
         self.plan_calls += 1
-        result: Plan = plan(snap, reqs, self.p, now=now)
+        result: Plan = plan(snap, reqs, self.p, now=now, cache=self.cache)
         return self._apply(result, now)
 
     def _view(self, reqs: list[PlacementRequest], now: float) -> ClusterSnapshot | None:
@@ -630,25 +673,33 @@ class Simulator:
             run = self.running[jid]
             seen[(a.tenant_id, run.model)] += run.milli
         rest = []
+        summaries = self._summaries
+        # only tenants in the queue: the core reads no other tenant's share (no
+        # quotas here, and a summary is never a victim nor reclaimed)
+        queued = {r.tenant_id for r in reqs}
         for (tn, model), milli in self.usage.items():
+            if tn not in queued:
+                continue
             left = milli - seen.get((tn, model), 0)
             if left > 0:
-                rest.append(
-                    Allocation(
+                # the same object while the sum stays, so the core's cache reuses it
+                key = (tn, model, left)
+                a = summaries.get(key)
+                if a is None:
+                    if len(summaries) > 4096:
+                        summaries.clear()
+                    a = summaries[key] = Allocation(
                         request_id=f"{_NOWHERE}/{tn}/{model}",
                         tenant_id=tn,
                         placements=(HostPlacement(_NOWHERE, (_NOWHERE,), left),),
                         gpu_model=model,
                         priority="critical",  # never a victim: it stands for many
                     )
-                )
-        tenants = tuple(
-            TenantView(tenant_id=tn, weight=w) for tn, w in sorted(self.weights.items())
-        )
+                rest.append(a)
         return ClusterSnapshot(
             hosts=tuple(hosts[h].host_view() for h in sorted(ids)),
-            allocations=tuple(allocs.values()) + tuple(rest),
-            tenants=tenants,
+            allocations=(*allocs.values(), *rest),
+            tenants=self._tenant_views,
         )
 
     def _apply(self, result: Plan, now: float) -> tuple[int, int]:

@@ -42,6 +42,7 @@ from agents.services import (
     host_uncordon,
     hosts_check_liveness,
 )
+from agents.tasks import heartbeats_flush_task
 from scheduler import snapshot
 from scheduler.choices import State
 
@@ -174,6 +175,7 @@ def test_an_uncorrectable_ecc_error_fails_an_instance(client, registered, alice)
 def test_samples_are_stored_rolled_up_into_minutes_and_pruned(make_sim_host, settings):
     a = make_sim_host("sim-a", count=2)
     a.beat(3)
+    heartbeats_flush_task()  # what beat runs every second: heartbeats answered from Redis
     assert GpuSample.objects.count() == 6
     sample = GpuSample.objects.first()
     assert sample.gpu_util is not None and sample.power_w and sample.temperature_c

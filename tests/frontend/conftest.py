@@ -11,10 +11,12 @@ after a run.
 """
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +111,13 @@ def _env() -> dict[str, str]:
 @pytest.fixture
 def celery_stack(worker) -> Iterator[subprocess.Popen]:
     """The `worker` fixture's real Celery worker plus a real beat (scheduler ticks, sample flushes)."""
+    # The worker logs every task to a pipe nobody else reads: with beat ticking every second
+    # the 64 KiB pipe fills within a minute, the worker blocks on its next log line and stops
+    # working (and then ignores SIGTERM). Drain it, keeping the tail for a failing test's report.
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+    if worker.stdout is not None:
+        threading.Thread(target=lambda: tail.extend(worker.stdout), daemon=True).start()
+    worker.log_tail = tail
     with tempfile.TemporaryDirectory() as tmp:
         beat = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel=WARNING",
@@ -157,3 +166,24 @@ def sim_host(live_server, celery_stack, catalog, settings):
     for p in procs:
         p.wait(timeout=30)
     tmp.cleanup()
+
+
+@pytest.fixture
+def fast_metering(monkeypatch):
+    """Meter every second, one second behind the clock (default: every 60 s, 30 s behind).
+
+    Request it before `celery_stack`/`sim_host`: the worker and beat read it at start-up,
+    so a stopped instance's cost is posted within seconds, by the real metering task.
+    """
+    monkeypatch.setenv("METERING_INTERVAL_S", "1")
+    monkeypatch.setenv("METERING_SETTLE_S", "1")
+
+
+def sign_in(page, user, base_url: str) -> None:
+    """Give the browser a signed-in session for `user` (the journey test signs up through the form)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
+                               "url": base_url}])

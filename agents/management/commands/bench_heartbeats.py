@@ -1,15 +1,22 @@
 """Benchmark the heartbeat path over real HTTP against a real server and PostgreSQL.
 
-    python manage.py bench_heartbeats [--hosts 200] [--seconds 10] [--concurrency 8] [--json]
+    python manage.py bench_heartbeats [--hosts 200] [--seconds 10] [--concurrency 8]
+        [--workers W] [--threads T] [--json]
 
 In a throwaway database (`test_<name>`, created and dropped here, as bench_scheduler
 does): a region, bootstrap tokens; then a gunicorn server (`--workers`, default one per
-CPU) on 127.0.0.1 in a subprocess. N simulated hosts with 8 GPUs each register through
+CPU; `--threads` > 1 uses the gthread worker, which keeps connections alive) on
+127.0.0.1 in a subprocess. N simulated hosts with 8 GPUs each register through
 `POST /agent/v1/register` (the agent's own client), then C client threads send
 heartbeats (8 GPU samples each, containers `[]`) round-robin over the hosts for S
 seconds. Printed: heartbeats/s, p50/p99/max latency, errors. The per-host rate limit is
 raised for the run (the bench sends far more than 12 per minute per host); the throttle
 itself still runs, in the shared cache.
+
+While it runs, a thread of this process does what the beat task
+`agents.tasks.heartbeats_flush_task` does every second (`agents.fastpath.heartbeats_flush`),
+on the same cores, so its cost is in the figures; at the end it flushes once more and
+counts the stored samples (`samples_stored` must equal `samples_expected`: nothing lost).
 """
 
 from __future__ import annotations
@@ -58,9 +65,11 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=8)
         parser.add_argument("--workers", type=int, default=os.cpu_count() or 2,
                             help="gunicorn worker processes (default: one per CPU)")
+        parser.add_argument("--threads", type=int, default=4,
+                            help="threads per worker (gthread); 1: the sync worker")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
-    def handle(self, *args, hosts, seconds, concurrency, workers, **options):
+    def handle(self, *args, hosts, seconds, concurrency, workers, threads, **options):
         if hosts < 1 or seconds <= 0 or concurrency < 1 or workers < 1:
             raise CommandError("--hosts, --seconds, --concurrency and --workers must be positive")
         if connection.vendor != "postgresql":
@@ -74,12 +83,27 @@ class Command(BaseCommand):
             db = connection.settings_dict
             connections.close_all()  # the server's workers use the database from now on
             port = _free_port()
-            server = _start_server(db, port, workers)
+            server = _start_server(db, port, workers, threads)
             url = f"http://127.0.0.1:{port}"
             registered = _register(url, tokens)
-            out = _blast(port, registered, seconds, concurrency)
+            flusher = _Flusher()
+            flusher.start()
+            cpu0: list[float] = []
+            out = _blast(port, registered, seconds, concurrency,
+                         on_start=lambda: cpu0.extend((_cpu_s(server.pid), time.process_time())))
+            server_cpu, own_cpu = _cpu_s(server.pid) - cpu0[0], time.process_time() - cpu0[1]
+            flusher.stop()
+            # CPU per timed heartbeat (after the warm-up) of the gunicorn workers, and of this
+            # process (the client threads and the flusher): figures that depend less on what
+            # else the machine runs than throughput does.
+            n = out["heartbeats"] + out["errors"]
+            out["server_cpu_ms_per_heartbeat"] = round(server_cpu * 1000 / n, 2) if n else 0.0
+            out["bench_cpu_ms_per_heartbeat"] = round(own_cpu * 1000 / n, 2) if n else 0.0
+            out.update(flusher.stats())
+            # every heartbeat stores 8 samples: the timed ones and one warm-up per host
+            out["samples_expected"] = (out["heartbeats"] + hosts) * 8
             out.update(hosts=hosts, gpus=hosts * 8, concurrency=concurrency, workers=workers,
-                       seconds=seconds)
+                       threads=threads, seconds=seconds, loadavg_1m=round(os.getloadavg()[0], 2))
         finally:
             if server is not None:
                 server.send_signal(signal.SIGTERM)
@@ -109,7 +133,60 @@ def _prepare(n: int) -> list[str]:
     return [bootstrap_token_create(region=region)[1] for _ in range(n)]
 
 
-def _start_server(db: dict, port: int, workers: int) -> subprocess.Popen:
+class _Flusher(threading.Thread):
+    """The beat task's job, every second, in this process: buffered heartbeats -> database."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.halt = threading.Event()
+        self.ms: list[float] = []
+        self.flushed = 0
+
+    def run(self) -> None:
+        from agents.fastpath import heartbeats_flush
+
+        try:
+            while not self.halt.wait(1.0):
+                t0 = time.perf_counter()
+                self.flushed += heartbeats_flush().heartbeats
+                self.ms.append((time.perf_counter() - t0) * 1000)
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join()
+
+    def stats(self) -> dict:
+        from agents.fastpath import heartbeats_flush
+        from agents.models import GpuSample
+
+        self.flushed += heartbeats_flush().heartbeats
+        return {
+            "flushes": len(self.ms),
+            "flush_max_ms": round(max(self.ms, default=0.0), 1),
+            "flushed_heartbeats": self.flushed,
+            "samples_stored": GpuSample.objects.count(),
+        }
+
+
+def _cpu_s(master: int) -> float:
+    """User + system CPU seconds of the gunicorn master's worker processes, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == master:  # ppid
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def _start_server(db: dict, port: int, workers: int, threads: int) -> subprocess.Popen:
     user = db.get("USER") or ""
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
     env = {
@@ -123,6 +200,12 @@ def _start_server(db: dict, port: int, workers: int) -> subprocess.Popen:
     }
     cmd = [sys.executable, "-m", "gunicorn", "gpucloud.wsgi", "--bind", f"127.0.0.1:{port}",
            "--workers", str(workers), "--log-level", "warning", "--backlog", "2048"]
+    if threads > 1:
+        cmd += ["--worker-class", "gthread", "--threads", str(threads)]
+    if Path("/dev/shm").is_dir():
+        # The workers touch a file per loop turn to say they are alive; on an overlay
+        # or disk /tmp that costs more than a fast-path heartbeat (gunicorn's docs).
+        cmd += ["--worker-tmp-dir", "/dev/shm"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -157,39 +240,48 @@ def _register(url: str, tokens: list[str]) -> list[tuple[str, bytes, bytes]]:
 
 
 def _blast(
-    port: int, hosts: list[tuple[str, bytes, bytes]], seconds: float, concurrency: int
+    port: int, hosts: list[tuple[str, bytes, bytes]], seconds: float, concurrency: int,
+    on_start=lambda: None,
 ) -> dict:
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     errors = [0] * concurrency
+    warm_errors = [0] * concurrency
     seqs = [0] * len(hosts)
-    start = threading.Barrier(concurrency + 1)
+    # on_start runs once every client has warmed up, before any is released
+    start = threading.Barrier(concurrency + 1, action=on_start)
     stop_at = [0.0]
+
+    def send(conn: http.client.HTTPConnection, i: int) -> bool:
+        seqs[i] += 1
+        token, head, tail = hosts[i]
+        payload = head + b'"seq": %d' % seqs[i] + tail
+        try:
+            conn.request("POST", HEARTBEAT_PATH, body=payload, headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {token}",
+            })
+            resp = conn.getresponse()
+            resp.read()
+            if resp.getheader("Connection", "").lower() == "close":
+                conn.close()
+            return resp.status == 200
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            return False
 
     def client(k: int) -> None:
         mine = list(range(k, len(hosts), concurrency)) or [k % len(hosts)]
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        # Untimed: each host's first heartbeat after registering (the slow path: the
+        # control plane has no answer for it yet), as in a fleet that has been running.
+        for i in mine:
+            warm_errors[k] += not send(conn, i)
         start.wait()
         n = 0
         while time.perf_counter() < stop_at[0]:
             i = mine[n % len(mine)]
             n += 1
-            seqs[i] += 1
-            token, head, tail = hosts[i]
-            payload = head + b'"seq": %d' % seqs[i] + tail
             t0 = time.perf_counter()
-            try:
-                conn.request("POST", HEARTBEAT_PATH, body=payload, headers={
-                    "Content-Type": "application/json", "Authorization": f"Bearer {token}",
-                })
-                resp = conn.getresponse()
-                resp.read()
-                ok = resp.status == 200
-                if resp.getheader("Connection", "").lower() == "close":
-                    conn.close()
-            except (OSError, http.client.HTTPException):
-                ok = False
-                conn.close()
-            if ok:
+            if send(conn, i):
                 latencies[k].append((time.perf_counter() - t0) * 1000)
             else:
                 errors[k] += 1
@@ -197,9 +289,11 @@ def _blast(
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(concurrency)]
     for t in threads:
         t.start()
+    w0 = time.perf_counter()
+    stop_at[0] = w0 + 3600  # set for real once every client has warmed up
+    start.wait()
     t0 = time.perf_counter()
     stop_at[0] = t0 + seconds
-    start.wait()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
@@ -210,7 +304,8 @@ def _blast(
         "p50_ms": _percentile(ms, 0.50),
         "p99_ms": _percentile(ms, 0.99),
         "max_ms": round(ms[-1], 2) if ms else 0.0,
-        "errors": sum(errors),
+        "errors": sum(errors) + sum(warm_errors),
+        "warmup_s": round(t0 - w0, 1),
         "samples_per_s": round(len(ms) * 8 / elapsed, 1),
     }
 

@@ -93,6 +93,7 @@ class Command(BaseCommand):
             children.append((name, subprocess.Popen(argv, env={**os.environ, **env})))
         url = f"http://127.0.0.1:{port}"
         self.stdout.write(self.style.SUCCESS(f"\ngpucloud is up: {url}"))
+        self.stdout.write(f"console:        {url}/console/")
         self.stdout.write(f"API docs:       {url}/api/docs/")
         hosts = ", ".join(f"{name} ({count}x {model})" for name, model, count in SIM_HOSTS)
         self.stdout.write(f"GPU hosts:      {hosts} in {SIM_REGION} (simulated)")

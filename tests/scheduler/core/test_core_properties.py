@@ -16,6 +16,7 @@ from scheduler.core import (
     HostView,
     Place,
     PlacementRequest,
+    PlanCache,
     Policy,
     QuotaRule,
     TenantView,
@@ -326,3 +327,20 @@ def test_equal_weight_tenants_converge_to_equal_shares_over_cycles():
         s, queue = apply_plan(s, queue, p, now=float(cycle))
     held = {t: sum(1 for a in s.allocations if a.tenant_id == t) for t in ("a", "b")}
     assert held == {"a": 6, "b": 6}
+
+
+@given(fleets(), requests(), policies(), st.data())
+def test_a_plan_cache_never_changes_the_plan(s, queue, pol, data):  # type: ignore[no-untyped-def]
+    # The simulator keeps a PlanCache between cycles; the plan must be the one the
+    # stateless call gives, cycle after cycle, whether or not the last plan was
+    # applied, and when the policy (hence the scoring plugins) changes in between.
+    cache = PlanCache()
+    now = NOW
+    for _cycle in range(4):
+        if data.draw(st.booleans()):
+            pol = data.draw(policies())
+        cached = plan(s, queue, pol, now=now, cache=cache)
+        assert cached == plan(s, queue, pol, now=now)
+        if data.draw(st.booleans()):
+            s, queue = apply_plan(s, queue, cached, now=now)
+        now += data.draw(st.sampled_from((0, 10, 3600)))

@@ -1,0 +1,159 @@
+"""The console's one gate: who is signed in, which tenant they act for, what they may do.
+
+Every console view is wrapped in `console_view(read=..., write=...)`. It resolves the
+membership exactly as the API does for a browser session (`gpucloud.api.views.resolve_tenant`:
+the tenant kept in the session, else the user's first), computes the effective
+permissions from the one matrix (`gpucloud.tenancy.permissions`), refuses what the role
+does not allow with a 403 that says why, and sets the audit actor (user and source IP)
+for the services the view calls, the way the API base view does.
+
+Templates never decide who may do what: they read `console.can_launch`, `console.can_manage`
+and friends, computed here from the matrix.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import render
+from django.urls import reverse
+
+from gpucloud.api.views import resolve_tenant
+from gpucloud.lib.errors import ServiceError
+from gpucloud.lib.http import client_ip
+from gpucloud.tenancy import permissions as perms
+from gpucloud.tenancy.audit import Actor, reset_actor, set_actor
+from gpucloud.tenancy.models import Membership, Tenant
+from gpucloud.tenancy.selectors import membership_list_for_user
+
+SAFE_METHODS = ("GET", "HEAD")
+
+
+@dataclass(frozen=True)
+class Console:
+    """What a console page knows about the actor: passed to every template as `console`."""
+
+    membership: Membership
+    granted: frozenset[str]
+    memberships: list[Membership]
+
+    @property
+    def tenant(self) -> Tenant:
+        return self.membership.tenant
+
+    def can(self, permission: str) -> bool:
+        return permission in self.granted
+
+    # Flags for templates, straight from the matrix.
+    @property
+    def can_launch(self) -> bool:
+        return self.can(perms.WORKLOADS_LAUNCH)
+
+    @property
+    def can_manage(self) -> bool:
+        return self.can(perms.WORKLOADS_MANAGE)
+
+    @property
+    def can_create_keys(self) -> bool:
+        return self.can(perms.API_KEYS_CREATE)
+
+    @property
+    def can_manage_keys(self) -> bool:
+        return self.can(perms.API_KEYS_MANAGE)
+
+    @property
+    def can_manage_members(self) -> bool:
+        return self.can(perms.MEMBERS_MANAGE)
+
+    @property
+    def can_manage_billing(self) -> bool:
+        return self.can(perms.BILLING_MANAGE)
+
+
+def refusal(console: Console, permission: str) -> str:
+    """The sentence a refused action shows: the same reasons the API gives."""
+    if console.tenant.is_suspended and permission in perms.SUSPENDED_DENIED:
+        return "This tenant is suspended: it can read and stop work, but not launch."
+    return f"Your role ({console.membership.role}) does not allow {permission}."
+
+
+def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> Callable:
+    """Wrap a console view: sign-in, tenant, permission (`read` for GET, `write` for POST), audit actor.
+
+    A view without `write` answers 405 to a POST: forgetting to declare a permission denies.
+    """
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path(), reverse("console:login"))
+            if request.method in SAFE_METHODS:
+                required = read
+            elif request.method == "POST" and write is not None:
+                required = write
+            else:
+                return HttpResponseNotAllowed(["GET", "POST"] if write else ["GET"])
+            memberships = list(membership_list_for_user(user=request.user))
+            membership = resolve_tenant(request)
+            if membership is None:
+                return render(request, "frontend/no_tenant.html", status=403)
+            granted = perms.effective_permissions(
+                role=membership.role, scopes=None, suspended=membership.tenant.is_suspended
+            )
+            console = Console(membership=membership, granted=granted, memberships=memberships)
+            request.console = console  # type: ignore[attr-defined]
+            if required not in granted:
+                raise PermissionDenied(refusal(console, required))
+            token = set_actor(Actor(user=request.user, ip=client_ip(request)))
+            try:
+                return view(request, *args, **kwargs)
+            finally:
+                reset_actor(token)
+
+        return wrapper
+
+    return decorate
+
+
+def flatten_errors(detail: Any) -> list[str]:
+    """DRF/service error details (nested lists and dicts) -> plain sentences."""
+    if isinstance(detail, dict):
+        out: list[str] = []
+        for key, value in detail.items():
+            for msg in flatten_errors(value):
+                out.append(f"item {int(key) + 1}: {msg}" if str(key).isdigit() else msg)
+        return out
+    if isinstance(detail, list | tuple):
+        return [m for d in detail for m in flatten_errors(d)]
+    return [str(detail)]
+
+
+def apply_errors(form, fields: dict[str, Any], message: str = "", field_map: dict[str, str] | None = None) -> None:
+    """Put an API-shaped error (`message`, `fields`) onto a Django form, field by field.
+
+    The console shows the same messages the API returns; a field the form does not have
+    (or `message` alone) becomes a form-wide error.
+    """
+    field_map = field_map or {}
+    shown: set[str] = set()
+    for name, msgs in (fields or {}).items():
+        target = field_map.get(name, name)
+        texts = flatten_errors(msgs)
+        shown.update(texts)
+        if target in form.fields:
+            form.add_error(target, texts)
+        else:
+            form.add_error(None, [f"{name}: {t}" for t in texts])
+    # "Invalid input in: a, b." only repeats the field errors; any other sentence says more.
+    if message and message not in shown and not message.startswith("Invalid input in"):
+        form.add_error(None, message)
+
+
+def service_error_to_form(form, exc: ServiceError, field_map: dict[str, str] | None = None) -> None:
+    apply_errors(form, exc.fields, exc.message, field_map)

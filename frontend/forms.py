@@ -1,0 +1,198 @@
+"""Console forms. They shape browser input into what the API accepts; they hold no rules.
+
+Each form's `api_data()` is the JSON body the API would receive. The view validates it
+with the API's own serializer and hands it to the same service, so a bad value gets the
+same message in the console as from `curl`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django import forms
+from django.contrib.auth.forms import AuthenticationForm
+
+from gpucloud.catalogue.selectors import instance_type_list, region_list
+from gpucloud.tenancy.choices import Role, Scope
+
+
+@dataclass(frozen=True)
+class ImageTemplate:
+    label: str
+    image: str
+    ports: str = ""
+    command: str = ""
+
+
+# What the launch page offers; "custom" is any image. Ports are the ones each image serves.
+IMAGE_TEMPLATES: dict[str, ImageTemplate] = {
+    "pytorch": ImageTemplate("PyTorch", "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime", command="sleep infinity"),
+    "tensorflow": ImageTemplate("TensorFlow", "tensorflow/tensorflow:2.17.0-gpu", command="sleep infinity"),
+    "jax": ImageTemplate("JAX", "nvcr.io/nvidia/jax:24.04-py3", command="sleep infinity"),
+    "jupyter": ImageTemplate("Jupyter", "quay.io/jupyter/pytorch-notebook:cuda12-latest", ports="8888"),
+    "blender": ImageTemplate("Blender", "linuxserver/blender:4.2.0", ports="3000"),
+    "custom": ImageTemplate("Any image", ""),
+}
+
+
+class SignInForm(AuthenticationForm):
+    username = forms.EmailField(label="Email", widget=forms.EmailInput(attrs={"autofocus": True,
+                                                                                "autocomplete": "email"}))
+
+
+class SignUpForm(forms.Form):
+    email = forms.EmailField(label="Email", max_length=254,
+                             widget=forms.EmailInput(attrs={"autocomplete": "email"}))
+    name = forms.CharField(label="Your name", max_length=150, required=False,
+                           widget=forms.TextInput(attrs={"autocomplete": "name"}))
+    tenant_name = forms.CharField(label="Organisation", max_length=100,
+                                  help_text="Your team or company; you can invite others later.")
+    password = forms.CharField(label="Password", max_length=128,
+                               widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}),
+                               help_text="At least 8 characters, not a common password.")
+
+    def api_data(self) -> dict:
+        # An empty optional field is left out, as a JSON client would.
+        return {k: v for k, v in self.cleaned_data.items() if v or k != "name"}
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+class LaunchForm(forms.Form):
+    kind = forms.ChoiceField(label="What", choices=[("instance", "Instance (runs until you stop it)"),
+                                                    ("job", "Batch job (runs to completion)")],
+                             initial="instance", widget=forms.RadioSelect)
+    name = forms.CharField(label="Name", max_length=100)
+    instance_type = forms.ChoiceField(label="Instance type")
+    region = forms.ChoiceField(label="Region")
+    template = forms.ChoiceField(label="Image template", initial="pytorch", widget=forms.RadioSelect,
+                                 choices=[(k, t.label) for k, t in IMAGE_TEMPLATES.items()])
+    image = forms.CharField(label="Image", max_length=500, required=False,
+                            help_text="Any container image; a template fills this in.")
+    command = forms.CharField(label="Command", max_length=8192, required=False,
+                              help_text="Run by /bin/sh -c; empty: the image's own.")
+    env = forms.CharField(label="Environment", required=False, widget=forms.Textarea(attrs={"rows": 3}),
+                          help_text="One KEY=value per line.")
+    ssh_keys = forms.CharField(label="SSH public keys", required=False,
+                               widget=forms.Textarea(attrs={"rows": 2}),
+                               help_text="One per line, e.g. ssh-ed25519 AAAA… you@laptop.")
+    saved_ssh_keys = forms.MultipleChoiceField(label="Your saved SSH keys", required=False,
+                                               widget=forms.CheckboxSelectMultiple)
+    ports = forms.CharField(label="Ports", max_length=200, required=False,
+                            help_text="Comma-separated, e.g. 22, 8888.")
+    spot = forms.BooleanField(label="Spot (cheaper; may be preempted with notice)", required=False)
+    max_price = forms.DecimalField(label="Max spot price per hour", required=False, min_value=0,
+                                   decimal_places=4, max_digits=12,
+                                   help_text="Spot only; empty: any price up to on-demand.")
+    max_retries = forms.IntegerField(label="Retries", required=False, min_value=0, initial=0,
+                                     help_text="Batch jobs: how often a failed run starts again.")
+    timeout_s = forms.IntegerField(label="Timeout (seconds)", required=False, min_value=1,
+                                   help_text="Batch jobs: stop a run that takes longer.")
+
+    # API field -> form field, for errors the serializer or the service reports.
+    FIELD_MAP = {"billing": "spot"}
+
+    def __init__(self, *args, saved_keys: list | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["instance_type"].choices = [
+            (it.code, f"{it.code} — {it.name}, {it.vcpus} vCPUs, {it.memory_gib} GiB")
+            for it in instance_type_list().order_by("gpu_model__code", "gpu_count", "gpu_share_milli")
+        ]
+        self.fields["region"].choices = [(r.code, f"{r.code} — {r.name}") for r in region_list().order_by("code")]
+        self.saved_keys = {str(k.pk): k for k in saved_keys or []}
+        self.fields["saved_ssh_keys"].choices = [(pk, k.name) for pk, k in self.saved_keys.items()]
+        if not self.saved_keys:
+            del self.fields["saved_ssh_keys"]
+
+    def clean(self):
+        data = super().clean()
+        template = IMAGE_TEMPLATES.get(data.get("template") or "custom", IMAGE_TEMPLATES["custom"])
+        if not data.get("image"):
+            if not template.image:
+                self.add_error("image", "Choose a template or give an image.")
+            data["image"] = template.image
+        env: dict[str, str] = {}
+        for n, line in enumerate(_lines(data.get("env") or ""), start=1):
+            key, sep, value = line.partition("=")
+            if not sep:
+                self.add_error("env", f"Line {n} is not KEY=value.")
+                break
+            env[key.strip()] = value
+        data["env_dict"] = env
+        return data
+
+    def api_data(self) -> dict:
+        """The body the API's create serializer validates."""
+        d = self.cleaned_data
+        keys = _lines(d.get("ssh_keys") or "")
+        keys += [self.saved_keys[pk].public_key for pk in d.get("saved_ssh_keys") or [] if pk in self.saved_keys]
+        body = {
+            "name": d["name"], "instance_type": d["instance_type"], "region": d["region"],
+            "image": d["image"], "command": d.get("command") or "", "env": d["env_dict"],
+            "ports": [p.strip() for p in (d.get("ports") or "").replace(" ", ",").split(",") if p.strip()],
+            "ssh_keys": keys, "billing": "spot" if d.get("spot") else "on_demand",
+        }
+        if d.get("max_price") is not None:
+            body["max_price"] = str(d["max_price"])
+        if d.get("kind") == "job":
+            body["max_retries"] = d.get("max_retries") or 0
+            if d.get("timeout_s"):
+                body["timeout_s"] = d["timeout_s"]
+        return body
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=100, help_text="What uses it, e.g. “CI” or “laptop”.")
+    scopes = forms.MultipleChoiceField(label="Scopes", choices=Scope.choices, initial=[Scope.READ],
+                                       widget=forms.CheckboxSelectMultiple,
+                                       help_text="read: look; write: launch and stop; admin: everything your role may.")
+    expires_in_days = forms.IntegerField(label="Expires in (days)", required=False, min_value=1,
+                                         help_text="Empty: never.")
+
+    def api_data(self) -> dict:
+        d = {"name": self.cleaned_data["name"], "scopes": self.cleaned_data["scopes"]}
+        if self.cleaned_data.get("expires_in_days"):
+            d["expires_in_days"] = self.cleaned_data["expires_in_days"]
+        return d
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=100)
+    public_key = forms.CharField(label="Public key", widget=forms.Textarea(attrs={"rows": 3}),
+                                 help_text="The contents of ~/.ssh/id_ed25519.pub (or another .pub file).")
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField(label="Email")
+    role = forms.ChoiceField(label="Role", choices=Role.choices, initial=Role.MEMBER)
+
+    def api_data(self) -> dict:
+        return dict(self.cleaned_data)
+
+
+class InvitationAcceptForm(forms.Form):
+    token = forms.CharField(label="Invitation token", max_length=200,
+                            help_text="The inv_… token an owner or admin sent you.")
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(label="Role", choices=Role.choices)
+
+
+class BudgetForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=100, initial="monthly")
+    monthly_amount = forms.DecimalField(label="Monthly amount", max_digits=14, decimal_places=2)
+    thresholds = forms.CharField(label="Alert at (%)", initial="50, 80, 100", required=False,
+                                 help_text="Comma-separated percentages of the monthly amount.")
+    notify_email = forms.BooleanField(label="Email owners and admins", required=False, initial=True)
+    webhook_url = forms.URLField(label="Webhook URL", required=False, assume_scheme="https")
+    hard_stop = forms.BooleanField(label="Refuse new launches past 100 %", required=False)
+
+    def api_data(self) -> dict:
+        d = dict(self.cleaned_data)
+        d["monthly_amount"] = str(d["monthly_amount"])
+        thresholds = [t.strip() for t in (d.pop("thresholds") or "").split(",") if t.strip()]
+        if thresholds:
+            d["thresholds"] = thresholds
+        return d

@@ -1,0 +1,122 @@
+/* gpucloud console: the little JavaScript the pages need. Everything works without it
+   except the live charts; htmx does the polling. */
+(function () {
+  "use strict";
+  const PALETTE = ["#3a5bd9", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0c8599", "#a61e4d", "#5c940d"];
+
+  // ---- connection state: a failed poll says so in plain words, and clears when one succeeds
+  document.addEventListener("htmx:sendError", () => document.body.classList.add("offline"));
+  document.addEventListener("htmx:responseError", () => document.body.classList.add("offline"));
+  document.addEventListener("htmx:afterRequest", (e) => {
+    if (e.detail.successful) document.body.classList.remove("offline");
+  });
+
+  // ---- launch page: a template fills in image, ports and command
+  function setupTemplates(root) {
+    const data = root.querySelector("#image-templates");
+    if (!data) return;
+    const templates = JSON.parse(data.textContent);
+    root.querySelectorAll("input[name=template]").forEach((radio) => {
+      radio.addEventListener("change", () => {
+        const t = templates[radio.value];
+        if (!t) return;
+        const form = radio.form;
+        if (radio.value !== "custom") {
+          form.elements.image.value = t.image;
+          form.elements.ports.value = t.ports;
+          form.elements.command.value = t.command;
+        } else {
+          form.elements.image.value = "";
+          form.elements.image.focus();
+        }
+      });
+    });
+  }
+
+  // ---- launch page: job-only fields show for jobs, the max price for spot
+  function setupLaunchToggles(root) {
+    const form = root.querySelector("#launch-form");
+    if (!form) return;
+    const show = (id, on) => { const el = form.querySelector(id); if (el) el.hidden = !on; };
+    const sync = () => {
+      const job = form.querySelector("input[name=kind]:checked");
+      const isJob = job && job.value === "job";
+      show("#field-max_retries", isJob); show("#field-timeout_s", isJob);
+      const spot = form.querySelector("input[name=spot]");
+      show("#field-max_price", spot && spot.checked);
+    };
+    form.addEventListener("change", sync);
+    sync();
+  }
+
+  // ---- charts (uPlot)
+  function width(el) { return Math.max(260, el.clientWidth || 600); }
+
+  function makeChart(el, title, unit, labels, range) {
+    const opts = {
+      title: title, width: width(el), height: 220,
+      scales: { x: { time: true }, y: range ? { range: range } : { auto: true } },
+      axes: [{}, { values: (u, vals) => vals.map((v) => v + unit), size: 60 }],
+      series: [{}].concat(labels.map((l, i) => ({ label: l, stroke: PALETTE[i % PALETTE.length], width: 1.5,
+        spanGaps: true, value: (u, v) => (v == null ? "–" : v + unit) }))),
+      legend: { live: false },
+    };
+    return new uPlot(opts, [[]].concat(labels.map(() => [])), el);
+  }
+
+  function setupGpuCharts(root) {
+    root.querySelectorAll("[data-gpu-chart]").forEach((box) => {
+      if (box.dataset.ready) return;
+      box.dataset.ready = "1";
+      const utilEl = box.querySelector(".chart-util");
+      const memEl = box.querySelector(".chart-mem");
+      const empty = box.querySelector(".chart-empty");
+      let util = null, mem = null, labels = "";
+      box.addEventListener("htmx:afterRequest", (e) => {
+        if (!e.detail.successful) return;
+        let data;
+        try { data = JSON.parse(e.detail.xhr.responseText); } catch (err) { return; }
+        const n = data.t.length;
+        box.dataset.points = String(n);
+        if (!n) { empty.hidden = false; return; }
+        empty.hidden = true;
+        const names = data.gpus.map((g) => g.label);
+        if (names.join() !== labels) {  // the GPU set changed (or first data): build anew
+          labels = names.join();
+          utilEl.innerHTML = ""; memEl.innerHTML = "";
+          util = makeChart(utilEl, "GPU utilisation", "%", names, [0, 100]);
+          mem = makeChart(memEl, "GPU memory used", " GiB", names, null);
+        }
+        util.setData([data.t].concat(data.gpus.map((g) => g.util)));
+        mem.setData([data.t].concat(data.gpus.map((g) => g.mem)));
+        box.dataset.lastT = String(data.t[n - 1]);
+        box.dataset.drawn = "1";
+      });
+      window.addEventListener("resize", () => {
+        if (util) util.setSize({ width: width(utilEl), height: 220 });
+        if (mem) mem.setSize({ width: width(memEl), height: 220 });
+      });
+    });
+  }
+
+  function setupSpendChart(root) {
+    const el = root.querySelector("[data-spend-chart]");
+    const src = root.querySelector("#spend-data");
+    if (!el || !src || el.dataset.ready) return;
+    el.dataset.ready = "1";
+    const data = JSON.parse(src.textContent);
+    if (!data.t.length) return;
+    const bars = uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.6, 40] }) : undefined;
+    const chart = new uPlot({
+      title: "Spend per day", width: width(el), height: 220,
+      scales: { x: { time: true, range: [data.from, data.to] }, y: { range: (u, lo, hi) => [0, Math.max(hi, 0.01) * 1.1] } },
+      axes: [{}, { values: (u, vals) => vals.map((v) => v.toFixed(2)), size: 60 }],
+      series: [{}, { label: "spend", stroke: PALETTE[0], fill: "rgba(58,91,217,.25)", paths: bars, points: { show: false } }],
+    }, [data.t, data.amount], el);
+    window.addEventListener("resize", () => chart.setSize({ width: width(el), height: 220 }));
+  }
+
+  function setup(root) { setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); }
+  document.addEventListener("DOMContentLoaded", () => setup(document));
+  document.addEventListener("htmx:load", (e) => setup(e.target));
+})();

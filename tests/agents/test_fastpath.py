@@ -1,0 +1,287 @@
+"""The heartbeat fast path (agents/fastpath.py) against real PostgreSQL, Redis and Celery.
+
+An unchanged heartbeat is answered from Redis with no SQL; its samples and liveness
+reach the database when `heartbeats_flush` runs (the beat task, the liveness check).
+Every change that could alter an answer makes the next heartbeat take the slow path.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agents import fastpath
+from agents.choices import HostState
+from agents.models import Gpu, GpuSample, Host
+from agents.services import gpu_mark_healthy, hosts_mark_down, workload_logs_request
+from agents.tasks import heartbeats_flush_task
+from gpucloud.celery import app
+from scheduler.choices import State
+from scheduler.services import workload_stop
+from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
+    assert_error,
+    beat_body,
+    new_token,
+    place,
+    post,
+    region,
+    register_body,
+    registered,
+    state,
+    triggered,
+)
+
+HB = "/agent/v1/heartbeat"
+
+
+def sample(i: int, util: float = 50.0, **extra) -> dict:
+    return {"uuid": f"GPU-h1-{i}", "gpu_util": util, "mem_used_mib": 1000 + i, **extra}
+
+
+def beat(client, host_id, token, seq, containers=(), gpus=None):
+    gpus = [sample(0), sample(1)] if gpus is None else gpus
+    resp = post(client, HB, beat_body(host_id, seq, containers=containers, gpus=gpus), token=token)
+    assert resp.status_code == 200, resp.content
+    return resp.json()
+
+
+def running(desired: dict) -> list[dict]:
+    return [{"instance_id": desired["instance_id"], "container_id": "c1", "state": "running"}]
+
+
+def test_the_fast_path_is_on_with_redis_and_postgresql():
+    assert fastpath.enabled()
+
+
+def test_an_unchanged_heartbeat_is_answered_without_sql(
+    client, registered, django_assert_num_queries
+):
+    host_id, token = registered
+    first = beat(client, host_id, token, 1)
+    with django_assert_num_queries(0):
+        again = beat(client, host_id, token, 2, gpus=[sample(0, 3.0), sample(1, 80.0)])
+    assert again == first
+    host = Host.objects.get()
+    assert host.last_seq == 1 and GpuSample.objects.count() == 2  # buffered, not yet written
+    out = fastpath.heartbeats_flush()
+    assert (out.heartbeats, out.samples, out.hosts, out.gpus) == (1, 2, 1, 2)
+    host.refresh_from_db()
+    g0, g1 = Gpu.objects.order_by("index")
+    assert host.last_seq == 2 and GpuSample.objects.count() == 4
+    assert (g0.utilisation, g1.utilisation) == (0.03, 0.8)
+    assert g0.idle_since is not None and g1.idle_since is None
+    assert fastpath.heartbeats_flush().heartbeats == 0  # nothing twice
+
+
+def test_idleness_from_buffered_samples_is_idle_since_the_first_idle_one(client, registered):
+    host_id, token = registered
+    beat(client, host_id, token, 1, gpus=[sample(0, 90.0), sample(1, 90.0)])
+    for seq in (2, 3):
+        beat(client, host_id, token, seq, gpus=[sample(0, 1.0), sample(1, 90.0)])
+    fastpath.heartbeats_flush()
+    g0 = Gpu.objects.get(index=0)
+    first_idle = GpuSample.objects.filter(gpu=g0, gpu_util=1.0).order_by("time").first().time
+    assert g0.idle_since == first_idle
+    beat(client, host_id, token, 4, gpus=[sample(0, 2.0), sample(1, 90.0)])
+    fastpath.heartbeats_flush()
+    g0.refresh_from_db()
+    assert g0.idle_since == first_idle  # still idle: since the first idle sample
+    beat(client, host_id, token, 5, gpus=[sample(0, 60.0), sample(1, 90.0)])
+    beat(client, host_id, token, 6, gpus=[sample(0, 4.0), sample(1, 90.0)])
+    fastpath.heartbeats_flush()
+    g0.refresh_from_db()
+    assert g0.idle_since == GpuSample.objects.filter(gpu=g0, gpu_util=4.0).get().time
+
+
+def test_a_container_state_change_takes_the_slow_path(client, registered, alice):
+    host_id, token = registered
+    w = place(Host.objects.get(), alice.tenant)
+    desired = beat(client, host_id, token, 1)["desired"]
+    beat(client, host_id, token, 2)  # fast: still not started
+    assert state(w) == State.SCHEDULED
+    beat(client, host_id, token, 3, containers=running(desired[0]))
+    assert state(w) == State.RUNNING
+
+
+def test_a_stop_leaves_the_very_next_answer(client, registered, alice):
+    host_id, token = registered
+    w = place(Host.objects.get(), alice.tenant)
+    desired = beat(client, host_id, token, 1)["desired"]
+    report = running(desired[0])
+    beat(client, host_id, token, 2, containers=report)
+    assert len(beat(client, host_id, token, 3, containers=report)["desired"]) == 1  # fast
+    workload_stop(workload=w)
+    assert state(w) == State.STOPPING
+    assert beat(client, host_id, token, 4, containers=report)["desired"] == []
+    beat(client, host_id, token, 5, containers=[])
+    assert state(w) == State.STOPPED
+
+
+def test_a_placement_reaches_the_very_next_answer(client, registered, alice):
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    assert beat(client, host_id, token, 2)["desired"] == []  # fast
+    w = place(Host.objects.get(), alice.tenant)  # what apply does: allocations, SCHEDULED
+    desired = beat(client, host_id, token, 3)["desired"]
+    assert [d["instance_id"].split(".")[0] for d in desired] == [str(w.pk)]
+
+
+def test_a_rotated_token_is_refused_at_once(client, registered, region):
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    beat(client, host_id, token, 2)  # the token is in Redis now
+    resp = post(client, "/agent/v1/register", register_body(new_token(region)))
+    assert resp.status_code == 200 and resp.json()["host_id"] == host_id
+    assert_error(post(client, HB, beat_body(host_id, 3), token=token), 401, "authentication_failed")
+    beat(client, host_id, resp.json()["host_token"], 1)
+
+
+def test_a_token_of_another_host_is_refused_even_when_both_are_cached(client, registered, region):
+    host_id, token = registered
+    resp = post(client, "/agent/v1/register", register_body(new_token(region), hostname="h2"))
+    other_id, other = resp.json()["host_id"], resp.json()["host_token"]
+    for seq in (1, 2):
+        beat(client, host_id, token, seq, gpus=[])
+        beat(client, other_id, other, seq, gpus=[])
+    for seq in (3, 2):  # fresh, and late
+        resp = post(client, HB, beat_body(host_id, seq), token=other)
+        assert_error(resp, 401, "authentication_failed")
+    fastpath.heartbeats_flush()
+    assert Host.objects.get(pk=other_id).last_seq == 2
+
+
+def test_a_deleted_host_is_refused_after_the_next_flush(client, registered):
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    beat(client, host_id, token, 2)
+    fastpath.heartbeats_flush()
+    Host.objects.all().delete()  # as the admin's delete does: no service is called
+    beat(client, host_id, token, 3)  # answered from Redis, buffered
+    out = fastpath.heartbeats_flush()
+    assert (out.heartbeats, out.hosts, out.samples) == (1, 0, 0)
+    assert not GpuSample.objects.exists()
+    assert_error(post(client, HB, beat_body(host_id, 4), token=token), 401)
+
+
+def test_a_down_host_comes_back_with_its_next_heartbeat(client, registered, triggered):
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    beat(client, host_id, token, 2)
+    later = timezone.now() + timedelta(hours=1)
+    assert hosts_mark_down(now=later) == [host_id]
+    beat(client, host_id, token, 3)  # the same report, but the slow path: it was DOWN
+    host = Host.objects.get()
+    assert host.state == HostState.READY and host.down_since is None
+
+
+def test_the_liveness_check_writes_buffered_heartbeats_first(client, registered):
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    Host.objects.update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
+    beat(client, host_id, token, 2)  # fast: only in Redis
+    assert hosts_mark_down() == []
+    assert Host.objects.get().state == HostState.READY
+
+
+def test_a_late_heartbeat_is_answered_but_not_applied(client, registered):
+    host_id, token = registered
+    beat(client, host_id, token, 5)
+    beat(client, host_id, token, 6)
+    beat(client, host_id, token, 4)  # within the reorder window: late
+    fastpath.heartbeats_flush()
+    assert Host.objects.get().last_seq == 6
+    assert GpuSample.objects.count() == 4  # seq 5 and 6, not 4
+
+
+def test_a_fatal_xid_is_handled_by_the_slow_path(client, registered, alice):
+    host_id, token = registered
+    w = place(Host.objects.get(), alice.tenant)
+    beat(client, host_id, token, 1)
+    beat(client, host_id, token, 2)
+    answer = beat(client, host_id, token, 3, gpus=[sample(0, xid_events=[79]), sample(1)])
+    g0 = Gpu.objects.get(index=0)
+    assert not g0.healthy and g0.unhealthy_reason.startswith("XID 79")
+    assert state(w) == State.FAILED and answer["desired"] == []
+
+
+def test_a_gpu_marked_healthy_that_still_fails_is_caught_again(client, registered):
+    host_id, token = registered
+    lost = [sample(0), sample(1, healthy=False, error="GPU is lost")]
+    beat(client, host_id, token, 1, gpus=lost)
+    beat(client, host_id, token, 2, gpus=lost)  # fast: already out of service
+    g1 = Gpu.objects.get(index=1)
+    assert not g1.healthy
+    gpu_mark_healthy(gpu=g1)
+    beat(client, host_id, token, 3, gpus=lost)
+    g1.refresh_from_db()
+    assert not g1.healthy and g1.unhealthy_reason == "GPU is lost"
+
+
+def test_a_log_request_rides_on_the_very_next_answer(client, registered, alice):
+    host_id, token = registered
+    w = place(Host.objects.get(), alice.tenant)
+    desired = beat(client, host_id, token, 1)["desired"]
+    report = running(desired[0])
+    beat(client, host_id, token, 2, containers=report)
+    assert beat(client, host_id, token, 3, containers=report)["logs_requests"] == []
+    workload_logs_request(workload=w, tail=50)
+    answer = beat(client, host_id, token, 4, containers=report)
+    assert answer["logs_requests"] == [{"instance_id": desired[0]["instance_id"], "tail": 50}]
+
+
+def test_fast_and_slow_heartbeats_share_one_rate_limit(client, registered, settings):
+    host_id, token = registered
+    settings.AGENT_RATE_LIMIT = "3/min"
+    beat(client, host_id, token, 1)  # slow
+    beat(client, host_id, token, 2)  # fast
+    beat(client, host_id, token, 3, gpus=[sample(0)])  # slow: another GPU set
+    resp = post(client, HB, beat_body(host_id, 4, gpus=[sample(0)]), token=token)
+    assert_error(resp, 429, "throttled")
+    assert int(resp["Retry-After"]) > 0
+
+
+def test_a_malformed_heartbeat_gets_the_slow_paths_error(client, registered):
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    body = beat_body(host_id, 2, containers=[{"instance_id": "x", "state": "exploded"}])
+    err = assert_error(post(client, HB, body, token=token), 400, "validation_error")
+    assert "containers[0].state" in err["fields"]
+
+
+def test_the_flush_runs_on_a_real_worker(worker, live_server, region, triggered):
+    import requests
+
+    token = new_token(region)
+    url = live_server.url
+    reg = requests.post(f"{url}/agent/v1/register", json=register_body(token), timeout=10)
+    host_id, host_token = reg.json()["host_id"], reg.json()["host_token"]
+    for seq in (1, 2, 3):
+        resp = requests.post(
+            f"{live_server.url}{HB}",
+            json=beat_body(host_id, seq, gpus=[sample(0), sample(1)]),
+            headers={"Authorization": f"Bearer {host_token}"},
+            timeout=10,
+        )
+        assert resp.status_code == 200
+    assert Host.objects.get().last_seq == 1  # 2 and 3 are in Redis
+    heartbeats_flush_task.delay()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Host.objects.get().last_seq != 3:
+        time.sleep(0.2)
+    assert Host.objects.get().last_seq == 3 and GpuSample.objects.count() == 6
+
+
+def test_the_flush_is_in_the_beat_schedule_every_second():
+    entry = app.conf.beat_schedule["heartbeats-flush"]
+    assert entry["task"] == "agents.tasks.heartbeats_flush_task" and entry["schedule"] == 1.0
+
+
+@pytest.mark.parametrize("seq,last,fresh", [(7, 6, True), (6, 6, False), (1, 500, True)])
+def test_seq_claims_follow_seq_is_fresh(registered, seq, last, fresh):
+    host_id, _ = registered
+    fastpath.beat(None, host_id=host_id, seq=last, count=False)
+    claim = fastpath.claim_of(fastpath.beat(None, host_id=host_id, seq=seq, count=False), None)
+    assert claim.fresh is fresh

@@ -1,0 +1,85 @@
+"""Every console page in a browser: no sideways scrolling on a 375 px phone, screenshots of
+each, and a viewer who sees no launch or stop controls and whose forged POST is refused.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from tests.frontend.conftest import horizontal_overflow, shot, sign_in
+
+
+@pytest.fixture
+def acme(alice, victor, catalog):
+    """Acme with something on every page: an instance, a job, a budget, a key, an invoice."""
+    from billing.services import budget_create, invoice_refresh
+    from frontend.services import ssh_key_add
+    from scheduler.services import WorkloadSpec, workload_launch
+
+    instance = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
+        kind="instance", name="notebook-with-a-rather-long-name-01", instance_type="h100.8x",
+        region="us-east-1", image="quay.io/jupyter/pytorch-notebook:cuda12-latest", ports=[8888],
+        env={"HF_HOME": "/data/huggingface/cache/with/a/long/path"}))
+    job = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
+        kind="job", name="nightly-eval", instance_type="a100.quarter", region="eu-central-1",
+        image="pytorch/pytorch:2.4.0", command=["python", "eval.py"], max_retries=2))
+    budget_create(tenant=alice.tenant, name="monthly", monthly_amount=Decimal("500.00"), hard_stop=True)
+    ssh_key_add(membership=alice.membership, name="laptop",
+                public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0cmFpbmluZ2tleWZvcnRlc3RzIGxvbmc alice@laptop")
+    invoice = invoice_refresh(tenant_id=alice.tenant.pk, month=timezone.now().date())
+    return {"instance": instance, "job": job, "invoice": invoice}
+
+
+def test_every_page_fits_a_phone(phone, live_server, alice, acme):
+    pages = {
+        "dashboard": "/console/", "catalogue": "/console/catalogue/", "launch": "/console/launch/",
+        "instances": "/console/instances/", "instance": f"/console/instances/{acme['instance'].pk}/",
+        "jobs": "/console/jobs/", "job": f"/console/jobs/{acme['job'].pk}/", "usage": "/console/usage/",
+        "invoice": f"/console/invoices/{acme['invoice'].pk}/", "api-keys": "/console/settings/api-keys/",
+        "ssh-keys": "/console/settings/ssh-keys/", "members": "/console/settings/members/",
+        "quotas": "/console/settings/quotas/",
+    }
+    for name, url in {"signin": "/console/signin/", "signup": "/console/signup/", "home": "/"}.items():
+        phone.goto(url)
+        assert horizontal_overflow(phone) == [], name
+        shot(phone, f"phone-{name}")
+    sign_in(phone, alice.user, live_server.url)
+    for name, url in pages.items():
+        phone.goto(url)
+        expect(phone.locator("main h1")).to_be_visible()
+        assert horizontal_overflow(phone) == [], name
+        shot(phone, f"phone-{name}")
+
+
+def test_viewer_sees_no_controls_and_a_forged_post_is_refused(page, live_server, victor, acme):
+    from scheduler.models import Workload
+
+    sign_in(page, victor.user, live_server.url)
+    instance = acme["instance"]
+    page.goto(f"/console/instances/{instance.pk}/")
+    expect(page.locator("#state")).to_have_text("Pending")
+    expect(page.get_by_role("button", name="Stop")).to_have_count(0)
+    expect(page.get_by_role("button", name="Terminate")).to_have_count(0)
+    expect(page.get_by_role("link", name="Launch")).to_have_count(0)
+    page.goto("/console/catalogue/")
+    expect(page.locator("#catalogue tbody tr").first).to_be_visible()
+    expect(page.get_by_role("link", name="Launch")).to_have_count(0)
+    shot(page, "viewer-catalogue")
+
+    # A forged POST with a valid CSRF token, straight from the viewer's browser session.
+    token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    for action in ("stop", "terminate"):
+        answer = page.request.post(f"/console/instances/{instance.pk}/{action}",
+                                   headers={"X-CSRFToken": token}, max_redirects=0)
+        assert answer.status == 403
+        assert "Your role (viewer) does not allow workloads.manage." in answer.text()
+    answer = page.request.post("/console/launch/", headers={"X-CSRFToken": token},
+                               form={"name": "forged", "instance_type": "h100.1x", "region": "us-east-1",
+                                     "template": "pytorch", "kind": "instance"}, max_redirects=0)
+    assert answer.status == 403
+    instance.refresh_from_db()
+    assert (instance.state, instance.deleted_at) == ("pending", None)
+    assert Workload.objects.count() == 2
