@@ -92,7 +92,7 @@ def _hosts(region_id: int, code: str) -> tuple[core.HostView, ...]:
 _ALLOCATIONS_SQL = """
 SELECT a.workload_id, a.host_id, array_agg(a.gpu_id ORDER BY a.gpu_id), max(a.milli), max(a.vcpus),
        max(a.memory_mib), w.tenant_id, w.priority, w.billing, w.kind,
-       EXTRACT(EPOCH FROM w.started_at)::float8, EXTRACT(EPOCH FROM w.created_at)::float8, w.timeout_s,
+       EXTRACT(EPOCH FROM w.started_at)::float8, EXTRACT(EPOCH FROM min(a.created_at))::float8, w.timeout_s,
        EXTRACT(EPOCH FROM w.stop_by)::float8, w.preempted_for, m.code
 FROM {allocation} a
 JOIN {host} h ON h.id = a.host_id
@@ -128,7 +128,7 @@ def _allocation_rows(region_id: int):
 def _allocation_rows_orm(region_id: int):
     return (
         Allocation.objects.filter(active=True, host__region_id=region_id)
-        .annotate(started_s=Epoch("workload__started_at"), created_s=Epoch("workload__created_at"),
+        .annotate(started_s=Epoch("workload__started_at"), created_s=Epoch("created_at"),
                   stop_by_s=Epoch("workload__stop_by"))
         .values_list("workload_id", "host_id", "gpu_id", "milli", "vcpus", "memory_mib",
                       "workload__tenant_id", "workload__priority", "workload__billing",
@@ -141,11 +141,14 @@ def _allocation_rows_orm(region_id: int):
 
 def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
     grouped: dict[object, dict] = {}
-    for (wid, host, gpus, milli, vcpus, mem, tenant, prio, billing, kind, started, created,
+    for (wid, host, gpus, milli, vcpus, mem, tenant, prio, billing, kind, started, placed,
          timeout, stop_by, preempted_for, model) in _allocation_rows(region_id):
         entry = grouped.get(wid)
         if entry is None:
-            begun = started or created or 0.0
+            # Not started yet (SCHEDULED, STARTING): it holds its GPUs since it was placed, which
+            # is also what the core assumed when it placed it, so the next cycle sees the same
+            # expected end (and the same backfill reservations) as the cycle that placed it.
+            begun = started or placed or 0.0
             entry = grouped[wid] = {
                 "tenant": str(tenant), "priority": prio, "billing": billing, "kind": kind,
                 "started": begun, "end": begun + timeout if timeout else None,
