@@ -130,7 +130,7 @@ class HostAdmin(OperatorAdmin):
             done="Cordoned {names}: no new work lands there; what runs there keeps running.",
         )
 
-    @admin.action(description="Drain: no new work, requeue batch jobs, instances run to their end")
+    @admin.action(description="Drain: no new work, batch jobs requeued after their notice, instances run to their end")
     def drain(self, request, queryset):
         requeued: list[int] = []
 
@@ -148,8 +148,8 @@ class HostAdmin(OperatorAdmin):
             service=drain_one,
             done=lambda: (
                 "Draining {names}: no new work lands there; instances run until "
-                f"their owners stop them; {sum(requeued)} batch job(s) went back "
-                "to the queue."
+                f"their owners stop them; {sum(requeued)} batch job(s) got notice and go "
+                "back to the queue when it ends."
             ),
         )
 

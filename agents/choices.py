@@ -17,7 +17,7 @@ class HostState(models.TextChoices):
 
     READY = "ready", "Ready"  # heartbeating; takes new work
     CORDONED = "cordoned", "Cordoned"  # heartbeating; keeps its work, takes no new work
-    DRAINING = "draining", "Draining"  # like CORDONED, and restartable batch jobs were requeued
+    DRAINING = "draining", "Draining"  # like CORDONED, and restartable batch jobs are requeued after a notice
     DOWN = "down", "Down"  # missed heartbeats; its work is LOST after the grace period
 
 

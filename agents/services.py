@@ -780,13 +780,19 @@ def host_uncordon(*, host: Host) -> Host:
     return _host_set_admin_state(host=host, to=AdminState.READY)
 
 
-def host_drain(*, host: Host) -> tuple[Host, list[str]]:
-    """Empty `host` for maintenance: no new work; batch jobs (restartable) are requeued at
-    once without spending a retry (PREEMPTED -> PENDING), instances run until their owners
-    stop them. The host stays DRAINING (also across an outage) until uncordoned.
-    Returns the host and the ids of the requeued jobs."""
+def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[str]]:
+    """Empty `host` for maintenance: no new work lands there; batch jobs (restartable) get
+    the region's preemption notice (default 30 s, time to checkpoint) and then go back to
+    the queue as PREEMPTED -> PENDING without spending a retry, by the scheduler's cycle
+    exactly as a preempted job; instances run until their owners stop them. The host stays
+    DRAINING (also across an outage) until uncordoned.
+    Returns the host and the ids of the jobs given notice now."""
+    from scheduler.cycle import policy_for  # the scheduler owns the notice length
+
+    now = now or timezone.now()
     host = _host_set_admin_state(host=host, to=AdminState.DRAINING)
-    requeued = []
+    stop_by = now + timedelta(seconds=policy_for(host.region_id).notice_s)
+    noticed = []
     jobs = (
         Workload.objects.filter(
             kind=WorkloadKind.JOB,
@@ -798,16 +804,13 @@ def host_drain(*, host: Host) -> tuple[Host, list[str]]:
         .order_by("created_at")
     )
     for w in jobs:
-        old = w.state
-        workload_requeue_or_end(
-            workload=w, ended=State.PREEMPTED, reason=f"host {host.name} is draining"
-        )
-        if w.state != old:
-            requeued.append(str(w.pk))
-    if requeued:
-        _trigger_cycle_on_commit(host.region_id)
-    logger.info("host drained host=%s requeued=%s", host.pk, requeued)
-    return host, requeued
+        # a job already on notice (preempted) keeps its earlier deadline
+        if Workload.objects.filter(pk=w.pk, stop_by__isnull=True).update(
+            stop_by=stop_by, reason=f"host {host.name} is draining; stopping at {stop_by:%H:%M:%S} UTC"
+        ):
+            noticed.append(str(w.pk))
+    logger.info("host drained host=%s noticed=%s stop_by=%s", host.pk, noticed, stop_by.isoformat())
+    return host, noticed
 
 
 def gpu_mark_healthy(*, gpu: Gpu) -> Gpu:

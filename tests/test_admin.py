@@ -134,7 +134,7 @@ def test_cordon_drain_and_uncordon_hosts_through_the_admin(admin_client, catalog
     assert (
         "success",
         "Draining gpu-a: no new work lands there; instances run until their owners "
-        "stop them; 0 batch job(s) went back to the queue.",
+        "stop them; 0 batch job(s) got notice and go back to the queue when it ends.",
     ) in said(resp)
     assert_by_operator(last_audit("host.drain"))
 

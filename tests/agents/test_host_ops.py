@@ -44,6 +44,7 @@ from agents.services import (
 )
 from agents.tasks import heartbeats_flush_task
 from scheduler import snapshot
+from scheduler.cycle import run_cycle
 from scheduler.choices import State
 
 
@@ -74,12 +75,21 @@ def test_drain_requeues_jobs_keeps_instances_and_survives_an_outage(
     job = place(a.host, alice.tenant, kind="job", max_retries=0)
     a.beat(2)
     assert (state(inst), state(job)) == (State.RUNNING, State.RUNNING)
-    host, requeued = host_drain(host=a.host)
-    assert host.state == HostState.DRAINING and requeued == [str(job.pk)]
+    drained_at = timezone.now()
+    host, noticed = host_drain(host=a.host, now=drained_at)
+    assert host.state == HostState.DRAINING and noticed == [str(job.pk)]
     job.refresh_from_db()
-    # Not the job's fault: back in the queue without spending a retry.
+    # First a notice, as for a preemption: the job keeps running and may checkpoint.
+    assert job.state == State.RUNNING and job.stop_by == drained_at + timedelta(seconds=30)
+    assert job.reason.startswith(f"host {host.name} is draining; stopping at ")
+    run_cycle(region_id=region.pk, now=drained_at + timedelta(seconds=29))
+    assert state(job) == State.RUNNING
+    # Then the scheduler's cycle ends it. Not the job's fault: back in the queue without
+    # spending a retry.
+    run_cycle(region_id=region.pk, now=drained_at + timedelta(seconds=31))
+    job.refresh_from_db()
     assert (job.state, job.retries) == (State.PENDING, 0)
-    assert (State.PREEMPTED, f"host {host.name} is draining") in events(job)
+    assert any(s == State.PREEMPTED and f"host {host.name} is draining" in r for s, r in events(job))
     assert [d.instance_id.split(".")[0] for d in host_desired_containers(host=host)] == [
         str(inst.pk)
     ]
