@@ -142,6 +142,9 @@ class Agent:
         self._inventory: list[GpuInfo] | None = None
         self._exits: dict[str, ObservedContainer] = {}
         self._exit_logged: set[str] = set()
+        # instance ids the control plane asked this process to run, while their containers
+        # exist: a running container outside it is a stray, removed in one pass
+        self._known: set[str] = set()
         self._start_errors: dict[str, str] = {}
         # Log tails the control plane asked for; sent with the next heartbeat that gets through.
         self._log_requests: list[LogsRequest] = []
@@ -250,9 +253,11 @@ class Agent:
 
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
-            actions = reconcile(self.desired, view)
+            actions = reconcile(self.desired, view, known=self._known)
             self._apply(actions)
         wanted = {d.instance_id for d in self.desired}
+        if observed is not None:
+            self._known = (self._known | wanted) & ({o.instance_id for o in view} | wanted)
         self._exits = {k: v for k, v in self._exits.items() if k in wanted}
         self._exit_logged &= wanted
         self._start_errors = {k: v for k, v in self._start_errors.items() if k in wanted}

@@ -11,8 +11,15 @@ Rules (one row per instance id; ``desired`` comes from the last heartbeat respon
     no        running               Stop         no longer wanted (invariant 5: within one
                                                  interval); removed on a later pass, after
                                                  its exit has been reported once
+    no, never running               Stop, Remove  a stray: a gpucloud container this agent
+    (not known)                                  was never asked to run (left from before a
+                                                 restart, or started by hand): nobody waits
+                                                 for its exit, so it goes in one pass
     no        created | exited      Remove       finished, or a gpucloud container we do
                                                  not know: clean it up
+
+``known`` is the set of instance ids the control plane has asked this agent process to
+run; None (the default) treats every container as known.
 
 Actions are ordered Stop, Remove, Start (free GPUs before taking them), each group by
 instance id, so the result is deterministic. Applying the actions and reconciling again
@@ -22,7 +29,7 @@ reconcile is idempotent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from agents.protocol import DesiredContainer, ObservedContainer
@@ -59,7 +66,9 @@ _ORDER = {Stop: 0, Remove: 1, Start: 2, ReportExit: 3}
 
 
 def reconcile(
-    desired: Iterable[DesiredContainer], observed: Iterable[ObservedContainer]
+    desired: Iterable[DesiredContainer],
+    observed: Iterable[ObservedContainer],
+    known: Collection[str] | None = None,
 ) -> list[Action]:
     """Actions that move ``observed`` towards ``desired``; see the module docstring."""
     want = {d.instance_id: d for d in desired}
@@ -81,7 +90,12 @@ def reconcile(
     for iid, o in have.items():
         if iid in want:
             continue
-        actions.append(Stop(iid) if o.state == "running" else Remove(iid))
+        if o.state != "running":
+            actions.append(Remove(iid))
+        elif known is None or iid in known:
+            actions.append(Stop(iid))
+        else:
+            actions += [Stop(iid), Remove(iid)]
 
     actions.sort(key=lambda a: (_ORDER[type(a)], a.instance_id))
     return actions

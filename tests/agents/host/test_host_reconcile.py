@@ -50,6 +50,14 @@ def test_reconcile_table(
     assert reconcile(desired, observed) == actions
 
 
+def test_a_running_stray_is_stopped_and_removed_in_one_pass() -> None:
+    # "a" was asked for by the control plane and is no longer: stopped now, removed after
+    # its exit is reported. "x" never was (left from before a restart): gone in one pass.
+    observed = [seen("a", "running"), seen("x", "running")]
+    assert reconcile([], observed, known={"a"}) == [Stop("a"), Stop("x"), Remove("x")]
+    assert reconcile([], [seen("a", "exited", 0)], known={"a"}) == [Remove("a")]
+
+
 def test_reconcile_is_idempotent_once_actions_are_applied() -> None:
     rt = SimRuntime(clock=lambda: 1000.0)
     rt.run(want("old"))
