@@ -13,6 +13,7 @@ from decimal import Decimal
 from django.contrib import messages
 from django.contrib.auth import login, logout
 from django.contrib.auth.views import LoginView, redirect_to_login
+from django.core.paginator import Paginator
 from django.db import connection
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -56,6 +57,33 @@ from scheduler.choices import ACTIVE, HOLDING, TERMINAL, Billing, State, Workloa
 POLL_S = 2
 CHART_WINDOW_S = 600
 CHART_STEP_S = 2
+# Lists show this many rows a page (Django's Paginator); `?page=N` picks one, other filters stay.
+PAGE_SIZE = 25
+
+
+def _paginate(request, rows, *, noun: str, per_page: int = PAGE_SIZE, anchor: str = "") -> tuple[list, dict]:
+    """One page of `rows` (a queryset or a list) and what `_pager.html` needs.
+
+    A page number that is not a number reads as page 1; one past the end is an empty page
+    (the template says so and links back), not a silent jump to another page.
+    """
+    paginator = Paginator(rows, per_page)
+    try:
+        number = max(1, int(request.GET.get("page", "1")))
+    except ValueError:
+        number = 1
+    last = max(paginator.num_pages, 1)
+    beyond = number > last
+    items = [] if beyond else list(paginator.page(number).object_list)
+    start = (number - 1) * per_page + 1
+    pager = {
+        "number": number, "num_pages": last, "count": paginator.count, "noun": noun, "anchor": anchor,
+        "start": start, "end": start + len(items) - 1, "beyond": beyond,
+        "prev": min(number - 1, last) if number > 1 else None, "next": number + 1 if number < last else None,
+        "range": [] if beyond else list(paginator.get_elided_page_range(number, on_each_side=1, on_ends=1)),
+        "ellipsis": Paginator.ELLIPSIS,
+    }
+    return items, pager
 
 
 # ------------------------------------------------------------------ public
@@ -194,20 +222,33 @@ def dashboard(request):
 # ------------------------------------------------------------------ catalogue
 
 
+# Sortable columns of the catalogue: the column header, and the value rows are ordered by
+# (rows without that price go last whichever way the column is sorted).
 SORTS = {
-    "price": ("on-demand price", lambda r: (r["on_demand"] is None, r["on_demand"].per_hour if r["on_demand"] else 0)),
-    "perf": ("price per TFLOPS", lambda r: (r["on_demand"] is None,
-                                            r["on_demand"].per_bf16_tflops_hour if r["on_demand"] else 0)),
-    "spot": ("spot price", lambda r: (r["spot"] is None, r["spot"].per_hour if r["spot"] else 0)),
-    "gpu": ("GPU model", lambda r: (r["type"].gpu_model.code, r["type"].gpu_count, r["type"].gpu_share_milli)),
+    "gpu": ("GPU", lambda r: (r["type"].gpu_model.code, r["type"].gpu_count, r["type"].gpu_share_milli)),
+    "price": ("On demand", lambda r: r["on_demand"].per_hour if r["on_demand"] else None),
+    "spot": ("Spot", lambda r: r["spot"].per_hour if r["spot"] else None),
+    "perf": ("Per TFLOPS", lambda r: r["on_demand"].per_bf16_tflops_hour if r["on_demand"] else None),
 }
+SORT_WORDS = {"gpu": "GPU model", "price": "on-demand price per hour", "spot": "spot price per hour",
+              "perf": "on-demand price per BF16 TFLOPS-hour"}
+
+
+def _catalogue_sort(rows: list[dict], sort: str, descending: bool) -> list[dict]:
+    key = SORTS[sort][1]
+    priced = [r for r in rows if key(r) is not None]
+    # a stable tie-break, so equal prices keep one order: type code, then region
+    priced.sort(key=lambda r: (r["type"].code, r["region"]))
+    priced.sort(key=key, reverse=descending)
+    return priced + [r for r in rows if key(r) is None]
 
 
 @console_view(read=perms.TENANT_READ)
 def catalogue(request):
     region = request.GET.get("region", "")
     gpu = request.GET.get("gpu", "")
-    sort = request.GET.get("sort", "perf") if request.GET.get("sort") in SORTS else "perf"
+    sort = request.GET.get("sort") if request.GET.get("sort") in SORTS else "perf"
+    direction = "desc" if request.GET.get("dir") == "desc" else "asc"
     types = list(instance_type_list())
     if gpu:
         types = [t for t in types if t.gpu_model.code == gpu]
@@ -223,9 +264,16 @@ def catalogue(request):
         for code, kinds in by_region.items():
             rows.append({"type": it, "region": code, "on_demand": kinds.get("on_demand"),
                          "spot": kinds.get("spot"), "available": available.get((it.pk, code), 0)})
-    rows.sort(key=SORTS[sort][1])
+    rows = _catalogue_sort(rows, sort, direction == "desc")
+    # One entry per sortable header: its label, where a click goes (the other direction when it
+    # is the sorted column, else ascending) and its aria-sort value.
+    columns = {key: {"key": key, "label": label, "current": key == sort,
+                     "next": ("asc" if direction == "desc" else "desc") if key == sort else "asc",
+                     "aria": ("descending" if direction == "desc" else "ascending") if key == sort else ""}
+               for key, (label, _) in SORTS.items()}
     ctx = {"rows": rows, "regions": region_list().order_by("code"), "gpus": gpu_model_list().order_by("code"),
-           "region": region, "gpu": gpu, "sort": sort, "sorts": {k: v[0] for k, v in SORTS.items()}}
+           "region": region, "gpu": gpu, "sort": sort, "dir": direction, "columns": columns,
+           "sort_words": SORT_WORDS[sort]}
     template = "frontend/partials/catalogue_table.html" if request.htmx else "frontend/catalogue.html"
     return render(request, template, ctx)
 
@@ -318,9 +366,10 @@ def workload_list(request, kind: str):
     qs = workload_selectors.workload_list(tenant=request.console.tenant, kind=kind)
     if show == "active":
         qs = qs.filter(state__in=ACTIVE)
-    items = list(qs[:200])
+    info = _kind(kind)
+    items, pager = _paginate(request, qs.order_by("-created_at", "-pk"), noun=f"{info['kind_label']}s")
     costs = billing_selectors.workload_costs(workloads=items)
-    ctx = {**_kind(kind), "rows": [(w, costs[w.pk]) for w in items], "show": show, "poll_s": POLL_S}
+    ctx = {**info, "rows": [(w, costs[w.pk]) for w in items], "show": show, "poll_s": POLL_S, "pager": pager}
     template = "frontend/partials/workload_rows.html" if request.htmx else "frontend/workload_list.html"
     return render(request, template, ctx)
 
@@ -421,9 +470,11 @@ def usage(request):
     since = (now - timedelta(days=30)).replace(hour=0, minute=0, second=0, microsecond=0)
     by_day = billing_selectors.usage(tenant=tenant, start=since, end=end, group_by=UsageGroup.DAY)
     budgets = list(billing_selectors.budget_list(tenant=tenant))
+    invoices, pager = _paginate(request, billing_selectors.invoice_list(tenant=tenant)
+                                .order_by("-period_start", "-pk"), noun="invoices", anchor="#invoices")
     ctx.update({
+        "invoices": invoices, "pager": pager,
         "balance": billing_selectors.balance_get(tenant=tenant, now=now),
-        "invoices": list(billing_selectors.invoice_list(tenant=tenant).order_by("-period_start")[:24]),
         "alerts": list(BudgetAlert.objects.filter(budget__in=budgets).select_related("budget")[:20]),
         "spend_json": {"t": [int(datetime.fromisoformat(r.key).replace(tzinfo=UTC).timestamp()) for r in by_day],
                        "amount": [float(r.amount) for r in by_day],
@@ -501,8 +552,9 @@ def api_keys(request):
                 # Rendered once, never stored: the response is not cached and the page is not redirected.
                 created = {"key": key, "secret": secret}
                 form = ApiKeyForm()
-    keys = list(tenancy_selectors.api_key_list(tenant=console.tenant).order_by("-created_at"))
-    ctx = {"form": form, "keys": keys, "created": created, "api_base": request.build_absolute_uri("/api/v1/")}
+    keys, pager = _paginate(request, tenancy_selectors.api_key_list(tenant=console.tenant)
+                            .order_by("-created_at", "-pk"), noun="API keys")
+    ctx = {"form": form, "keys": keys, "pager": pager, "created": created, "api_base": request.build_absolute_uri("/api/v1/")}
     response = render(request, "frontend/settings_keys.html", ctx,
                       status=400 if form.is_bound and form.errors else 200)
     response["Cache-Control"] = "no-store"
@@ -572,9 +624,10 @@ def members(request):
             else:
                 invited = {"invitation": invitation, "token": token}
                 form = InviteForm()
+    members_page, pager = _paginate(request, tenancy_selectors.member_list(tenant=console.tenant)
+                                    .order_by("user__email", "pk"), noun="members")
     ctx = {
-        "form": form, "invited": invited,
-        "members": list(tenancy_selectors.member_list(tenant=console.tenant).order_by("user__email")),
+        "form": form, "invited": invited, "members": members_page, "pager": pager,
         "invitations": [i for i in tenancy_selectors.invitation_list(tenant=console.tenant) if i.is_open()],
         "roles": RoleForm.base_fields["role"].choices,
     }
