@@ -114,6 +114,7 @@ class _Host:
         "key",
         "uuids",
         "gpu_views",
+        "room",
     )
 
     def __init__(self, n: Node) -> None:
@@ -135,6 +136,13 @@ class _Host:
         self.key = (n.region, n.gpu_model, n.num_gpus)
         self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
         self.gpu_views: dict[tuple[int, bool, int], GpuView] = {}
+        #: the most milli free on one GPU not held whole (kept by Simulator._reindex)
+        self.room = WHOLE if n.num_gpus else 0
+
+    def share_room(self) -> int:
+        return max(
+            (WHOLE - m for m, w in zip(self.milli, self.whole, strict=True) if not w), default=0
+        )
 
     def has_room(self) -> bool:
         if self.nfree:
@@ -275,6 +283,14 @@ class Simulator:
             and len({j.gpu_model for j in self.jobs}) <= 1
         )
         self.may_preempt = self.p.preemption and self.p.mode != "static"
+        # Running work the core can never touch: no class is dynamic (so nothing is
+        # a victim, reclaimed or migrated, and nothing is ever under notice) and no
+        # end times are known (backfill finds no end). Then the core reads running
+        # allocations only for dominant shares, and those only order tenants
+        # sharing a class lane of a fair order (see _shares_matter).
+        self.opaque = not self.oracle and not any(
+            self.p.mode_for(c) == "dynamic" for c in CLASS_RANK
+        )
 
     # ------------------------------------------------------------------ fleet facts
 
@@ -332,6 +348,7 @@ class Simulator:
             lst = self.empty[h.key]
             del lst[bisect.bisect_left(lst, h.host_id)]
             self._empty_set.discard(h.host_id)
+        h.room = h.share_room()
         if h.has_room():
             part.add(h.host_id)
         else:
@@ -610,13 +627,7 @@ class Simulator:
             if part and ((region, model) in models or (None, model) in models):
                 for hid in part:
                     h = hosts[hid]
-                    if h.nfree >= min_g or (
-                        frac
-                        and any(
-                            not w and WHOLE - m >= min_m
-                            for m, w in zip(h.milli, h.whole, strict=True)
-                        )
-                    ):
+                    if h.nfree >= min_g or (frac and h.room >= min_m):
                         ids.add(hid)
         # victims the queue could preempt (in the core's host order, a bounded prefix)
         victims: set[str] = set()
@@ -662,6 +673,11 @@ class Simulator:
             ids.add(self.big_cpu)
         if any(r.memory_mib for r in reqs):
             ids.add(self.big_mem)
+        hv = tuple(hosts[h].host_view() for h in sorted(ids))
+        if self.opaque and not self._shares_matter(reqs):
+            # the core would read no allocation: hand it none (same plan, and the
+            # per-call cost no longer grows with the running work)
+            return ClusterSnapshot(hosts=hv, allocations=(), tenants=self._tenant_views)
         # allocations touching the view, the rest summed per tenant
         allocs: dict[str, Allocation] = {}
         for hid in ids:
@@ -697,10 +713,25 @@ class Simulator:
                     )
                 rest.append(a)
         return ClusterSnapshot(
-            hosts=tuple(hosts[h].host_view() for h in sorted(ids)),
+            hosts=hv,
             allocations=(*allocs.values(), *rest),
             tenants=self._tenant_views,
         )
+
+    def _shares_matter(self, reqs: list[PlacementRequest]) -> bool:
+        """Whether the core's order reads tenant shares for this queue: only fair
+        orders do, and only to order two tenants queued in one lane (a class for
+        ``gpucloud``, the whole queue for ``drf``)."""
+        order = self.p.queue_order
+        if order not in ("gpucloud", "drf"):
+            return False
+        lanes: dict[int, str] = {}
+        for r in reqs:
+            lane = CLASS_RANK.get(r.priority, 1) if order == "gpucloud" else 0
+            t = lanes.setdefault(lane, r.tenant_id)
+            if t != r.tenant_id:
+                return True
+        return False
 
     def _apply(self, result: Plan, now: float) -> tuple[int, int]:
         placed = waited = 0
