@@ -47,7 +47,7 @@ from .model import (
     TenantView,
     Wait,
 )
-from .planner import derive_mix, plan
+from .planner import derive_mix, derive_workload, plan
 from .policy import POLICIES, Policy, get_policy, register_policy
 from .state import PlanCache
 
@@ -89,6 +89,7 @@ __all__ = [
     "TenantView",
     "Wait",
     "derive_mix",
+    "derive_workload",
     "get_policy",
     "plan",
     "register_filter",

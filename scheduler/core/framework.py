@@ -55,6 +55,8 @@ class CycleContext:
     #: the typical request mix for fragmentation: (milli per GPU or whole count, weight)
     #: entries are (gpus_per_node, gpu_milli, probability), probabilities sum to 1
     mix: tuple[tuple[int, int, float], ...] = ()
+    #: the FGD target workload: (gpus_per_node, gpu_milli, vcpus, probability)
+    workload: tuple[tuple[int, int, int, float], ...] = ()
     require_island: bool = False
 
 
@@ -98,7 +100,10 @@ class PlacementSpec:
     filters are scored (kube's percentageOfNodesToScore); k=1 means take the
     first feasible host. ``share_pick`` chooses the GPU for a fractional share:
     "best-fit" (least free that fits), "spread" (most free) or "frag" (least
-    increase of expected fragmentation, FGD).
+    increase of expected fragmentation) or "fgd" (least fragmentation gradient
+    against the target workload, vCPUs included). ``gradient`` ranks every
+    feasible host (the policy's ``k`` is ignored) by the FGD fragmentation
+    gradient alone (``FgdGradientScore``, then host_id) instead of ``scores``.
     """
 
     name: str
@@ -106,6 +111,7 @@ class PlacementSpec:
     scores: tuple[tuple[str, int], ...]
     k: int = 4
     share_pick: str = "best-fit"
+    gradient: bool = False
 
 
 PLACEMENTS: dict[str, PlacementSpec] = {}

@@ -47,7 +47,15 @@ from .model import (
     TenantView,
     Wait,
 )
-from .plugins import ResourcesFilter, frag_model, pick_share, pick_whole
+from .plugins import (
+    FgdGradientScore,
+    FgdModel,
+    ResourcesFilter,
+    fgd_model,
+    frag_model,
+    pick_share,
+    pick_whole,
+)
 from .policy import Policy, get_policy
 from .queue import ShareBook, make_order
 from .quota import QuotaBook
@@ -155,6 +163,26 @@ def derive_mix(
     return tuple((g, m, c / total) for (g, m), c in common)
 
 
+#: "every feasible host" for gradient placements (the scan limit still bounds it)
+ALL_HOSTS = 1 << 30
+
+_WORKLOAD_OF = operator.attrgetter("gpus_per_node", "gpu_milli", "vcpus")
+
+
+def derive_workload(reqs: Iterable[PlacementRequest]) -> tuple[tuple[int, int, int, float], ...]:
+    """The FGD target workload: the popularity of every task shape (GPU count or
+    milli share, and vCPUs) among ``reqs``, as (gpus_per_node, gpu_milli, vcpus,
+    probability), most popular first (ties by shape)."""
+    counts = Counter(map(_WORKLOAD_OF, reqs))
+    if not counts:
+        return ((1, WHOLE, 0, 1.0),)
+    total = sum(counts.values())
+    return tuple(
+        (g, m, c, n / total)
+        for (g, m, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+
+
 def _gib(mib: int) -> str:
     return f"{mib / 1024:g}"
 
@@ -176,11 +204,20 @@ class _Planner:
         self.now = now
         self.reqs = reqs
         self.spec = PLACEMENTS[policy.placement]
-        self.k = max(1, policy.k if policy.k is not None else self.spec.k)
+        self.k = (
+            ALL_HOSTS
+            if self.spec.gradient
+            else max(1, policy.k if policy.k is not None else self.spec.k)
+        )
         self.mix = policy.mix or derive_mix(reqs)
+        self.workload = (
+            (policy.workload or derive_workload(reqs)) if self.spec.gradient else ()
+        )
         if cache is not None:
             # cached score totals are only valid for the same plugins and mix
-            key = (self.spec, self.mix)
+            key: tuple[object, ...] = (self.spec, self.mix)
+            if self.spec.gradient:
+                key = (self.spec, self.mix, self.workload)
             if cache.key != key:
                 cache.clear()
                 cache.key = key
@@ -199,6 +236,12 @@ class _Planner:
         self.reserving = False
         self.pick_hot_filters()
         self.scores: list[Score] = [SCORES[n](ctx, w) for n, w in self.spec.scores]
+        self.fgd: FgdModel | None = None
+        if self.spec.gradient or self.spec.share_pick == "fgd":
+            self.fgd = fgd_model(self.workload or derive_workload(reqs))
+        if self.spec.gradient:
+            assert self.fgd is not None
+            self.scores = [FgdGradientScore(self.fgd)]
         self.tenants: dict[str, TenantView] = {t.tenant_id: t for t in snapshot.tenants}
         self.book = ShareBook(self.fleet, snapshot)
         self.quota = QuotaBook(self.fleet, snapshot)
@@ -673,7 +716,11 @@ class _Planner:
                 pool.take_whole(hs, idxs)
                 out.append(HostPlacement(hs.host_id, tuple([uuids[i] for i in idxs]), WHOLE))
             else:
-                i = pick_share(hs, req.gpu_milli, self.spec.share_pick, self.mix, self.frag)
+                if self.fgd is not None and self.spec.share_pick == "fgd":
+                    got = self.fgd.best_share(hs, req.gpu_milli, req.vcpus)
+                    i = None if got is None else got[0]
+                else:
+                    i = pick_share(hs, req.gpu_milli, self.spec.share_pick, self.mix, self.frag)
                 assert i is not None
                 pool.take_share(hs, i, req.gpu_milli)
                 out.append(HostPlacement(hs.host_id, (uuids[i],), req.gpu_milli))

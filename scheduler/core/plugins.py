@@ -6,7 +6,10 @@ it; a placement is a named list of (score, weight) plus how to walk the index.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import math
+from collections.abc import Sequence
 
 from .framework import (
     MAX_SCORE,
@@ -394,6 +397,175 @@ def frag_delta_share(host: HostState, i: int, m: int, mix: Mix) -> float:
     return frag_model(mix).delta_share(host, i, m)
 
 
+# ------------------------------------------------------------------ FGD (faithful form)
+
+#: the target workload: (gpus_per_node, gpu_milli, vcpus, probability) per task shape;
+#: gpus_per_node 0 is a share of ``gpu_milli`` of one GPU, >= 1 whole GPUs
+Workload = tuple[tuple[int, int, int, float], ...]
+
+
+class FgdModel:
+    """Node fragmentation against a target workload, as in FGD (Weng et al.,
+    ATC'23, section 3): for a task shape t and a node n, F_n(t) is the free GPU
+    milli of n that t cannot use. If t cannot run on n at all (too few vCPUs, or
+    fewer than its GPU count with enough free room each), every free milli of
+    the node counts; otherwise the free milli of the GPUs with less room than
+    t's per-GPU request does (for whole-GPU shapes: every partly used GPU).
+    F_n = sum_t p_t F_n(t). A task goes where F rises least (the gradient).
+
+    Written as F = P*T - U with T the node's free milli, P the total
+    probability and U the milli usable by the shapes that fit:
+    U = sum_i f_i * Q[c][f_i] + 1000 * n * W[c][n], where f_i is GPU i's free
+    milli, n the fully free GPUs, c the number of distinct vCPU requests the
+    node's free vCPUs cover, Q[c][f] the probability of share shapes (and
+    1-GPU whole shapes) with such vCPUs asking <= f milli, W[c][n] that of
+    multi-GPU whole shapes with such vCPUs asking <= n GPUs. One node costs
+    O(GPUs), whatever the number of shapes.
+    """
+
+    __slots__ = ("workload", "cpus", "Q", "W", "P")
+
+    def __init__(self, workload: Workload, max_gpus: int = 64) -> None:
+        self.workload = workload
+        self.cpus: list[int] = sorted({t[2] for t in workload})
+        self.P = sum(t[3] for t in workload)
+        idx = {c: j for j, c in enumerate(self.cpus)}
+        rows = len(self.cpus) + 1
+        dq = [[0.0] * (WHOLE + 1) for _ in range(rows)]
+        dw = [[0.0] * (max_gpus + 1) for _ in range(rows)]
+        for g, m, cpu, p in workload:
+            r = idx[cpu] + 1  # covered once the free vCPUs reach this request
+            if g == 0 or g == 1:
+                dq[r][min(m if g == 0 else WHOLE, WHOLE)] += p
+            elif g <= max_gpus:
+                dw[r][g] += p
+        # cumulative over vCPU rows, then over milli / GPU count
+        for r in range(1, rows):
+            a, b = dq[r], dq[r - 1]
+            for f in range(WHOLE + 1):
+                a[f] += b[f]
+            a, b = dw[r], dw[r - 1]
+            for n in range(max_gpus + 1):
+                a[n] += b[n]
+        for a in dq:
+            for f in range(1, WHOLE + 1):
+                a[f] += a[f - 1]
+        for a in dw:
+            for n in range(1, max_gpus + 1):
+                a[n] += a[n - 1]
+        self.Q = dq
+        self.W = dw
+
+    def frag(self, free_vcpus: int, frees: Sequence[int]) -> float:
+        """F for a node with these free vCPUs and free milli per GPU."""
+        c = bisect.bisect_right(self.cpus, free_vcpus)
+        q = self.Q[c]
+        t = 0
+        u = 0.0
+        n = 0
+        for f in frees:
+            t += f
+            u += f * q[f]
+            if f == WHOLE:
+                n += 1
+        return self.P * t - u - WHOLE * n * self.W[c][n]
+
+    def frag_host(self, host: HostState) -> float:
+        return self.frag(host.res.free_vcpus, [WHOLE - x for x in host.milli])
+
+    def delta_whole(self, host: HostState, g: int, vcpus: int) -> float:
+        """F after ``g`` whole GPUs and ``vcpus`` land on the host, minus F before."""
+        before = self.frag_host(host)
+        frees = [WHOLE - x for x in host.milli]
+        left = g
+        for i, f in enumerate(frees):
+            if left and f == WHOLE:
+                frees[i] = 0
+                left -= 1
+        return self.frag(host.res.free_vcpus - vcpus, frees) - before
+
+    def best_share(self, host: HostState, m: int, vcpus: int) -> tuple[int, float] | None:
+        """The GPU whose share of ``m`` (with ``vcpus``) raises F least (ties: less
+        free room, lower index), with that delta. Memoised on the host until it
+        changes (the ranking and the commit both ask)."""
+        memo = host.share_memo
+        key = (m, vcpus)
+        if memo is not None and memo[0] == key and memo[1] is self:
+            return memo[2]
+        got = self._best_share(host, m, vcpus)
+        host.share_memo = (key, self, got)  # type: ignore[assignment]
+        return got
+
+    def _best_share(self, host: HostState, m: int, vcpus: int) -> tuple[int, float] | None:
+        cpu = host.res.free_vcpus
+        milli = host.milli
+        whole = host.whole
+        frees = [WHOLE - x for x in milli]
+        before = self.frag(cpu, frees)
+        c = bisect.bisect_right(self.cpus, cpu - vcpus)
+        q = self.Q[c]
+        w = self.W[c]
+        t = 0
+        u = 0.0
+        n = 0
+        for f in frees:
+            t += f
+            u += f * q[f]
+            if f == WHOLE:
+                n += 1
+        base = self.P * (t - m)
+        w_same = WHOLE * n * w[n]
+        w_less = WHOLE * (n - 1) * w[n - 1] if n else 0.0
+        best_i = -1
+        best_d = 0.0
+        best_f = 0
+        for i in range(host.total):
+            f = frees[i]
+            if f < m or whole[i]:
+                continue
+            f2 = f - m
+            ui = u - f * q[f] + f2 * q[f2]
+            after = base - ui - (w_less if f == WHOLE else w_same)
+            d = round(after - before, 6)
+            if best_i < 0 or d < best_d or (d == best_d and f < best_f):
+                best_i, best_d, best_f = i, d, f
+        return None if best_i < 0 else (best_i, best_d)
+
+
+class FgdGradientScore:
+    """Ranks hosts for an FGD placement by the fragmentation gradient alone, scored
+    as FGD's own plugin does (fgd_score.go in Weng et al.'s simulator):
+    ``int(sigmoid(-delta / 1000) * MAX_SCORE)``, so a host whose F falls scores
+    over 50 and one whose F rises under. Equal scores go to the lower host_id
+    (FGD picks at random among them)."""
+
+    name = "frag-gradient"
+    weight = 1
+
+    def __init__(self, model: FgdModel) -> None:
+        self.model = model
+
+    def delta(self, req: PlacementRequest, host: HostState) -> float | None:
+        if req.gpus_per_node == 0:
+            got = self.model.best_share(host, req.gpu_milli, req.vcpus)
+            return None if got is None else got[1]
+        return self.model.delta_whole(host, req.gpus_per_node, req.vcpus)
+
+    def score(self, req: PlacementRequest, host: HostState) -> int:
+        d = self.delta(req, host)
+        if d is None:
+            return 0
+        x = -d / 1000
+        # a numerically safe logistic: exp() of a large positive argument overflows
+        sig = 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+        return int(sig * MAX_SCORE)
+
+
+@functools.lru_cache(maxsize=8)
+def fgd_model(workload: Workload) -> FgdModel:
+    return FgdModel(workload)
+
+
 # ---------------------------------------------------------------------------- pickers
 
 
@@ -488,6 +660,8 @@ register_placement(
         share_pick="spread",
     )
 )
+# Fragmentation-aware for the live loop: the expected-fragmentation score on the policy's
+# k candidates (fast enough for 100,000 GPUs), with topology and load.
 register_placement(
     PlacementSpec(
         "frag-aware",
@@ -496,10 +670,24 @@ register_placement(
         share_pick="frag",
     )
 )
+# FGD as published: every feasible host ranked by the fragmentation gradient against the
+# target workload alone. Faithful, but it scores every host per request: for experiments
+# and small fleets (the simulator), not the default of a 100,000-GPU loop.
+register_placement(
+    PlacementSpec(
+        "fgd",
+        scan="fullest",
+        scores=(("frag-aware", 3), ("topology", 2), ("load", 1)),
+        share_pick="fgd",
+        gradient=True,
+    )
+)
 
 __all__ = [
     "BestFitScore",
     "Filter",
+    "FgdGradientScore",
+    "FgdModel",
     "FragScore",
     "FreeGpusFilter",
     "GpuModelFilter",

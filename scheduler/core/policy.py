@@ -53,6 +53,9 @@ class Policy:
     #: fixed fragmentation mix ((gpus_per_node, gpu_milli, weight), ...); empty =
     #: derive from the queue being planned
     mix: tuple[tuple[int, int, float], ...] = ()
+    #: FGD target workload ((gpus_per_node, gpu_milli, vcpus, probability), ...)
+    #: for gradient placements; empty = derive from the queue being planned
+    workload: tuple[tuple[int, int, int, float], ...] = ()
     extra_filters: tuple[str, ...] = ()
 
     def mode_for(self, priority: str) -> str:

@@ -58,9 +58,11 @@ from scheduler.core import (
     TenantView,
     Wait,
     derive_mix,
+    derive_workload,
     plan,
 )
 from scheduler.core.framework import PLACEMENTS
+from scheduler.core.planner import ALL_HOSTS
 
 from .trace import Job, Node
 
@@ -268,7 +270,29 @@ class Simulator:
                 ]
             )
             self.p = policy.with_(mix=mix)
-        self.k = max(1, self.p.k if self.p.k is not None else PLACEMENTS[self.p.placement].k)
+        spec = PLACEMENTS[self.p.placement]
+        if spec.gradient and not self.p.workload and self.jobs:
+            # FGD's target workload: the popularity of task shapes over the trace
+            self.p = self.p.with_(
+                workload=derive_workload(
+                    [
+                        PlacementRequest(
+                            request_id="",
+                            tenant_id="",
+                            gpu_model="",
+                            gpus_per_node=j.gpus_per_node,
+                            gpu_milli=j.gpu_milli,
+                            vcpus=j.vcpus,
+                        )
+                        for j in self.jobs
+                    ]
+                )
+            )
+        self.k = (
+            ALL_HOSTS
+            if spec.gradient
+            else max(1, self.p.k if self.p.k is not None else spec.k)
+        )
         self.series_points = series_points
         self.marks = sorted(demand_marks)
         self.drop = (
