@@ -34,11 +34,24 @@ from frontend import selectors as console_selectors
 from frontend import services as console_services
 from frontend.console import apply_errors, console_view, service_error_to_form
 from frontend.forms import (
-    IMAGE_TEMPLATES, ApiKeyForm, BudgetForm, InvitationAcceptForm, InviteForm, LaunchForm, RoleForm, SignInForm, SignUpForm,
+    IMAGE_TEMPLATES,
+    ApiKeyForm,
+    BudgetForm,
+    InvitationAcceptForm,
+    InviteForm,
+    LaunchForm,
+    RoleForm,
+    SignInForm,
+    SignUpForm,
     SshKeyForm,
 )
 from gpucloud.catalogue.selectors import (
-    gpu_model_list, instance_type_list, price_at, prices_in_force, quota_list, region_list,
+    gpu_model_list,
+    instance_type_list,
+    price_at,
+    prices_in_force,
+    quota_list,
+    region_list,
 )
 from gpucloud.lib.errors import ServiceError
 from gpucloud.lib.http import client_ip
@@ -554,7 +567,8 @@ def api_keys(request):
                 form = ApiKeyForm()
     keys, pager = _paginate(request, tenancy_selectors.api_key_list(tenant=console.tenant)
                             .order_by("-created_at", "-pk"), noun="API keys")
-    ctx = {"form": form, "keys": keys, "pager": pager, "created": created, "api_base": request.build_absolute_uri("/api/v1/")}
+    ctx = {"form": form, "keys": keys, "pager": pager, "created": created,
+           "api_base": request.build_absolute_uri("/api/v1/")}
     response = render(request, "frontend/settings_keys.html", ctx,
                       status=400 if form.is_bound and form.errors else 200)
     response["Cache-Control"] = "no-store"

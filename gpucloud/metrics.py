@@ -35,7 +35,8 @@ class FleetCollector:
 
         total = GaugeMetricFamily("gpucloud_gpus", "GPUs by region, model and health",
                                   labels=["region", "model", "healthy"])
-        allocated = GaugeMetricFamily("gpucloud_gpus_allocated", "Allocated GPUs (fractions summed) by region and model",
+        allocated = GaugeMetricFamily("gpucloud_gpus_allocated",
+                                      "Allocated GPUs (fractions summed) by region and model",
                                       labels=["region", "model"])
         for row in (Gpu.objects.values("host__region__code", "gpu_model__code", "healthy")
                     .annotate(n=Count("uuid"), milli=Sum("used_milli")).order_by()):

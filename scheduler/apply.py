@@ -19,11 +19,11 @@ from django.db import connection
 from django.db.models import F
 
 from agents.models import Gpu, Host
+from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, core
 from scheduler.choices import State
 from scheduler.models import Workload
 from scheduler.services import workloads_transition
-from gpucloud.tenancy.models import Tenant
 from scheduler.snapshot import CycleInput, tenant_views
 
 logger = logging.getLogger(__name__)

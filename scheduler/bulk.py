@@ -97,7 +97,8 @@ def set_wait_reasons(changes: dict[str, tuple[str, int]]) -> None:
         return
     if not _pg():
         rows = [Workload(pk=pk, reason=r, queue_position=p) for pk, (r, p) in changes.items()]
-        still = set(map(str, Workload.objects.filter(pk__in=list(changes), state="pending").values_list("pk", flat=True)))
+        pending = Workload.objects.filter(pk__in=list(changes), state="pending")
+        still = set(map(str, pending.values_list("pk", flat=True)))
         Workload.objects.bulk_update([w for w in rows if str(w.pk) in still], ["reason", "queue_position"],
                                      batch_size=2000)
         return

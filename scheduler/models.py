@@ -121,8 +121,10 @@ class Allocation(models.Model):
     class Meta:
         ordering = ["workload", "gpu"]
         constraints = [
-            models.UniqueConstraint(fields=["gpu"], condition=Q(active=True, milli=1000), name="allocation_one_whole_per_gpu"),
-            models.UniqueConstraint(fields=["gpu", "workload"], condition=Q(active=True), name="allocation_once_per_workload"),
+            models.UniqueConstraint(fields=["gpu"], condition=Q(active=True, milli=1000),
+                                    name="allocation_one_whole_per_gpu"),
+            models.UniqueConstraint(fields=["gpu", "workload"], condition=Q(active=True),
+                                    name="allocation_once_per_workload"),
             models.CheckConstraint(condition=Q(milli__gte=1) & Q(milli__lte=1000), name="allocation_milli_range"),
         ]
         indexes = [models.Index(fields=["workload"], condition=Q(active=True), name="allocation_active")]

@@ -238,7 +238,8 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
     # no credit left, or a hard-stop budget spent: pending work of these tenants waits
     blocked = blocked_tenants(tenant_ids={str(t) for t in tenant_ids})
     views = []
-    for tenant_id, plan, weight in Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight"):
+    rows = Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight")
+    for tenant_id, plan, weight in rows:
         t = str(tenant_id)
         if t not in has_wide:
             default = settings.PLAN_QUOTAS.get(plan, {})

@@ -6,7 +6,6 @@ charlie owns "Globex". Every API test has a cross-tenant case with charlie.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import Any
 
 import pytest

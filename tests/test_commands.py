@@ -25,7 +25,8 @@ def test_create_tenant_prints_a_working_key_as_its_last_line():
 
 def test_create_tenant_without_key_and_with_password():
     out = io.StringIO()
-    call_command("create_tenant", "--name", "Hooli", "--email", "gavin@hooli.test", "--password", "pw-123-hooli", stdout=out)
+    call_command("create_tenant", "--name", "Hooli", "--email", "gavin@hooli.test", "--password", "pw-123-hooli",
+                 stdout=out)
     assert not ApiKey.objects.exists()
     client = APIClient()
     assert client.login(username="gavin@hooli.test", password="pw-123-hooli")

@@ -16,7 +16,6 @@ from django.utils import timezone
 from gpucloud.catalogue.choices import GPU_SHARES_MILLI, PriceKind, Vendor
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
 
-
 # Codes appear in URLs and API bodies: lower-case letters, digits, dots and dashes.
 code_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9.\-]*$", "Letters, digits, dots and dashes, starting with a letter or digit."

@@ -17,7 +17,6 @@ from .model import CLASS_RANK, WHOLE, ClusterSnapshot, PlacementRequest
 from .policy import Policy
 from .state import Fleet
 
-
 _AGE = operator.attrgetter("submitted_at", "request_id")
 
 

@@ -125,8 +125,8 @@ class HostState:
         if n:
             # runs for every host of the fleet each cycle: one C-level pass reads
             # every field of every GPU, zip(*) turns the rows into columns
-            idx, uuids, island, numa, whole, used, util, idle = zip(*map(_ROW, gpus))
-            if any(a > b for a, b in zip(idx, idx[1:])):
+            idx, uuids, island, numa, whole, used, util, idle = zip(*map(_ROW, gpus), strict=True)
+            if any(a > b for a, b in zip(idx, idx[1:], strict=False)):
                 order = sorted(range(n), key=idx.__getitem__)
                 uuids, island, numa, whole, used, util, idle = (
                     tuple(col[i] for i in order)
@@ -134,7 +134,7 @@ class HostState:
                 )
         else:
             uuids = island = numa = whole = used = util = idle = ()
-        milli = [WHOLE if w else (m if m < WHOLE else WHOLE) for w, m in zip(whole, used)]
+        milli = [WHOLE if w else (m if m < WHOLE else WHOLE) for w, m in zip(whole, used, strict=True)]
         self.uuids: tuple[str, ...] = uuids
         self.island: tuple[int, ...] = island
         self.numa: tuple[int, ...] = numa
@@ -153,7 +153,7 @@ class HostState:
         self.free = free
         self.island_free = island_free
         self.res = res
-        self.pos: dict[str, int] = dict(zip(uuids, range(n)))
+        self.pos: dict[str, int] = dict(zip(uuids, range(n), strict=True))
         self.allocs: list[AllocState] = []
         self.reserved_at: float | None = None  # backfill / preemption reservation start
         self.reserved_for: str | None = None

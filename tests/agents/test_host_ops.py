@@ -44,8 +44,8 @@ from agents.services import (
 )
 from agents.tasks import heartbeats_flush_task
 from scheduler import snapshot
-from scheduler.cycle import run_cycle
 from scheduler.choices import State
+from scheduler.cycle import run_cycle
 
 
 def ready_hosts(region) -> dict[str, bool]:

@@ -148,7 +148,8 @@ def _snapshot():
     return {
         model.__name__: sorted(map(str, model.objects.values_list("pk", flat=True)))
         for model in (Membership, Invitation, ApiKey)
-    } | {"workloads": sorted(Workload.objects.values_list("state", "deleted_at"), key=str)} | {"revoked": sorted(str(k) for k in ApiKey.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True))}
+    } | {"workloads": sorted(Workload.objects.values_list("state", "deleted_at"), key=str)} | {
+        "revoked": sorted(str(k) for k in ApiKey.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True))}
 
 
 @pytest.mark.parametrize("route", sorted(TENANT_OBJECT_ROUTES))

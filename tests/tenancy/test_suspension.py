@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.choices import Role, Scope, TenantStatus
 from gpucloud.tenancy.models import AuditEvent

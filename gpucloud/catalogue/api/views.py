@@ -12,6 +12,7 @@ from gpucloud.catalogue.choices import PriceKind, Vendor
 from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
 from gpucloud.tenancy import permissions as perms
 
+
 class RegionViewSet(PublicReadViewSet):
     serializer_class = s.RegionSerializer
 

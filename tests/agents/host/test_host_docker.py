@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 import docker  # noqa: F401  (pinned in requirements.txt: a missing SDK must fail, not skip)
 
 from agents.host.docker import CAP_ADD, DockerRuntime, amd_device_nodes  # noqa: E402
