@@ -13,6 +13,7 @@ from decimal import Decimal
 from django.contrib import messages
 from django.contrib.auth import login, logout
 from django.contrib.auth.views import LoginView, redirect_to_login
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
 from django.http import Http404, HttpResponse, JsonResponse
@@ -32,7 +33,7 @@ from billing.choices import UsageGroup
 from billing.models import BudgetAlert
 from frontend import selectors as console_selectors
 from frontend import services as console_services
-from frontend.console import apply_errors, console_view, service_error_to_form
+from frontend.console import apply_errors, console_view, refusal, service_error_to_form
 from frontend.forms import (
     IMAGE_TEMPLATES,
     ApiKeyForm,
@@ -581,13 +582,9 @@ def api_key_revoke(request, pk):
     key = tenancy_selectors.api_key_list(tenant=console.tenant).filter(pk=pk).first()
     if key is None:
         raise Http404("No such key in this tenant.")
-    # Your own keys you may always revoke (a leaked key must die fast); others' need api_keys.manage.
-    if key.created_by_id != request.user.pk and not console.can(perms.API_KEYS_MANAGE):
-        from django.core.exceptions import PermissionDenied
-
-        from frontend.console import refusal
-
-        raise PermissionDenied(refusal(console, perms.API_KEYS_MANAGE))
+    needed = perms.to_revoke_key(created_by_id=key.created_by_id, user_id=request.user.pk)
+    if needed and not console.can(needed):
+        raise PermissionDenied(refusal(console, needed))
     tenancy_services.api_key_revoke(key=key)
     messages.success(request, f"Key {key.prefix} is revoked; it stops working at once.")
     return redirect("console:api_keys")
@@ -680,12 +677,9 @@ def member_remove(request, pk):
     """Remove a member (members.manage), or leave (anybody may remove themselves)."""
     console = request.console
     membership = _member(request, pk)
-    if membership.pk != console.membership.pk and not console.can(perms.MEMBERS_MANAGE):
-        from django.core.exceptions import PermissionDenied
-
-        from frontend.console import refusal
-
-        raise PermissionDenied(refusal(console, perms.MEMBERS_MANAGE))
+    needed = perms.to_remove_member(membership_id=membership.pk, own_membership_id=console.membership.pk)
+    if needed and not console.can(needed):
+        raise PermissionDenied(refusal(console, needed))
     try:
         tenancy_services.member_remove(actor=console.membership, membership=membership)
     except ServiceError as exc:

@@ -7,7 +7,6 @@ inside the apply transaction.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from django.utils import timezone
 from scheduler import core, snapshot
 from scheduler.apply import ApplyResult, apply
 from scheduler.choices import HOLDING, State
+from scheduler.core.gcpause import gc_paused
 from scheduler.models import RegionSchedulerSettings, Workload
 from scheduler.services import TIMEOUT_PREFIX, workload_requeue_or_end, workload_transition
 
@@ -89,29 +89,12 @@ class CycleStats:
         return asdict(self)
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a cycle runs.
-
-    A cycle builds hundreds of thousands of small objects (a view per GPU, a request per
-    pending row) that live until it ends; the collector kept re-scanning them as they
-    grew, which was half the CPU of loading a 33,000-GPU region. What a cycle leaves is
-    freed by reference counting; the collector resumes afterwards.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def run_cycle(*, region_id: int, now: datetime | None = None) -> CycleStats:
     with region_lock(region_id) as got:
         if not got:
             return CycleStats(region_id=region_id, ran=False)
-        with _gc_paused():
+        # the load and apply build as many objects as the plan: no cyclic GC for all of it
+        with gc_paused():
             return _cycle(region_id, now or timezone.now())
 
 

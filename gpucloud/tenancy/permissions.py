@@ -98,3 +98,15 @@ def scopes_within_role(*, role: str, scopes: Iterable[str]) -> bool:
         role, {Scope.READ, Scope.WRITE, Scope.ADMIN}
     )
     return set(scopes) <= set(allowed)
+
+
+def to_revoke_key(*, created_by_id: object, user_id: object) -> str | None:
+    """The permission revoking a key needs beyond the page's own: your own keys you may
+    always revoke (a leaked key must die fast); anybody else's needs api_keys.manage."""
+    return None if created_by_id == user_id else API_KEYS_MANAGE
+
+
+def to_remove_member(*, membership_id: object, own_membership_id: object) -> str | None:
+    """The permission removing a member needs beyond members.read: leaving (removing
+    yourself) needs none; removing anybody else needs members.manage."""
+    return None if membership_id == own_membership_id else MEMBERS_MANAGE

@@ -14,7 +14,6 @@ See docs/scheduler.md for the full story.
 
 from __future__ import annotations
 
-import gc
 import operator
 import sys
 from collections import Counter
@@ -31,6 +30,7 @@ from .framework import (
     Filter,
     Score,
 )
+from .gcpause import gc_paused
 from .model import (
     CLASS_RANK,
     WHOLE,
@@ -128,12 +128,7 @@ def plan(
     """
     pol = get_policy(policy) if isinstance(policy, str) else policy
     reqs = list(queue)
-    # A cycle allocates hundreds of thousands of small objects and frees none of
-    # them before it ends; the cyclic GC would re-scan them over and over for
-    # nothing (about a third of the run time at 100k GPUs). Pause it, restore it.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         if cache is None:
             return _Planner(snapshot, reqs, pol, now).run()
         planner = None
@@ -145,9 +140,6 @@ def plan(
                 cache.clear()  # half-built or half-booked state: start afresh
             else:
                 cache.forget(planner.fleet.touched)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def derive_mix(
@@ -902,9 +894,9 @@ class _Planner:
                 continue
             break
         for hs in stale:
-            pool = hs.pool
-            if pool is not None:
-                index = self.victim_hosts.get((pool.region, pool.model, rank))
+            home = hs.pool
+            if home is not None:
+                index = self.victim_hosts.get((home.region, home.model, rank))
                 if index is not None:
                     index.pop(hs, None)
         options.sort(key=lambda o: (o[0], o[1]))

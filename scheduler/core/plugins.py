@@ -493,7 +493,7 @@ class FgdModel:
         if memo is not None and memo[0] == key and memo[1] is self:
             return memo[2]
         got = self._best_share(host, m, vcpus)
-        host.share_memo = (key, self, got)  # type: ignore[assignment]
+        host.share_memo = (key, self, got)
         return got
 
     def _best_share(self, host: HostState, m: int, vcpus: int) -> tuple[int, float] | None:

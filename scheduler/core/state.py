@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .model import (
     CLASS_RANK,
@@ -161,7 +161,8 @@ class HostState:
         #: weighted score totals by request shape, valid until the host changes
         self.scores: dict[tuple[int, int, int, int], int] | None = None
         #: FragModel.best_share's last answer for this host: (milli, model, answer)
-        self.share_memo: tuple[int, object, tuple[int, float] | None] | None = None
+        # (share key: milli, or (milli, vcpus) for FGD; the model that ranked it; its answer)
+        self.share_memo: tuple[object, object, tuple[int, float] | None] | None = None
 
     def __repr__(self) -> str:
         return f"HostState({self.host_id}, {self.model}, free={self.free}/{self.total})"
@@ -307,7 +308,7 @@ class Fleet:
         max_vcpus = max_mem = cap_vcpus = cap_mem = 0
         cap_milli = self.cap_milli
         slices_of = self.slices
-        hosts = snapshot.hosts
+        hosts: Sequence[HostView] = snapshot.hosts
         ids = [v.host_id for v in hosts]
         if ids != sorted(ids):
             hosts = sorted(hosts, key=lambda h: h.host_id)
@@ -397,9 +398,9 @@ class Fleet:
                 u = p.gpus[0]
                 for hs in sl:
                     if u in hs.pos:
-                        lst = hs.allocs
-                        if st not in lst:
-                            lst.append(st)
+                        held = hs.allocs
+                        if st not in held:
+                            held.append(st)
         if cache is not None:
             cache.allocs = allocs
 

@@ -32,7 +32,6 @@ when they change, so the core reuses its working state for the unchanged ones
 from __future__ import annotations
 
 import bisect
-import gc
 import heapq
 import math
 import time
@@ -62,6 +61,7 @@ from scheduler.core import (
     plan,
 )
 from scheduler.core.framework import PLACEMENTS
+from scheduler.core.gcpause import gc_paused
 from scheduler.core.planner import ALL_HOSTS
 
 from .trace import Job, Node
@@ -382,20 +382,10 @@ class Simulator:
 
     def run(self) -> Result:
         # The replay keeps every job, run and row alive until the end and makes no
-        # reference cycles, so the cyclic GC would only re-scan a growing heap
-        # (about a tenth of the run time). Pause it, as plan() does.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        # reference cycles: no cyclic GC meanwhile (about a tenth of the run time),
+        # and what it made is handed over unscanned.
+        with gc_paused(promote=True):
             return self._run()
-        finally:
-            if was_enabled:
-                # What the replay made is alive until its caller is done with it:
-                # promote it to the oldest generation unscanned (freeze + unfreeze)
-                # rather than have the first young collection walk all of it.
-                gc.freeze()
-                gc.unfreeze()
-                gc.enable()
 
     def _run(self) -> Result:
         t_wall = time.perf_counter()

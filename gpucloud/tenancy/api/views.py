@@ -72,8 +72,9 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
     def destroy(self, request, *args, **kwargs):
         """Remove a member (admins and owners), or leave the tenant (anyone, for themselves)."""
         membership = self.get_object()
-        if membership.pk != self.membership.pk:
-            self.require(perms.MEMBERS_MANAGE)
+        needed = perms.to_remove_member(membership_id=membership.pk, own_membership_id=self.membership.pk)
+        if needed:
+            self.require(needed)
         services.member_remove(actor=self.membership, membership=membership)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -137,9 +138,9 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
 
     def _revoke(self):
         key = self.get_object()
-        # Your own keys you may always revoke (a leaked key must die fast); others' need admin.
-        if key.created_by_id != self.request.user.pk:
-            self.require(perms.API_KEYS_MANAGE)
+        needed = perms.to_revoke_key(created_by_id=key.created_by_id, user_id=self.request.user.pk)
+        if needed:
+            self.require(needed)
         return services.api_key_revoke(key=key)
 
     def destroy(self, request, *args, **kwargs):
