@@ -38,12 +38,12 @@ class ApplyResult:
     waiting: int = 0
 
 
-def _update_returning(sql: str, columns: list[list]) -> set[str]:
+def _update_returning(sql: str, columns: list[str]) -> set[str]:
     """Run a guarded `UPDATE … FROM unnest(…)` with one array parameter per column.
 
     Returns the keys (first column) that the statement's RETURNING gave back: the rows
-    whose guard held. Arrays are bound on the server (`bulk.pg_cursor`), so the statement
-    costs the same to send for ten rows or ten thousand.
+    whose guard held. Each array is one literal (`bulk.pg_array`) bound on the server
+    (`bulk.pg_cursor`), so the statement costs the same to send for ten rows or ten thousand.
     """
     with bulk.pg_cursor() as cur:
         cur.execute(sql, columns)
@@ -59,7 +59,7 @@ def _claim_whole(uuids: list[str]) -> set[str]:
         f"UPDATE {Gpu._meta.db_table} AS g SET whole = true, used_milli = 1000 "
         "FROM unnest(%s::text[]) AS v(uuid) "
         "WHERE g.uuid = v.uuid AND NOT g.whole AND g.used_milli = 0 AND g.healthy RETURNING g.uuid",
-        [sorted(uuids)],
+        [bulk.pg_array(sorted(uuids))],
     )
 
 
@@ -75,7 +75,7 @@ def _claim_shares(per_gpu: dict[str, int]) -> set[str]:
         "FROM unnest(%s::text[], %s::int[]) AS v(uuid, m) "
         "WHERE g.uuid = v.uuid AND NOT g.whole AND g.healthy AND g.used_milli + v.m <= 1000 "
         "RETURNING g.uuid",
-        [[u for u, _ in items], [m for _, m in items]],
+        [bulk.pg_array(u for u, _ in items), bulk.pg_array(m for _, m in items)],
     )
 
 
@@ -92,7 +92,8 @@ def _claim_hosts(need: dict[str, list[int]]) -> set[str]:
         "used_memory_mib = h.used_memory_mib + v.mem FROM unnest(%s::uuid[], %s::int[], %s::bigint[]) "
         "AS v(id, vc, mem) WHERE h.id = v.id AND h.used_vcpus + v.vc <= h.vcpus "
         "AND h.used_memory_mib + v.mem <= h.memory_mib RETURNING h.id",
-        [[h for h, _ in items], [vc for _, (vc, _m) in items], [mem for _, (_v, mem) in items]],
+        [bulk.pg_array(h for h, _ in items), bulk.pg_array(vc for _, (vc, _m) in items),
+         bulk.pg_array(mem for _, (_v, mem) in items)],
     )
 
 
@@ -206,7 +207,7 @@ def _lock_pending(ids: list[str]) -> set[str]:
                    .filter(pk__in=ids, state=State.PENDING).values_list("pk", flat=True))
     with bulk.pg_cursor() as cur:
         cur.execute(f"SELECT id FROM {Workload._meta.db_table} WHERE id = ANY(%s::uuid[]) AND state = %s "
-                    "ORDER BY id FOR UPDATE SKIP LOCKED", [ids, State.PENDING.value])
+                    "ORDER BY id FOR UPDATE SKIP LOCKED", [bulk.pg_array(ids), State.PENDING.value])
         return {str(r[0]) for r in cur.fetchall()}
 
 

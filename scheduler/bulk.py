@@ -8,6 +8,7 @@ the same work row by row.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -38,12 +39,42 @@ def pg_cursor():
     return psycopg.Cursor(connection.connection)
 
 
-def _copy(table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+# COPY's text format: a backslash, tab or line break inside a value is written as an escape.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_COPY_SPECIAL = re.compile(r"[\\\t\n\r]").search
+# An array literal's quoted element: backslash and double quote are escaped.
+_ARRAY_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"'})
+
+
+def pg_array(values: Iterable[object]) -> str:
+    """One PostgreSQL array literal for a `%s::type[]` parameter, every element quoted.
+
+    psycopg's array dumper costs about 5 µs per element in Python; at 40,000 GPU ids a
+    cycle spent a quarter of a second on it. The literal is one string, parsed by the
+    server's own array input, so any text (quotes, backslashes, commas) round-trips.
+    """
+    items = [str(v) for v in values]
+    body = '","'.join(items)
+    if '"' in body or "\\" in body:  # rare: escape element by element
+        body = '","'.join([v.translate(_ARRAY_ESCAPES) for v in items])
+    return '{"' + body + '"}' if items else "{}"
+
+
+def _text(v: str) -> str:
+    """A free-text value for COPY (ids and numbers are written as they are)."""
+    return v.translate(_COPY_ESCAPES) if _COPY_SPECIAL(v) else v
+
+
+def _copy(table: str, columns: Sequence[str], data: bytes) -> None:
+    """COPY rows already written in the text format, in one write.
+
+    Building the lines with one f-string per row costs a third of psycopg's `write_row`,
+    which converts and escapes value by value in Python.
+    """
     connection.ensure_connection()
     raw = connection.connection  # the psycopg connection, inside Django's transaction
     with raw.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row(row)
+        copy.write(data)
 
 
 def insert_allocations(rows: list[tuple], *, now: datetime) -> None:
@@ -53,9 +84,12 @@ def insert_allocations(rows: list[tuple], *, now: datetime) -> None:
             [Allocation(gpu_id=g, host_id=h, workload_id=w, milli=m, vcpus=v, memory_mib=mem, created_at=now)
              for g, h, w, m, v, mem in rows], batch_size=2000)
         return
+    at = now.isoformat()
     _copy(Allocation._meta.db_table,
           ["gpu_id", "host_id", "workload_id", "milli", "vcpus", "memory_mib", "active", "created_at"],
-          ((*row, True, now) for row in rows))
+          # host and workload are UUIDs the snapshot read, the numbers ints: only GPU ids are free text
+          "".join([f"{_text(g)}\t{h}\t{w}\t{m:d}\t{v:d}\t{mem:d}\tt\t{at}\n"
+                   for g, h, w, m, v, mem in rows]).encode())
 
 
 def insert_events(rows: list[tuple]) -> None:
@@ -66,7 +100,8 @@ def insert_events(rows: list[tuple]) -> None:
              for w, f, t, r, a, c in rows], batch_size=2000)
         return
     _copy(WorkloadEvent._meta.db_table, ["workload_id", "from_state", "to_state", "reason", "actor", "created_at"],
-          rows)
+          "".join([f"{w}\t{f}\t{t}\t{_text(r)}\t{_text(a)}\t{c.isoformat()}\n"
+                   for w, f, t, r, a, c in rows]).encode())
 
 
 def set_state(ids: list[UUID], *, old: str, values: dict[str, Any]) -> list[UUID]:
@@ -85,7 +120,7 @@ def set_state(ids: list[UUID], *, old: str, values: dict[str, Any]) -> list[UUID
         for i in range(0, len(ids), _CHUNK):
             cur.execute(
                 f"UPDATE {table} SET {sets}, updated_at = now() WHERE id = ANY(%s::uuid[]) AND state = %s RETURNING id",
-                [*values.values(), ids[i:i + _CHUNK], old],
+                [*values.values(), pg_array(ids[i:i + _CHUNK]), old],
             )
             moved.extend(r[0] for r in cur.fetchall())
     return moved
@@ -114,6 +149,6 @@ def set_wait_reasons(changes: dict[str, tuple[str, int]]) -> None:
                 "FROM unnest(%s::uuid[], %s::text[], %s::int[]) AS v(id, reason, pos) "
                 f"WHERE w.id = v.id AND w.id IN (SELECT id FROM {table} WHERE id = ANY(%s::uuid[]) "
                 "AND state = 'pending' ORDER BY id FOR UPDATE SKIP LOCKED)",
-                [[pk for pk, _ in chunk], [r for _, (r, _p) in chunk], [p for _, (_r, p) in chunk],
-                 [pk for pk, _ in chunk]],
+                [pg_array(pk for pk, _ in chunk), pg_array(r for _, (r, _p) in chunk),
+                 pg_array(p for _, (_r, p) in chunk), pg_array(pk for pk, _ in chunk)],
             )
