@@ -64,6 +64,7 @@ from .state import (
     N_SHARE_BUCKETS,
     SHARE_BUCKET,
     AllocState,
+    Ending,
     Fleet,
     HostState,
     PlanCache,
@@ -71,6 +72,9 @@ from .state import (
 )
 
 _T = TypeVar("_T")
+
+# the order in which running work is expected to end: by time, ties by request id
+_end_order = operator.itemgetter(0, 1)
 _SHAPE_OF = operator.attrgetter("gpus_per_node", "gpu_milli")
 
 
@@ -89,6 +93,23 @@ _Shape = tuple[int, int, int, int, float]
 
 def _first_two(r: tuple[int, str, HostState]) -> tuple[int, str]:
     return r[0], r[1]
+
+
+def _release(hs: HostState, whole: list[bool], milli: list[int], placements: Sequence[HostPlacement]) -> None:
+    """Free, in the ``whole``/``milli`` copies of ``hs``, the GPUs these placements hold there."""
+    pos = hs.pos
+    for p in placements:
+        if p.host_id != hs.host_id:
+            continue
+        for u in p.gpus:
+            i = pos.get(u)
+            if i is None:
+                continue
+            if whole[i]:
+                whole[i] = False
+                milli[i] = 0
+            else:
+                milli[i] = max(0, milli[i] - p.milli)
 
 
 def _dominated(frontier: list[tuple[_Shape, _T]] | None, shape: _Shape) -> _T | None:
@@ -725,8 +746,17 @@ class _Planner:
             else:
                 for sl in host_slices:
                     sl.scores = None
+        placements = tuple(out)
+        if req.expected_duration is not None:
+            # A reservation computed later in this cycle must see this work end, exactly as
+            # the next cycle will see it as an allocation; otherwise a head blocked behind
+            # it holds hosts outright now and other hosts next cycle.
+            ending = Ending(self.now + req.expected_duration, req.request_id, req.vcpus, req.memory_mib,
+                          placements, (g or 1) * req.nodes)
+            for hs in hosts:
+                hs.placed.append(ending)
         backfilled = bool(self.blocked) and self.is_blocked(req)
-        self.decisions.append(Place(req.request_id, tuple(out), backfilled))
+        self.decisions.append(Place(req.request_id, placements, backfilled))
         if self.quota.rules:
             self.quota.charge(req, hosts[0].region)
         n = self.n
@@ -764,18 +794,13 @@ class _Planner:
             al = a.alloc
             vcpus += al.vcpus
             mem += al.memory_mib
-            for p in al.placements:
-                if p.host_id != hs.host_id:
-                    continue
-                for u in p.gpus:
-                    i = hs.pos.get(u)
-                    if i is None:
-                        continue
-                    if whole[i]:
-                        whole[i] = False
-                        milli[i] = 0
-                    else:
-                        milli[i] = max(0, milli[i] - p.milli)
+            _release(hs, whole, milli, al.placements)
+        return self.fits_counts(req, hs, whole, milli, vcpus, mem)
+
+    def fits_counts(
+        self, req: PlacementRequest, hs: HostState, whole: list[bool], milli: list[int], vcpus: int, mem: int
+    ) -> bool:
+        """Would ``req`` fit on ``hs`` if its GPUs and free resources were these?"""
         if vcpus < req.vcpus or mem < req.memory_mib:
             return False
         g = req.gpus_per_node
@@ -943,24 +968,29 @@ class _Planner:
         """When ``req`` could start on ``hs`` if running work ends as expected."""
         if self.fits_now(req, hs):
             return self.now
-        if not hs.allocs:
-            return INF
-        ends = sorted(
-            ((a.end, a.alloc.request_id, a) for a in hs.allocs if a.end < INF),
-            key=lambda t: (t[0], t[1]),
-        )
+        # what ends here, and when: the snapshot's work, and the work this plan placed
+        ends = [
+            Ending(a.end, a.alloc.request_id, a.alloc.vcpus, a.alloc.memory_mib, a.alloc.placements, a.gpu_count)
+            for a in hs.allocs
+            if a.end < INF
+        ]
+        ends += hs.placed
         if not ends:
             return INF
-        if (
-            req.gpus_per_node > 0
-            and hs.free + sum(a.gpu_count for _e, _i, a in ends) < req.gpus_per_node
-        ):
+        if req.gpus_per_node > 0 and hs.free + sum(e.gpus for e in ends) < req.gpus_per_node:
             return INF
-        gone: list[AllocState] = []
-        for end, _rid, a in ends:
-            gone.append(a)
-            if self.fits_with(req, hs, gone):
-                return max(end, self.now)
+        ends.sort(key=_end_order)
+        # release the work in the order it ends until the request fits: one pass
+        whole = hs.whole[:]
+        milli = hs.milli[:]
+        vcpus = hs.res.free_vcpus
+        mem = hs.res.free_mem
+        for e in ends:
+            vcpus += e.vcpus
+            mem += e.memory_mib
+            _release(hs, whole, milli, e.placements)
+            if self.fits_counts(req, hs, whole, milli, vcpus, mem):
+                return max(e.end, self.now)
         return INF
 
     def reserve(self, req: PlacementRequest, pools: Sequence[Pool]) -> None:

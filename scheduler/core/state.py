@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from .model import (
     CLASS_RANK,
@@ -82,6 +83,17 @@ class AllocState:
             self.end = alloc.expected_end if alloc.expected_end is not None else INF
 
 
+class Ending(NamedTuple):
+    """Work that frees its GPUs at ``end``, as backfill reservations see it."""
+
+    end: float
+    request_id: str
+    vcpus: int  # per node
+    memory_mib: int
+    placements: tuple[HostPlacement, ...]
+    gpus: int  # GPUs held in all (an upper bound of what it frees on one host)
+
+
 class HostState:
     """The GPUs of one model on one host (a host with two models has two slices)."""
 
@@ -105,6 +117,7 @@ class HostState:
         "res",
         "pos",
         "allocs",
+        "placed",
         "reserved_at",
         "reserved_for",
         "pool",
@@ -155,6 +168,9 @@ class HostState:
         self.res = res
         self.pos: dict[str, int] = dict(zip(uuids, range(n), strict=True))
         self.allocs: list[AllocState] = []
+        #: work this plan placed here that has an expected end: backfill counts it as
+        #: leaving then, as the next cycle will once it is an allocation (never a victim)
+        self.placed: list[Ending] = []
         self.reserved_at: float | None = None  # backfill / preemption reservation start
         self.reserved_for: str | None = None
         self.pool: Pool | None = None
@@ -320,6 +336,7 @@ class Fleet:
                 for hs in slices:
                     # cycle-local marks of the last cycle
                     hs.allocs = []
+                    hs.placed = []
                     hs.reserved_at = None
                     hs.reserved_for = None
                 cache.hits += 1  # type: ignore[union-attr]

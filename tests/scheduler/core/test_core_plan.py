@@ -421,6 +421,35 @@ def test_backfill_holds_back_work_that_would_delay_the_head():
     )  # type: ignore[union-attr]
 
 
+def test_the_reservation_counts_work_placed_earlier_in_the_same_plan():
+    # "first" takes half of the empty host; the head needs all of it, so it can start when
+    # "first" ends. Short work fits in that hole now; open-ended work would delay the head.
+    s = snap(make_host("h1"))
+    first = make_request("first", gpus_per_node=4, expected_duration=1000, submitted_at=0)
+    head = make_request("head", gpus_per_node=8, submitted_at=1)
+    short = make_request("short", gpus_per_node=2, expected_duration=500, submitted_at=2)
+    unknown = make_request("unknown", gpus_per_node=2, submitted_at=3)
+    queue = [first, head, short, unknown]
+    pol = get_policy("gpucloud").with_(preemption=False)
+    p = decide(s, queue, pol)
+    assert isinstance(p.decision_for("first"), Place)
+    assert isinstance(p.decision_for("head"), Wait)
+    placed = p.decision_for("short")
+    assert isinstance(placed, Place) and placed.backfilled
+    assert "reserved for an earlier request (starting in 1000 s)" in p.decision_for("unknown").reason  # type: ignore[union-attr]
+    # The next cycle sees the placements as allocations and has nothing more to start:
+    # one cycle did the whole work, and the reservation did not move.
+    ran = [
+        alloc(d.request_id, "h1", [int(u.rsplit("g", 1)[1]) for u in d.placements[0].gpus],
+              expected_end=NOW + r.expected_duration, started_at=NOW)
+        for r in queue
+        if isinstance(d := p.decision_for(r.request_id), Place)
+    ]
+    waiting = [r for r in queue if isinstance(p.decision_for(r.request_id), Wait)]
+    again = decide(occupy(s, ran), waiting, pol)
+    assert not any(isinstance(d, Place) for d in again.decisions)
+
+
 def test_without_backfill_other_work_may_jump_ahead():
     s, head = backfill_scene()
     long = make_request("long", gpus_per_node=2, expected_duration=5000, submitted_at=1)
