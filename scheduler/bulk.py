@@ -53,7 +53,11 @@ def pg_array(values: Iterable[object]) -> str:
     cycle spent a quarter of a second on it. The literal is one string, parsed by the
     server's own array input, so any text (quotes, backslashes, commas) round-trips.
     """
-    items = [str(v) for v in values]
+    vals = list(values)
+    if any(v is None for v in vals):  # NULL elements: unquoted, the rest escaped
+        return "{" + ",".join(["NULL" if v is None else '"' + str(v).translate(_ARRAY_ESCAPES) + '"'
+                               for v in vals]) + "}"
+    items = [str(v) for v in vals]
     body = '","'.join(items)
     if '"' in body or "\\" in body:  # rare: escape element by element
         body = '","'.join([v.translate(_ARRAY_ESCAPES) for v in items])
