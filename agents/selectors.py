@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Avg, Q
+from django.db.models import Avg, Count, Q
 from django.db.models.functions import Floor
 from django.utils import timezone
 
@@ -284,3 +284,19 @@ def launchable_counts(
             fit = min(by_gpu, int(vcpus // it.vcpus), int(mem_gib // it.memory_gib))
             out[(it.pk, region)] += max(0, fit)
     return dict(out)
+
+
+def regions_that_could_host(instance_type) -> set[str]:
+    """Region codes where some host (in any state) has enough GPUs of the type's model for one.
+
+    Elsewhere the scheduler refuses the type outright ("the fleet has no … GPUs in …"), so the
+    console warns before launch.
+    """
+    from agents.models import Gpu
+
+    need = instance_type.gpu_count if instance_type.gpu_share_milli >= 1000 else 1
+    return set(
+        Gpu.objects.filter(gpu_model_id=instance_type.gpu_model_id)
+        .values("host_id", "host__region__code").annotate(n=Count("uuid")).filter(n__gte=need)
+        .values_list("host__region__code", flat=True)
+    )

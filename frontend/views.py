@@ -296,7 +296,8 @@ def catalogue(request):
 
 
 def _launch_price(instance_type: str, region: str) -> dict:
-    """On-demand and spot price of a type in a region now, for the price shown before launch."""
+    """What the box beside the launch form shows: the price of a type in a region now, on
+    demand and spot, and whether it would start at once, wait, or be refused there."""
     it = instance_type_list().filter(code=instance_type).first()
     reg = region_list().filter(code=region).first()
     out: dict = {"type": it, "region": reg, "on_demand": None, "spot": None}
@@ -305,7 +306,18 @@ def _launch_price(instance_type: str, region: str) -> dict:
         for kind in (Billing.ON_DEMAND, Billing.SPOT):
             price = price_at(instance_type=it, region=reg, kind=kind, at=now)
             out[kind] = price.per_hour if price else None
+        free = _free_by_region(it)
+        out["fits_now"] = free.get(reg.code, 0)
+        out["refused"] = reg.code not in agent_selectors.regions_that_could_host(it)
+        out["free_elsewhere"] = [(code, n) for code, n in free.items() if code != reg.code]
     return out
+
+
+def _free_by_region(it) -> dict[str, int]:
+    """{region code: how many of `it` fit on free GPUs now}, most first, only where some fit."""
+    counts = agent_selectors.launchable_counts(instance_types=[it])
+    free = sorted(((code, n) for (_pk, code), n in counts.items() if n > 0), key=lambda cn: (-cn[1], cn[0]))
+    return dict(free)
 
 
 @console_view(read=perms.WORKLOADS_LAUNCH, write=perms.WORKLOADS_LAUNCH)
@@ -332,9 +344,16 @@ def launch(request):
             else:
                 messages.success(request, f"{workload.name} is queued; the scheduler places it in a moment.")
                 return redirect(_detail_url(workload))
-    values = form.data if form.is_bound else initial
     first = {name: (form.fields[name].choices[0][0] if form.fields[name].choices else "")
              for name in ("instance_type", "region")}
+    if not form.is_bound and not initial["region"]:
+        # no region asked for: the one where most of the type fits now, not the alphabet's first
+        it = instance_type_list().filter(code=initial["instance_type"] or first["instance_type"]).first()
+        best = next(iter(_free_by_region(it)), "") if it else ""
+        if best:
+            initial["region"] = best
+            form = LaunchForm(initial=initial, saved_keys=saved)
+    values = form.data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
                           values.get("region") or first["region"])
     ctx = {"form": form, "price": price, "spot": bool(values.get("spot")),

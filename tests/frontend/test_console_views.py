@@ -232,6 +232,40 @@ def test_launch_price_partial_shows_the_hourly_cost(alice, catalog):
     assert "19.92/h" in html and "8.96/h" in html and "You pay 8.96 an hour" in html
 
 
+def test_launch_box_says_whether_the_type_starts_now_waits_or_is_refused(alice, catalog):
+    from agents.models import Gpu
+    from tests.scheduler.fleet import make_hosts
+
+    make_hosts(region="us-east-1", n=1)  # 8 H100s
+    client = signed_in(alice)
+
+    def box(region: str, instance_type: str = "h100.2x") -> str:
+        html = client.get("/console/launch/price", {"instance_type": instance_type, "region": region}).content.decode()
+        return " ".join(html.split("launch-availability", 1)[1].split())
+
+    assert "4 fit on free GPUs in us-east-1 now: it starts within seconds." in box("us-east-1")
+    tokyo = box("ap-northeast-1")
+    assert "No host in ap-northeast-1 has 2 H100 GPUs, so a launch there is refused." in tokyo
+    assert "Free now in us-east-1 (4)." in tokyo
+    assert "No host in us-east-1 has any A100 GPU, so a launch there is refused." in box("us-east-1", "a100.quarter")
+    Gpu.objects.update(whole=True, used_milli=1000)  # all booked
+    assert "None free in us-east-1 now: it waits in the queue until GPUs free up." in box("us-east-1")
+
+
+def test_launch_form_picks_the_region_where_the_type_fits_now(alice, catalog):
+    from tests.scheduler.fleet import make_hosts
+
+    client = signed_in(alice)
+    assert client.get("/console/launch/", {"type": "h100.1x"}).context["form"].initial["region"] == ""
+    make_hosts(region="eu-north-1", n=1)
+    response = client.get("/console/launch/", {"type": "h100.1x"})
+    assert response.context["form"].initial["region"] == "eu-north-1"
+    assert 'value="eu-north-1" selected' in response.content.decode()
+    # a region the user asked for is kept, whatever fits where
+    assert client.get("/console/launch/", {"type": "h100.1x", "region": "us-east-1"}).context["form"].initial[
+        "region"] == "us-east-1"
+
+
 def test_catalogue_counts_what_fits_on_ready_hosts_now(alice, catalog):
     from agents.models import Gpu, Host
     from gpucloud.catalogue.models import GpuModel, Region
