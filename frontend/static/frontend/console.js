@@ -51,12 +51,14 @@
 
   // ---- charts (uPlot)
   function width(el) { return Math.max(260, el.clientWidth || 600); }
+  const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400];
 
   function makeChart(el, title, unit, labels, range) {
     const opts = {
       title: title, width: width(el), height: 220,
       scales: { x: { time: true }, y: range ? { range: range } : { auto: true } },
-      axes: [{}, { values: (u, vals) => vals.map((v) => v + unit), size: 60 }],
+      // whole seconds at least: in a run's first seconds uPlot would otherwise tick every 0.2 s
+      axes: [{ incrs: TIME_INCRS }, { values: (u, vals) => vals.map((v) => v + unit), size: 60 }],
       series: [{}].concat(labels.map((l, i) => ({ label: l, stroke: PALETTE[i % PALETTE.length], width: 1.5,
         spanGaps: true, value: (u, v) => (v == null ? "–" : v + unit) }))),
       legend: { live: false },
