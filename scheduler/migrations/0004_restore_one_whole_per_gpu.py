@@ -4,7 +4,7 @@
 drop it, Django looks for any btree index on exactly that column that is not a Meta
 index, and on PostgreSQL it found this constraint's partial unique index as well and
 dropped both. Django's migration state still lists the constraint, so `makemigrations`
-saw nothing wrong; `tests/test_schema.py` now compares every declared constraint and
+saw nothing wrong; `tests/test_db_constraints.py` now compares every declared constraint and
 index with the database. `IF NOT EXISTS` makes this a no-op where the index survived
 (SQLite rebuilds the table from the model state and keeps it).
 """
