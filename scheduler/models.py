@@ -127,7 +127,11 @@ class Allocation(models.Model):
                                     name="allocation_once_per_workload"),
             models.CheckConstraint(condition=Q(milli__gte=1) & Q(milli__lte=1000), name="allocation_milli_range"),
         ]
-        indexes = [models.Index(fields=["workload"], condition=Q(active=True), name="allocation_active")]
+        indexes = [
+            models.Index(fields=["workload"], condition=Q(active=True), name="allocation_active"),
+            # the fleet page's allocation history: released rows by when (a placement writes no entry)
+            models.Index(fields=["released_at"], condition=Q(active=False), name="allocation_released"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.milli}m of {self.gpu_id} for {self.workload_id}"

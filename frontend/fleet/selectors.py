@@ -314,8 +314,9 @@ def allocation_ratio_series(
     """The booked share of all GPUs over the last `window` (two queries)."""
     step = window / points
     start = now - step * points
+    # open rows, and those released within the window: two partial indexes, whatever the history
     booked = Allocation.objects.filter(
-        Q(released_at__isnull=True) | Q(released_at__gt=start), created_at__lt=now
+        Q(active=True) | Q(active=False, released_at__gt=start), created_at__lt=now
     ).values_list("created_at", "released_at", "milli")
     changes: list[tuple[datetime, float]] = []
     for created, released, milli in booked:
