@@ -295,8 +295,10 @@ def regions_that_could_host(instance_type) -> set[str]:
     from agents.models import Gpu
 
     need = instance_type.gpu_count if instance_type.gpu_share_milli >= 1000 else 1
+    # the GPUs the scheduler's snapshot counts: a broken GPU only while it still holds a booking
+    counted = Q(healthy=True) | Q(whole=True) | Q(used_milli__gt=0)
     return set(
-        Gpu.objects.filter(gpu_model_id=instance_type.gpu_model_id)
+        Gpu.objects.filter(counted, gpu_model_id=instance_type.gpu_model_id)
         .values("host_id", "host__region__code").annotate(n=Count("uuid")).filter(n__gte=need)
         .values_list("host__region__code", flat=True)
     )

@@ -250,6 +250,8 @@ def test_launch_box_says_whether_the_type_starts_now_waits_or_is_refused(alice, 
     assert "No host in us-east-1 has any A100 GPU, so a launch there is refused." in box("us-east-1", "a100.quarter")
     Gpu.objects.update(whole=True, used_milli=1000)  # all booked
     assert "None free in us-east-1 now: it waits in the queue until GPUs free up." in box("us-east-1")
+    Gpu.objects.update(whole=False, used_milli=0, healthy=False)  # all broken: the scheduler counts none
+    assert "No host in us-east-1 has 2 H100 GPUs, so a launch there is refused." in box("us-east-1")
 
 
 def test_launch_form_picks_the_region_where_the_type_fits_now(alice, catalog):
