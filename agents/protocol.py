@@ -79,21 +79,32 @@ class _Reader:
             return default
         return self.data[key]
 
+    def _nul(self, key: str, v: str, text: bool) -> str:
+        """NUL cannot be stored in PostgreSQL text. In free text that a container wrote (its log,
+        the runtime's error) it becomes U+FFFD, so one process's output cannot make its host's
+        heartbeats fail; in names and ids it is refused."""
+        if "\x00" not in v:
+            return v
+        if text:
+            return v.replace("\x00", "\ufffd")
+        raise ProtocolError(self._p(key), "must not contain NUL characters")
+
     def str_(
-        self, key: str, *, required: bool = True, default: str = "", empty: bool = False
+        self, key: str, *, required: bool = True, default: str = "", empty: bool = False,
+        text: bool = False,
     ) -> str:
         v = self._get(key, default, required)
         if not isinstance(v, str):
             raise ProtocolError(self._p(key), "must be a string")
         if required and not empty and not v:
             raise ProtocolError(self._p(key), "must not be empty")
-        return v
+        return self._nul(key, v, text)
 
-    def opt_str(self, key: str) -> str | None:
+    def opt_str(self, key: str, *, text: bool = False) -> str | None:
         v = self._get(key, None, False)
         if v is not None and not isinstance(v, str):
             raise ProtocolError(self._p(key), "must be a string or null")
-        return v
+        return None if v is None else self._nul(key, v, text)
 
     def int_(
         self, key: str, *, required: bool = True, default: int = 0, minimum: int | None = 0
@@ -162,6 +173,8 @@ class _Reader:
             isinstance(k, str) and isinstance(x, str) for k, x in v.items()
         ):
             raise ProtocolError(self._p(key), "must be an object of strings")
+        for k, x in v.items():
+            self._nul(key, k + x, False)
         return dict(v)
 
     def int_map(self, key: str) -> dict[str, int]:
@@ -301,7 +314,7 @@ class GpuSample:
         return cls(
             uuid=r.str_("uuid"),
             healthy=r.bool_("healthy", required=False, default=True),
-            error=r.opt_str("error"),
+            error=r.opt_str("error", text=True),
             gpu_util=r.opt_float("gpu_util"),
             mem_util=r.opt_float("mem_util"),
             mem_used_mib=r.opt_int("mem_used_mib"),
@@ -424,7 +437,7 @@ class ObservedContainer:
             exit_code=r.opt_int("exit_code"),
             started_at=r.opt_str("started_at"),
             finished_at=r.opt_str("finished_at"),
-            error=r.opt_str("error"),
+            error=r.opt_str("error", text=True),
             host_ports=r.int_map("host_ports"),
         )
 
@@ -471,7 +484,7 @@ class ContainerLogTail:
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> ContainerLogTail:
         r = _Reader(data, path)
-        text = r.str_("text", required=False, default="")
+        text = r.str_("text", required=False, default="", text=True)
         if len(text) > LOG_TAIL_MAX_CHARS:
             raise ProtocolError(r._p("text"), f"must be at most {LOG_TAIL_MAX_CHARS} characters")
         return cls(

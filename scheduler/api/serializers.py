@@ -21,17 +21,22 @@ _SSH_KEY = re.compile(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp\d+|sk-[a-z0-9@.
 class CommandField(serializers.Field):
     """A list of arguments, or one string run by /bin/sh -c."""
 
-    default_error_messages = {"invalid": "Give a list of strings or one string."}
+    default_error_messages = {"invalid": "Give a list of strings or one string.",
+                              "nul": "A command cannot contain a NUL character."}
 
     def to_internal_value(self, data):
         if isinstance(data, str):
             if len(data) > 8192:
                 self.fail("invalid")
-            return ["/bin/sh", "-c", data] if data.strip() else []
-        if isinstance(data, list) and all(isinstance(a, str) for a in data) and len(data) <= 256 \
+            args = ["/bin/sh", "-c", data] if data.strip() else []
+        elif isinstance(data, list) and all(isinstance(a, str) for a in data) and len(data) <= 256 \
                 and sum(len(a) for a in data) <= 65536:
-            return data
-        self.fail("invalid")
+            args = data
+        else:
+            self.fail("invalid")
+        if any("\x00" in a for a in args):  # execve cannot pass it, and PostgreSQL refuses it in JSON
+            self.fail("nul")
+        return args
 
     def to_representation(self, value):
         return value

@@ -232,6 +232,27 @@ def test_a_log_request_rides_on_the_very_next_answer(client, registered, alice):
     assert answer["logs_requests"] == [{"instance_id": desired[0]["instance_id"], "tail": 50}]
 
 
+def test_a_nul_a_container_printed_is_stored_as_a_replacement_character(client, registered, alice):
+    # PostgreSQL cannot store NUL in text: before, a container that printed one made every
+    # heartbeat of its host fail (500) while its log was asked for, until the host went DOWN.
+    host_id, token = registered
+    w = place(Host.objects.get(), alice.tenant)
+    desired = beat(client, host_id, token, 1)["desired"]
+    report = running(desired[0])
+    beat(client, host_id, token, 2, containers=report)
+    workload_logs_request(workload=w, tail=50)
+    body = beat_body(host_id, 3, containers=report, gpus=[sample(0), sample(1)])
+    body["logs"] = [{"instance_id": desired[0]["instance_id"], "text": "step 1\x00\x00done\n"}]
+    assert post(client, HB, body, token=token).status_code == 200
+    assert workload_logs_request(workload=w, tail=50).text == "step 1\ufffd\ufffddone\n"
+    exited = [{**report[0], "state": "exited", "exit_code": 1, "error": "exec: \"a\x00b\": invalid"}]
+    assert post(client, HB, beat_body(host_id, 4, containers=exited), token=token).status_code == 200
+    # in an id it is refused, by name
+    bad = beat_body(host_id, 5, containers=[{"instance_id": "x\x00", "state": "running"}])
+    err = assert_error(post(client, HB, bad, token=token), 400, "validation_error")
+    assert "containers[0].instance_id" in err["fields"]
+
+
 def test_fast_and_slow_heartbeats_share_one_rate_limit(client, registered, settings):
     host_id, token = registered
     settings.AGENT_RATE_LIMIT = "3/min"
