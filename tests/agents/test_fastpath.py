@@ -52,6 +52,15 @@ def running(desired: dict) -> list[dict]:
     return [{"instance_id": desired["instance_id"], "container_id": "c1", "state": "running"}]
 
 
+def started(client, host_id, token, tenant):
+    """Work placed on the host and reported running (heartbeats 1 and 2): (workload, desired, report)."""
+    w = place(Host.objects.get(), tenant)
+    desired = beat(client, host_id, token, 1)["desired"]
+    report = running(desired[0])
+    beat(client, host_id, token, 2, containers=report)
+    return w, desired, report
+
+
 def test_the_fast_path_is_on_with_redis_and_postgresql():
     assert fastpath.enabled()
 
@@ -108,10 +117,7 @@ def test_a_container_state_change_takes_the_slow_path(client, registered, alice)
 
 def test_a_stop_leaves_the_very_next_answer(client, registered, alice):
     host_id, token = registered
-    w = place(Host.objects.get(), alice.tenant)
-    desired = beat(client, host_id, token, 1)["desired"]
-    report = running(desired[0])
-    beat(client, host_id, token, 2, containers=report)
+    w, desired, report = started(client, host_id, token, alice.tenant)
     assert len(beat(client, host_id, token, 3, containers=report)["desired"]) == 1  # fast
     workload_stop(workload=w)
     assert state(w) == State.STOPPING
@@ -222,10 +228,7 @@ def test_a_gpu_marked_healthy_that_still_fails_is_caught_again(client, registere
 
 def test_a_log_request_rides_on_the_very_next_answer(client, registered, alice):
     host_id, token = registered
-    w = place(Host.objects.get(), alice.tenant)
-    desired = beat(client, host_id, token, 1)["desired"]
-    report = running(desired[0])
-    beat(client, host_id, token, 2, containers=report)
+    w, desired, report = started(client, host_id, token, alice.tenant)
     assert beat(client, host_id, token, 3, containers=report)["logs_requests"] == []
     workload_logs_request(workload=w, tail=50)
     answer = beat(client, host_id, token, 4, containers=report)
@@ -236,10 +239,7 @@ def test_a_nul_a_container_printed_is_stored_as_a_replacement_character(client, 
     # PostgreSQL cannot store NUL in text: before, a container that printed one made every
     # heartbeat of its host fail (500) while its log was asked for, until the host went DOWN.
     host_id, token = registered
-    w = place(Host.objects.get(), alice.tenant)
-    desired = beat(client, host_id, token, 1)["desired"]
-    report = running(desired[0])
-    beat(client, host_id, token, 2, containers=report)
+    w, desired, report = started(client, host_id, token, alice.tenant)
     workload_logs_request(workload=w, tail=50)
     body = beat_body(host_id, 3, containers=report, gpus=[sample(0), sample(1)])
     body["logs"] = [{"instance_id": desired[0]["instance_id"], "text": "step 1\x00\x00done\n"}]
