@@ -51,7 +51,7 @@ from uuid import UUID
 import orjson
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 
 from agents.host.gpu import FATAL_XIDS
 from agents.models import Gpu, GpuSample, Host
@@ -358,12 +358,18 @@ class FlushOutcome:
     hosts: int = 0
     gpus: int = 0
     batches: int = 0
+    dropped: int = 0  # buffered heartbeats the database refused (logged), written one by one
 
 
 def heartbeats_flush() -> FlushOutcome:
     """Write every buffered fast-path heartbeat: samples, GPUs' last measurements, hosts'
-    liveness. Safe to run concurrently (one at a time in the database, guarded updates);
-    on a database error the batch goes back to the buffer and the error is raised."""
+    liveness. Safe to run concurrently (one at a time in the database, guarded updates).
+
+    On a database error the batch goes back to the buffer and the error is raised: the next
+    flush retries it. Except when the database refuses the *data* (a value out of range, say):
+    then retrying would refuse it forever and keep every host's liveness behind it, until the
+    whole fleet went DOWN. The batch is written heartbeat by heartbeat instead, and those
+    refused are logged and dropped."""
     out = FlushOutcome()
     if not enabled():
         return out
@@ -377,13 +383,35 @@ def heartbeats_flush() -> FlushOutcome:
             break
         try:
             _write(raw, out)
-        except Exception:
-            r.lpush(key, *reversed(raw))  # back to the head, in order: the next flush retries
-            raise
+        except Exception as exc:
+            if not _refused(exc):
+                r.lpush(key, *reversed(raw))  # back to the head, in order: the next flush retries
+                raise
+            _write_one_by_one(r, key, raw, out)
         out.batches += 1
         if len(raw) < FLUSH_BATCH:
             break
     return out
+
+
+def _refused(exc: BaseException) -> bool:
+    """Did the database refuse the data itself (class 22 or 23), as opposed to failing?"""
+    import psycopg
+
+    return isinstance(exc, DataError | IntegrityError | psycopg.DataError | psycopg.IntegrityError)
+
+
+def _write_one_by_one(r: redis.Redis, key: str, raw: list[bytes], out: FlushOutcome) -> None:
+    for i, item in enumerate(raw):
+        try:
+            _write([item], out)
+        except Exception as exc:
+            if not _refused(exc):
+                r.lpush(key, *reversed(raw[i:]))  # the rest waits for the next flush
+                raise
+            out.dropped += 1
+            logger.error("heartbeat flush: dropped a buffered heartbeat the database refuses (%s): %.200r",
+                         exc, item)
 
 
 def _ts(t: float) -> datetime:

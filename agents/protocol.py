@@ -60,6 +60,11 @@ class ProtocolError(ValueError):
 # --- validation helpers -------------------------------------------------------------
 
 
+INT16_MAX: Final = 2**15 - 1
+INT32_MAX: Final = 2**31 - 1
+INT64_MAX: Final = 2**63 - 1
+
+
 class _Reader:
     """Typed access to one JSON object; every error names the full field path."""
 
@@ -89,25 +94,31 @@ class _Reader:
             return v.replace("\x00", "\ufffd")
         raise ProtocolError(self._p(key), "must not contain NUL characters")
 
+    def _len(self, key: str, v: str, max_len: int | None) -> str:
+        if max_len is not None and len(v) > max_len:
+            raise ProtocolError(self._p(key), f"must be at most {max_len} characters")
+        return v
+
     def str_(
         self, key: str, *, required: bool = True, default: str = "", empty: bool = False,
-        text: bool = False,
+        text: bool = False, max_len: int | None = None,
     ) -> str:
         v = self._get(key, default, required)
         if not isinstance(v, str):
             raise ProtocolError(self._p(key), "must be a string")
         if required and not empty and not v:
             raise ProtocolError(self._p(key), "must not be empty")
-        return self._nul(key, v, text)
+        return self._len(key, self._nul(key, v, text), max_len)
 
-    def opt_str(self, key: str, *, text: bool = False) -> str | None:
+    def opt_str(self, key: str, *, text: bool = False, max_len: int | None = None) -> str | None:
         v = self._get(key, None, False)
         if v is not None and not isinstance(v, str):
             raise ProtocolError(self._p(key), "must be a string or null")
-        return None if v is None else self._nul(key, v, text)
+        return None if v is None else self._len(key, self._nul(key, v, text), max_len)
 
     def int_(
-        self, key: str, *, required: bool = True, default: int = 0, minimum: int | None = 0
+        self, key: str, *, required: bool = True, default: int = 0, minimum: int | None = 0,
+        maximum: int = INT32_MAX,
     ) -> int:
         v = self._get(key, default, required)
         # bool is an int subclass in Python; a JSON true is not a count.
@@ -115,12 +126,14 @@ class _Reader:
             raise ProtocolError(self._p(key), "must be an integer")
         if minimum is not None and v < minimum:
             raise ProtocolError(self._p(key), f"must be >= {minimum}")
+        if v > maximum:  # the column it goes to; past it PostgreSQL would refuse the whole heartbeat
+            raise ProtocolError(self._p(key), f"must be <= {maximum}")
         return v
 
-    def opt_int(self, key: str) -> int | None:
+    def opt_int(self, key: str, *, minimum: int | None = None, maximum: int = INT32_MAX) -> int | None:
         if self._get(key, None, False) is None:
             return None
-        return self.int_(key, minimum=None)
+        return self.int_(key, minimum=minimum, maximum=maximum)
 
     def float_(
         self, key: str, *, required: bool = True, default: float = 0.0, minimum: float | None = 0.0
@@ -258,14 +271,14 @@ class GpuInfo:
                     r._p(f"topology.{peer}"), f"must be one of {list(TOPOLOGY_LEVELS)}"
                 )
         return cls(
-            uuid=r.str_("uuid"),
-            index=r.int_("index"),
-            model=r.str_("model"),
-            vendor=r.str_("vendor"),
+            uuid=r.str_("uuid", max_len=64),
+            index=r.int_("index", maximum=INT16_MAX),
+            model=r.str_("model", max_len=200),
+            vendor=r.str_("vendor", max_len=16),
             memory_mib=r.int_("memory_mib"),
-            pci_bus_id=r.opt_str("pci_bus_id"),
-            numa_node=r.opt_int("numa_node"),
-            nvlink_island=r.opt_int("nvlink_island"),
+            pci_bus_id=r.opt_str("pci_bus_id", max_len=32),
+            numa_node=r.opt_int("numa_node", minimum=-INT16_MAX, maximum=INT16_MAX),
+            nvlink_island=r.opt_int("nvlink_island", minimum=-INT16_MAX, maximum=INT16_MAX),
             nvlink_peers=r.list_("nvlink_peers", _str_item),
             topology=topology,
             mig_mode=r.opt_bool("mig_mode"),
@@ -320,8 +333,8 @@ class GpuSample:
             mem_used_mib=r.opt_int("mem_used_mib"),
             temperature_c=r.opt_float("temperature_c"),
             power_w=r.opt_float("power_w"),
-            ecc_corrected=r.opt_int("ecc_corrected"),
-            ecc_uncorrected=r.opt_int("ecc_uncorrected"),
+            ecc_corrected=r.opt_int("ecc_corrected", maximum=INT64_MAX),
+            ecc_uncorrected=r.opt_int("ecc_uncorrected", maximum=INT64_MAX),
             xid_events=r.list_("xid_events", _int_item),
         )
 
@@ -539,12 +552,12 @@ class RegisterRequest:
             raise ProtocolError("gpus", "GPU UUIDs must be unique")
         return cls(
             bootstrap_token=r.str_("bootstrap_token"),
-            hostname=r.str_("hostname"),
-            agent_version=r.str_("agent_version"),
+            hostname=r.str_("hostname", max_len=200),  # the lengths of the columns they go to
+            agent_version=r.str_("agent_version", max_len=50),
             gpu_backend=r.str_("gpu_backend"),
             runtime=r.str_("runtime"),
             cpu_count=r.int_("cpu_count", minimum=1),
-            memory_mib=r.int_("memory_mib", minimum=1),
+            memory_mib=r.int_("memory_mib", minimum=1, maximum=INT64_MAX),
             gpus=gpus,
         )
 
@@ -610,7 +623,7 @@ class Heartbeat:
         r.version()
         return cls(
             host_id=r.str_("host_id"),
-            seq=r.int_("seq"),
+            seq=r.int_("seq", maximum=INT64_MAX),
             agent_version=r.str_("agent_version", required=False),
             gpus=r.list_("gpus", GpuSample.from_dict),
             containers=r.opt_list("containers", ObservedContainer.from_dict),

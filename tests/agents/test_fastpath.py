@@ -253,6 +253,23 @@ def test_a_nul_a_container_printed_is_stored_as_a_replacement_character(client, 
     assert "containers[0].instance_id" in err["fields"]
 
 
+def test_a_heartbeat_the_database_refuses_is_dropped_not_retried_forever(client, registered, caplog):
+    # The parser now refuses such a seq; an older server could buffer it. Retrying it kept every
+    # host's buffered liveness behind it, so the whole fleet would have gone DOWN.
+    import orjson
+
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    beat(client, host_id, token, 2)  # fast: buffered
+    poison = f"{host_id}|".encode() + orjson.dumps([time.time(), 2**63, [["GPU-h1-0", 5.0, None, 1, None, None]]])
+    fastpath._redis().lpush(f"{fastpath._prefix()}buf", poison)  # at the head, before the good one
+    out = fastpath.heartbeats_flush()
+    assert out.dropped == 1 and out.heartbeats >= 1
+    assert Host.objects.get().last_seq == 2 and GpuSample.objects.count() == 4  # the good one written
+    assert fastpath.heartbeats_flush().heartbeats == 0  # and the poison is gone
+    assert "dropped a buffered heartbeat" in caplog.text
+
+
 def test_fast_and_slow_heartbeats_share_one_rate_limit(client, registered, settings):
     host_id, token = registered
     settings.AGENT_RATE_LIMIT = "3/min"
