@@ -111,7 +111,10 @@ def handler500(request):
 
 def handler400(request, exception=None):
     if _is_api(request):
-        return JsonResponse(error_body("bad_request", "Bad request."), status=400)
+        from django.core.exceptions import BadRequest
+
+        said = str(exception) if isinstance(exception, BadRequest) else ""
+        return JsonResponse(error_body("bad_request", said or "Bad request."), status=400)
     from django.views.defaults import bad_request
 
     return bad_request(request, exception)
