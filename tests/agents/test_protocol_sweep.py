@@ -6,8 +6,6 @@ field, and stays up for every other host.
 """
 from __future__ import annotations
 
-import pytest
-
 from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
     beat_body,
     new_token,
