@@ -19,6 +19,10 @@ class RejectNulMiddleware:
     def __call__(self, request):
         for key, values in request.GET.lists():
             if "\x00" in key or any("\x00" in v for v in values):
+                from gpucloud.api.errors import handler400
+
                 name = key.replace("\x00", "")
-                raise BadRequest(f"The query parameter '{name}' contains a NUL character.")
+                # answered here, not raised: with DEBUG on, Django would show its debug page even
+                # to an API client; the handler gives the API's JSON error or the 400 page
+                return handler400(request, BadRequest(f"The query parameter '{name}' contains a NUL character."))
         return self.get_response(request)

@@ -29,7 +29,9 @@ def test_no_query_parameter_makes_a_server_error(alice, catalog):
             assert resp.status_code < 500, (page, query, resp.status_code)
 
 
-def test_a_nul_in_the_query_string_is_a_400_that_names_the_parameter(alice, catalog):
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_nul_in_the_query_string_is_a_400_that_names_the_parameter(alice, catalog, settings, debug):
+    settings.DEBUG = debug  # the demo runs with DEBUG on: API clients still get JSON
     client = Client(raise_request_exception=False)
     client.force_login(alice.user)
     assert client.get("/console/catalogue/?region=%00").status_code == 400
