@@ -422,18 +422,16 @@ def _f(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
-_COPY_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
 def _copy_text(rows: list[tuple]) -> bytes:
     """Sample rows (uuid, ISO time, then numbers or None) in COPY's text format, built in
     one pass: psycopg's write_row per row cost more than the rest of the flush."""
+    from scheduler.bulk import copy_text
 
     def n(v: float | int | None) -> str:
         return "\\N" if v is None else repr(v)
 
     lines = [
-        f"{uuid.translate(_COPY_ESCAPES)}\t{iso}\t{n(u)}\t{n(mu)}\t{n(m)}\t{n(t)}\t{n(p)}\n"
+        f"{copy_text(uuid)}\t{iso}\t{n(u)}\t{n(mu)}\t{n(m)}\t{n(t)}\t{n(p)}\n"
         for uuid, iso, u, mu, m, t, p in rows
     ]
     return "".join(lines).encode()

@@ -295,9 +295,10 @@ def catalogue(request):
 # ------------------------------------------------------------------ launch
 
 
-def _launch_price(instance_type: str, region: str) -> dict:
+def _launch_price(instance_type: str, region: str, free: dict[str, int] | None = None) -> dict:
     """What the box beside the launch form shows: the price of a type in a region now, on
-    demand and spot, and whether it would start at once, wait, or be refused there."""
+    demand and spot, and whether it would start at once, wait, or be refused there.
+    `free` is `_free_by_region` of the type when the caller has it already."""
     it = instance_type_list().filter(code=instance_type).first()
     reg = region_list().filter(code=region).first()
     out: dict = {"type": it, "region": reg, "on_demand": None, "spot": None}
@@ -306,7 +307,7 @@ def _launch_price(instance_type: str, region: str) -> dict:
         for kind in (Billing.ON_DEMAND, Billing.SPOT):
             price = price_at(instance_type=it, region=reg, kind=kind, at=now)
             out[kind] = price.per_hour if price else None
-        free = _free_by_region(it)
+        free = _free_by_region(it) if free is None else free
         out["fits_now"] = free.get(reg.code, 0)
         out["refused"] = reg.code not in agent_selectors.regions_that_could_host(it)
         out["free_elsewhere"] = [(code, n) for code, n in free.items() if code != reg.code]
@@ -346,16 +347,18 @@ def launch(request):
                 return redirect(_detail_url(workload))
     first = {name: (form.fields[name].choices[0][0] if form.fields[name].choices else "")
              for name in ("instance_type", "region")}
+    free = None
     if not form.is_bound and not initial["region"]:
         # no region asked for: the one where most of the type fits now, not the alphabet's first
         it = instance_type_list().filter(code=initial["instance_type"] or first["instance_type"]).first()
-        best = next(iter(_free_by_region(it)), "") if it else ""
+        free = _free_by_region(it) if it else {}
+        best = next(iter(free), "")
         if best:
             initial["region"] = best
             form = LaunchForm(initial=initial, saved_keys=saved)
     values = form.data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
-                          values.get("region") or first["region"])
+                          values.get("region") or first["region"], free)
     ctx = {"form": form, "price": price, "spot": bool(values.get("spot")),
            "templates_json": {k: {"image": t.image, "ports": t.ports, "command": t.command}
                               for k, t in IMAGE_TEMPLATES.items()}}

@@ -64,8 +64,8 @@ def pg_array(values: Iterable[object]) -> str:
     return '{"' + body + '"}' if items else "{}"
 
 
-def _text(v: str) -> str:
-    """A free-text value for COPY (ids and numbers are written as they are)."""
+def copy_text(v: str) -> str:
+    """A free-text value for COPY's text format, its backslashes, tabs and line breaks escaped."""
     return v.translate(_COPY_ESCAPES) if _COPY_SPECIAL(v) else v
 
 
@@ -92,7 +92,7 @@ def insert_allocations(rows: list[tuple], *, now: datetime) -> None:
     _copy(Allocation._meta.db_table,
           ["gpu_id", "host_id", "workload_id", "milli", "vcpus", "memory_mib", "active", "created_at"],
           # host and workload are UUIDs the snapshot read, the numbers ints: only GPU ids are free text
-          "".join([f"{_text(g)}\t{h}\t{w}\t{m:d}\t{v:d}\t{mem:d}\tt\t{at}\n"
+          "".join([f"{copy_text(g)}\t{h}\t{w}\t{m:d}\t{v:d}\t{mem:d}\tt\t{at}\n"
                    for g, h, w, m, v, mem in rows]).encode())
 
 
@@ -104,7 +104,7 @@ def insert_events(rows: list[tuple]) -> None:
              for w, f, t, r, a, c in rows], batch_size=2000)
         return
     _copy(WorkloadEvent._meta.db_table, ["workload_id", "from_state", "to_state", "reason", "actor", "created_at"],
-          "".join([f"{w}\t{f}\t{t}\t{_text(r)}\t{_text(a)}\t{c.isoformat()}\n"
+          "".join([f"{w}\t{f}\t{t}\t{copy_text(r)}\t{copy_text(a)}\t{c.isoformat()}\n"
                    for w, f, t, r, a, c in rows]).encode())
 
 

@@ -404,6 +404,20 @@ def frag_delta_share(host: HostState, i: int, m: int, mix: Mix) -> float:
 Workload = tuple[tuple[int, int, int, float], ...]
 
 
+def _frag_sums(frees: Sequence[int], q: Sequence[float]) -> tuple[int, float, int]:
+    """The terms of F over a node's GPUs: total free milli, free milli weighted by the
+    chance a task cannot use it (``q``), and the number of wholly free GPUs."""
+    t = 0
+    u = 0.0
+    n = 0
+    for f in frees:
+        t += f
+        u += f * q[f]
+        if f == WHOLE:
+            n += 1
+    return t, u, n
+
+
 class FgdModel:
     """Node fragmentation against a target workload, as in FGD (Weng et al.,
     ATC'23, section 3): for a task shape t and a node n, F_n(t) is the free GPU
@@ -459,15 +473,7 @@ class FgdModel:
     def frag(self, free_vcpus: int, frees: Sequence[int]) -> float:
         """F for a node with these free vCPUs and free milli per GPU."""
         c = bisect.bisect_right(self.cpus, free_vcpus)
-        q = self.Q[c]
-        t = 0
-        u = 0.0
-        n = 0
-        for f in frees:
-            t += f
-            u += f * q[f]
-            if f == WHOLE:
-                n += 1
+        t, u, n = _frag_sums(frees, self.Q[c])
         return self.P * t - u - WHOLE * n * self.W[c][n]
 
     def frag_host(self, host: HostState) -> float:
@@ -505,14 +511,7 @@ class FgdModel:
         c = bisect.bisect_right(self.cpus, cpu - vcpus)
         q = self.Q[c]
         w = self.W[c]
-        t = 0
-        u = 0.0
-        n = 0
-        for f in frees:
-            t += f
-            u += f * q[f]
-            if f == WHOLE:
-                n += 1
+        t, u, n = _frag_sums(frees, q)
         base = self.P * (t - m)
         w_same = WHOLE * n * w[n]
         w_less = WHOLE * (n - 1) * w[n - 1] if n else 0.0

@@ -255,39 +255,17 @@ class Simulator:
         for j in self.jobs:
             if not j.gpu_model:
                 j.gpu_model = self.default_model
-        # the fragmentation mix of the whole trace, as FGD uses the workload's
-        if not policy.mix and self.jobs:
-            mix = derive_mix(
-                [
-                    PlacementRequest(
-                        request_id="",
-                        tenant_id="",
-                        gpu_model="",
-                        gpus_per_node=j.gpus_per_node,
-                        gpu_milli=j.gpu_milli,
-                    )
-                    for j in self.jobs
-                ]
-            )
-            self.p = policy.with_(mix=mix)
+        # the trace's task shapes: its fragmentation mix, and FGD's target workload
+        shapes = [
+            PlacementRequest(request_id="", tenant_id="", gpu_model="", gpus_per_node=j.gpus_per_node,
+                             gpu_milli=j.gpu_milli, vcpus=j.vcpus)
+            for j in self.jobs
+        ]
+        if not policy.mix and shapes:
+            self.p = policy.with_(mix=derive_mix(shapes))  # the mix counts GPU shapes only
         spec = PLACEMENTS[self.p.placement]
-        if spec.gradient and not self.p.workload and self.jobs:
-            # FGD's target workload: the popularity of task shapes over the trace
-            self.p = self.p.with_(
-                workload=derive_workload(
-                    [
-                        PlacementRequest(
-                            request_id="",
-                            tenant_id="",
-                            gpu_model="",
-                            gpus_per_node=j.gpus_per_node,
-                            gpu_milli=j.gpu_milli,
-                            vcpus=j.vcpus,
-                        )
-                        for j in self.jobs
-                    ]
-                )
-            )
+        if spec.gradient and not self.p.workload and shapes:
+            self.p = self.p.with_(workload=derive_workload(shapes))
         self.k = (
             ALL_HOSTS
             if spec.gradient

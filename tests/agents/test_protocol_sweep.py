@@ -15,16 +15,10 @@ from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
     registered,
     triggered,
 )
+from tests.api.test_bad_input_sweep import assert_refused_or_fine
 
 AWKWARD = [None, "", "x" * 5000, "nul\x00", 0, -1, 2**63, -(2**63), 1.5, 1e308, True, [], {}, ["a"], [None],
            {"a": 1}, "💥"]
-
-
-def assert_refused_or_fine(resp, what):
-    assert resp.status_code < 500, (what, resp.status_code, resp.content[:300])
-    if resp.status_code >= 400:
-        body = resp.json()
-        assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "fields"}, (what, body)
 
 
 def test_no_register_field_value_makes_a_server_error(client, region, triggered):
