@@ -274,7 +274,9 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
     cutoff = metering_cutoff(now)
     stats = MeteringStats(cutoff=cutoff)
     stats.discovered = meters_discover(cutoff=cutoff)
-    for wid in list(Meter.objects.filter(done=False, metered_until__lt=cutoff).values_list("pk", flat=True)):
+    # In key order: concurrent runs lock meters in the same order, and a run's progress is predictable.
+    for wid in list(Meter.objects.filter(done=False, metered_until__lt=cutoff)
+                    .order_by("pk").values_list("pk", flat=True)):
         n, amount = meter_workload(workload_id=wid, cutoff=cutoff)
         stats.metered += 1
         stats.entries += n

@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 from decimal import Decimal
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db.models import Sum
@@ -20,6 +21,7 @@ from billing.models import Account, LedgerEntry, Meter
 from billing.tasks import metering_run_task
 from gpucloud.celery import app
 from scheduler.choices import State
+from scheduler.models import Workload
 from tests.billing.helpers import at, make_run, set_price
 from tests.conftest import make_actor
 
@@ -69,28 +71,63 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
     now = at(2025, 3, 1, 18, 0, 0)
     cutoff = services.metering_cutoff(now)
 
+    # The kill must land mid-run however the two processes are scheduled, so the test
+    # holds a gate: a FOR UPDATE lock on one workload row past the kill point. The run
+    # meters in key order; the gate's COMMIT waits on that lock (the deferred foreign-key
+    # check of its ledger entries), so the run cannot get past the gate before the kill.
+    # Whether that COMMIT then lands is PostgreSQL's affair: a backend waiting on a lock
+    # does not notice its client is gone, so it commits, whole, once the gate opens.
+    end = services.epoch_floor(cutoff)
+    billable = {w.pk for w in workloads if metering.running_seconds(
+        [(services.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")],
+        start=0, end=end) > 0}
+    # Meters exist before the first kill: discovery inserts them, and its foreign-key
+    # checks would wait on the gate too.
+    services.meters_discover(cutoff=cutoff)
+    assert Meter.objects.count() == N
+    db = settings.DATABASES["default"]
+
+    def connect(**kwargs) -> psycopg.Connection:
+        return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], **kwargs)
+
+    def backends() -> set[int]:
+        with connect(autocommit=True) as c:
+            return {pid for (pid,) in c.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")}
+
     app.control.purge()
     kills = 0
     for _ in range(2):
-        advanced_before = Meter.objects.filter(metered_until=cutoff).count()
-        target = rng.randint(advanced_before + 1, advanced_before + (N - advanced_before) // 2)
-        worker = start_worker()
-        try:
-            metering_run_task.delay(now.isoformat())
-            deadline = time.monotonic() + 60
-            while Meter.objects.filter(metered_until=cutoff).count() < target and time.monotonic() < deadline:
-                time.sleep(0.01)
-            worker.send_signal(signal.SIGKILL)  # mid-run, maybe mid-transaction
-            kills += 1
-        finally:
-            worker.wait(timeout=30)
+        advanced = Meter.objects.filter(metered_until=cutoff).count()
+        remaining = sorted(m for m in Meter.objects.exclude(metered_until=cutoff).values_list("pk", flat=True))
+        k = rng.randint(1, len(remaining) // 2)  # meters the run gets through before the kill
+        gate = next(i for i in range(k, len(remaining) - 1) if remaining[i] in billable)
+        ours = backends()
+        with connect() as lock:
+            assert lock.execute(f"SELECT 1 FROM {Workload._meta.db_table} WHERE id = %s FOR UPDATE",
+                                [remaining[gate]]).fetchone() == (1,)
+            worker = start_worker()
+            try:
+                metering_run_task.delay(now.isoformat())
+                deadline = time.monotonic() + 60
+                while Meter.objects.filter(metered_until=cutoff).count() < advanced + k and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                worker.send_signal(signal.SIGKILL)  # mid-run, maybe mid-transaction
+                kills += 1
+            finally:
+                worker.wait(timeout=30)
+            lock.rollback()
+        deadline = time.monotonic() + 30  # the killed worker's backend finishes or aborts
+        while backends() - ours and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not backends() - ours
+        assert advanced + k <= Meter.objects.filter(metered_until=cutoff).count() <= advanced + gate + 1
     done = Meter.objects.filter(metered_until=cutoff).count()
     assert 0 < done < N, "the kills landed mid-run"
 
     services.metering_run(now=now)  # run again, to the same cutoff
     services.metering_run(now=now)  # ...and once more: nothing changes
 
-    end = services.epoch_floor(cutoff)
     for w in workloads:
         events = [(services.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
         prices = [(services.epoch_ceil(p.effective_from), p.per_hour) for p in
