@@ -97,11 +97,17 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
 
     app.control.purge()
     kills = 0
-    for _ in range(2):
+    def waiting_on_a_lock() -> bool:
+        with connect(autocommit=True) as c:
+            return c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                             " AND wait_event_type = 'Lock'").fetchone() == (1,)
+
+    for at_gate in (True, False):  # the first kill lands inside the gate's COMMIT, the second anywhere before it
         advanced = Meter.objects.filter(metered_until=cutoff).count()
         remaining = sorted(m for m in Meter.objects.exclude(metered_until=cutoff).values_list("pk", flat=True))
-        k = rng.randint(1, len(remaining) // 2)  # meters the run gets through before the kill
-        gate = next(i for i in range(k, len(remaining) - 1) if remaining[i] in billable)
+        # the gate in the first half of what is left, so both kills land mid-run
+        gate = rng.choice([i for i in range(1, len(remaining) // 2 + 1) if remaining[i] in billable])
+        k = gate if at_gate else rng.randint(1, gate)  # meters the run gets through before the kill
         ours = backends()
         with connect() as lock:
             assert lock.execute(f"SELECT 1 FROM {Workload._meta.db_table} WHERE id = %s FOR UPDATE",
@@ -110,11 +116,14 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
             try:
                 metering_run_task.delay(now.isoformat())
                 deadline = time.monotonic() + 60
-                while Meter.objects.filter(metered_until=cutoff).count() < advanced + k and time.monotonic() < deadline:
+                while ((Meter.objects.filter(metered_until=cutoff).count() < advanced + k
+                        or (at_gate and not waiting_on_a_lock())) and time.monotonic() < deadline):
                     time.sleep(0.01)
+                assert waiting_on_a_lock() or not at_gate, "the run waits at the gate"
                 worker.send_signal(signal.SIGKILL)  # mid-run, maybe mid-transaction
                 kills += 1
             finally:
+                worker.kill()
                 worker.wait(timeout=30)
             lock.rollback()
         deadline = time.monotonic() + 30  # the killed worker's backend finishes or aborts
