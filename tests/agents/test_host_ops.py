@@ -89,7 +89,7 @@ def test_drain_requeues_jobs_keeps_instances_and_survives_an_outage(
     run_cycle(region_id=region.pk, now=drained_at + timedelta(seconds=31))
     job.refresh_from_db()
     assert (job.state, job.retries) == (State.PENDING, 0)
-    assert any(s == State.PREEMPTED and f"host {host.name} is draining" in r for s, r in events(job))
+    assert (State.PREEMPTED, f"host {host.name} is draining") in events(job)
     assert [d.instance_id.split(".")[0] for d in host_desired_containers(host=host)] == [
         str(inst.pk)
     ]

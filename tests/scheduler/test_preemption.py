@@ -48,7 +48,10 @@ def test_critical_work_preempts_spot_after_a_notice(alice, charlie, catalog):
     victim.refresh_from_db()
     assert critical.state == State.SCHEDULED
     assert victim.state == State.PENDING
-    assert [e.to_state for e in victim.events.all()][-2:] == ["preempted", "pending"]
+    assert [(e.to_state, e.reason) for e in victim.events.all()][-2:] == [
+        ("preempted", "preempted to make room for critical-class work"),  # no countdown once it ran out
+        ("pending", "requeued after: preempted to make room for critical-class work"),
+    ]
 
 
 def test_static_mode_never_preempts(alice, charlie, catalog):
