@@ -19,6 +19,7 @@ alone. Identifiers of hosts, tenants and instances are strings (the control plan
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar, cast
@@ -460,6 +461,15 @@ class ObservedContainer:
 # The most of one container's log tail a heartbeat carries (the newest part is kept).
 LOG_TAIL_MAX_LINES: Final = 10_000
 LOG_TAIL_MAX_CHARS: Final = 256 * 1024
+# The most all log tails of one heartbeat may take as JSON. Non-ASCII text is escaped
+# (a tqdm bar's "\u2588" is 6 bytes a character), so 256 Ki characters can be 1.5 MB;
+# a heartbeat must stay well under the control plane's 2.5 MB request limit, or it would
+# be refused again and again and the host go DOWN. Tails past the budget go in the next
+# heartbeats (the control plane keeps asking until they arrive).
+HEARTBEAT_LOGS_MAX_BYTES: Final = 1024 * 1024
+# The tail an agent sends unasked when a container exits, so a finished job's last
+# output stays readable after its container is removed.
+FINAL_TAIL_LINES: Final = 200
 
 
 @dataclass(frozen=True)
@@ -507,11 +517,29 @@ class ContainerLogTail:
         )
 
 
-def clip_log(text: str, max_chars: int = LOG_TAIL_MAX_CHARS) -> tuple[str, bool]:
-    """The newest ``max_chars`` of ``text``, and whether anything was cut."""
-    if len(text) <= max_chars:
-        return text, False
-    return text[-max_chars:], True
+def json_size(text: str) -> int:
+    """Bytes ``text`` takes in a JSON body as the agent's client writes it (ASCII-escaped)."""
+    return len(json.dumps(text))
+
+
+def clip_log(
+    text: str, max_chars: int = LOG_TAIL_MAX_CHARS, max_bytes: int | None = None
+) -> tuple[str, bool]:
+    """The newest part of ``text`` of at most ``max_chars`` characters and, when given,
+    ``max_bytes`` bytes of JSON; and whether anything was cut."""
+    cut = len(text) > max_chars
+    if cut:
+        text = text[-max_chars:]
+    if max_bytes is None or json_size(text) <= max_bytes:
+        return text, cut
+    lo, hi = 0, len(text)  # the longest suffix that fits: escaping varies per character
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if json_size(text[-mid:]) <= max_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[len(text) - lo :], True
 
 
 # --- messages ---------------------------------------------------------------------------

@@ -151,8 +151,10 @@ def workload_attempt(*, workload: Workload) -> tuple[UUID, str] | None:
 
 def host_logs_requests(*, host: Host) -> list[LogsRequest]:
     """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query."""
-    rows = ContainerLog.objects.filter(host=host, requested_at__isnull=False).values_list(
-        "attempt_id", "requested_tail"
+    rows = (
+        ContainerLog.objects.filter(host=host, requested_at__isnull=False)
+        .order_by("requested_at")  # oldest first: a tail that did not fit last time goes first
+        .values_list("attempt_id", "requested_tail")
     )
     return [LogsRequest(iid, max(1, min(tail, LOG_TAIL_MAX_LINES))) for iid, tail in rows]
 

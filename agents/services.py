@@ -517,17 +517,25 @@ def _fail_work_on(gpus: list[Gpu], outcome: HeartbeatOutcome) -> None:
             logger.warning("workload failed with its gpu workload=%s gpu=%s", w.pk, a.gpu_id)
 
 
-def _store_logs(host: Host, tails: list[ContainerLogTail], now: datetime) -> None:
-    """Answers to log requests: keep the tail, clear the request.
+def _store_logs(host: Host, tails: list[ContainerLogTail], now: datetime,
+                attempts: dict[str, Workload]) -> None:
+    """Log tails from `host`: answers to log requests, and the last output of containers
+    that exited, which the agent sends unasked with the exit (`attempts`: the work this
+    host runs, by container instance id; a tail of anything else is not stored).
 
-    An empty answer (the container was removed meanwhile) keeps the tail stored before.
+    Each clears the request it answers. An empty one (the container was removed
+    meanwhile) keeps the tail stored before.
     """
     for t in tails:
         rows = ContainerLog.objects.filter(host=host, attempt_id=t.instance_id)
-        if t.text:
-            rows.update(text=t.text, captured_at=now, requested_at=None)
-        else:
+        if not t.text:
             rows.update(requested_at=None)
+        elif not rows.update(text=t.text, captured_at=now, requested_at=None):
+            w = attempts.get(t.instance_id)
+            if w is not None:
+                ContainerLog.objects.update_or_create(workload=w, defaults={
+                    "host": host, "attempt_id": t.instance_id, "text": t.text, "captured_at": now,
+                    "requested_at": None})
 
 
 class _Mover:
@@ -636,14 +644,15 @@ def host_heartbeat(
         failed_gpus = _apply_samples(locked, hb.gpus, now, outcome)
     if failed_gpus:
         _fail_work_on(failed_gpus, outcome)
+    # What this host runs, by container instance id (before this heartbeat's exits free it)
+    allocations = host_allocations(host=locked)
+    attempts = host_attempts(host=locked, allocations=allocations)
     if hb.logs:
-        _store_logs(locked, hb.logs, now)
+        _store_logs(locked, hb.logs, now, attempts)
     if hb.containers is None:
         return outcome  # the agent could not list its runtime: infer nothing
     # Each transition is its own guarded update and transaction (scheduler.services).
     mover = _Mover(locked, now, outcome)
-    allocations = host_allocations(host=locked)
-    attempts = host_attempts(host=locked, allocations=allocations)
     reported = set()
     for o in hb.containers:
         reported.add(o.instance_id)

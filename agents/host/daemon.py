@@ -35,6 +35,8 @@ from agents.host.reconcile import Action, Remove, ReportExit, Start, Stop, recon
 from agents.host.runtime import Runtime
 from agents.host.state import HostState, clear_state, load_state, save_state
 from agents.protocol import (
+    FINAL_TAIL_LINES,
+    HEARTBEAT_LOGS_MAX_BYTES,
     ContainerLogTail,
     DesiredContainer,
     GpuInfo,
@@ -46,6 +48,7 @@ from agents.protocol import (
     RegisterRequest,
     RegisterResponse,
     clip_log,
+    json_size,
 )
 
 logger = logging.getLogger(__name__)
@@ -148,6 +151,11 @@ class Agent:
         self._start_errors: dict[str, str] = {}
         # Log tails the control plane asked for; sent with the next heartbeat that gets through.
         self._log_requests: list[LogsRequest] = []
+        # Containers seen exited whose last output has not reached the control plane yet,
+        # those whose has (while the container exists), and those the heartbeat being sent carries.
+        self._final_tails: set[str] = set()
+        self._tailed: set[str] = set()
+        self._tailing: set[str] = set()
         self._stop = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -250,6 +258,8 @@ class Agent:
             logger.info("host token rotated", extra={"host_id": self.state.host_id})
         self.desired = resp.desired
         self._log_requests = list(resp.logs_requests)
+        self._final_tails -= self._tailing
+        self._tailed |= self._tailing
 
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
@@ -325,26 +335,47 @@ class Agent:
         except Exception as e:
             logger.error("runtime list failed", extra={"host_id": self.host_id, "error": str(e)})
             return None
+        present = {o.instance_id for o in observed}
+        self._tailed &= present
+        self._final_tails &= present
         for o in observed:
             if o.state == "exited":
                 self._exits[o.instance_id] = o
+                if o.instance_id not in self._tailed:
+                    self._final_tails.add(o.instance_id)
             self._start_errors.pop(o.instance_id, None)
         return observed
 
     def _logs(self) -> list[ContainerLogTail]:
-        """Tails for the pending requests ('' when the container is gone or the call fails)."""
-        out = []
-        for q in self._log_requests:
+        """Tails for the pending requests, then the last output of containers that exited
+        ('' when the container is gone or the call fails).
+
+        All of them together stay within ``HEARTBEAT_LOGS_MAX_BYTES`` of JSON: the first
+        is clipped to it, and what does not fit goes in a later heartbeat (the control plane
+        asks again for a request it did not get an answer to).
+        """
+        wanted = [(q.instance_id, q.tail) for q in self._log_requests]
+        asked = {iid for iid, _ in wanted}
+        wanted += [(iid, FINAL_TAIL_LINES) for iid in sorted(self._final_tails - asked)]
+        out: list[ContainerLogTail] = []
+        self._tailing = set()
+        budget = HEARTBEAT_LOGS_MAX_BYTES
+        for iid, tail in wanted:
+            if budget < HEARTBEAT_LOGS_MAX_BYTES // 8 and out:
+                break  # the rest in the next heartbeat
             try:
-                text = self.runtime.logs(q.instance_id, tail=q.tail)
+                text = self.runtime.logs(iid, tail=tail)
             except Exception as e:
                 logger.error(
                     "runtime logs failed",
-                    extra={"host_id": self.host_id, "instance_id": q.instance_id, "error": str(e)},
+                    extra={"host_id": self.host_id, "instance_id": iid, "error": str(e)},
                 )
                 text = ""
-            clipped, truncated = clip_log(text)
-            out.append(ContainerLogTail(q.instance_id, clipped, truncated))
+            clipped, truncated = clip_log(text, max_bytes=budget)
+            budget -= json_size(clipped) + len(iid) + 64  # the object around it
+            out.append(ContainerLogTail(iid, clipped, truncated))
+            if iid in self._final_tails:
+                self._tailing.add(iid)
         return out
 
     def _sample(self) -> list[GpuSample]:

@@ -7,6 +7,7 @@ live server (the sim backend and runtime: no Docker needed here), placements by 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from datetime import timedelta
 
@@ -31,6 +32,7 @@ from test_agent_api import (  # noqa: F401 - fixtures are used by name
 
 from agents.choices import AdminState, HostState
 from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
+from agents.protocol import FINAL_TAIL_LINES
 from agents.protocol import GpuSample as GpuSampleMsg
 from agents.selectors import host_desired_containers
 from agents.services import (
@@ -285,3 +287,62 @@ def test_operators_cordon_drain_uncordon_and_mark_gpus_healthy_in_the_admin(
     assert r.status_code == 302
     gpu.refresh_from_db()
     assert gpu.healthy and not gpu.unhealthy_reason
+
+
+def test_log_tails_never_make_a_heartbeat_too_big_to_accept(make_sim_host, alice):
+    """tqdm's bars are non-ASCII: a 256 KiB tail is 1.5 MB of JSON. Two at once must not
+    make the host's heartbeat too big for the control plane (it would go DOWN)."""
+    a = make_sim_host("sim-a")
+    a.beat()
+    work = [place(a.host, alice.tenant) for _ in range(4)]
+    a.beat(2)
+    for c in a.runtime._containers.values():
+        c.log.append("epoch 1: " + "\u2588" * 300_000)
+        c.log.append("loss 0.1")
+    for w in work:
+        alice.client().get(f"/api/v1/instances/{w.pk}/logs", {"tail": 10})
+    for _ in range(6):
+        a.beat()  # each reaches the control plane
+    for w in work:
+        body = alice.client().get(f"/api/v1/instances/{w.pk}/logs").json()
+        assert body["text"].endswith("\u2588\nloss 0.1"), "every tail arrives, the newest part kept"
+    assert {state(w) for w in work} == {State.RUNNING}
+
+
+def test_a_finished_jobs_last_output_stays_readable_without_asking(make_sim_host, alice):
+    """Nobody asked for the logs while it ran: the agent sends the last lines with the exit."""
+    a = make_sim_host("sim-a")
+    a.beat()
+    job = place(a.host, alice.tenant, kind="job",
+                env={"GPUCLOUD_SIM_DURATION_S": "5", "GPUCLOUD_SIM_EXIT_CODE": "3"})
+    a.beat(2)
+    assert state(job) == State.RUNNING and not ContainerLog.objects.filter(workload=job).exists()
+    [c] = a.runtime._containers.values()
+    c.log += [f"step {i}" for i in range(300)] + ["Traceback: CUDA out of memory"]
+    a.clock.advance(6)
+    a.beat()  # the exit, and the last lines with it
+    assert state(job) == State.FAILED
+    body = alice.client().get(f"/api/v1/jobs/{job.pk}/logs").json()
+    lines = body["text"].splitlines()
+    assert len(lines) == FINAL_TAIL_LINES and body["pending"] is False
+    assert lines[-2:] == ["Traceback: CUDA out of memory", "job finished with exit code 3"]
+    captured = ContainerLog.objects.get(workload=job).captured_at
+    a.beat(3)  # sent once; the container is removed, the tail stays
+    assert a.runtime.list() == []
+    assert ContainerLog.objects.get(workload=job).captured_at == captured
+    assert alice.client().get(f"/api/v1/jobs/{job.pk}/logs").json()["text"] == body["text"]
+
+
+def test_a_host_cannot_store_log_tails_for_work_it_does_not_run(make_sim_host, alice):
+    a, b = make_sim_host("sim-a"), make_sim_host("sim-b")
+    a.beat()
+    b.beat()
+    w = place(a.host, alice.tenant)
+    a.beat(2)
+    [iid] = [d.instance_id for d in a.agent.desired]
+    b.runtime._containers[iid] = copy.deepcopy(a.runtime._containers[iid])  # b claims a's container exited
+    b.runtime._containers[iid].log.append("forged")
+    b.runtime._containers[iid].state = "exited"
+    b.beat()
+    assert not ContainerLog.objects.filter(workload=w).exists()
+    assert state(w) == State.RUNNING

@@ -20,6 +20,7 @@ from agents.protocol import (
     LogsRequest,
     ProtocolError,
     clip_log,
+    json_size,
 )
 
 SPEC = DesiredContainer(
@@ -59,6 +60,16 @@ def test_a_log_tail_is_clipped_to_its_newest_part() -> None:
     text, cut = clip_log("x" * 10 + "y" * LOG_TAIL_MAX_CHARS)
     assert cut and text == "y" * LOG_TAIL_MAX_CHARS
     assert clip_log("short") == ("short", False)
+
+
+@pytest.mark.parametrize("char", ["x", "\u2588", "\x01", "\U0001f600", '"', "\\"])
+def test_a_log_tail_is_clipped_to_a_json_byte_budget(char: str) -> None:
+    """The budget counts JSON bytes, not characters: escapes take up to 12 bytes a character."""
+    text = "first line\n" + char * 5000
+    clipped, cut = clip_log(text, max_bytes=1000)
+    assert cut and json_size(clipped) <= 1000 and text.endswith(clipped)
+    assert json_size(text[-len(clipped) - 1 :]) > 1000  # the longest newest part that fits
+    assert clip_log(text, max_bytes=10**6) == (text, False)
 
 
 def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) -> None:
