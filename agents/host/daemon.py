@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from agents.host import __version__
-from agents.host.client import ControlPlaneClient, ControlPlaneError, Unauthorized
+from agents.host.client import ControlPlaneClient, ControlPlaneError, Rejected, Unauthorized
 from agents.host.config import AgentConfig
 from agents.host.gpu import GpuBackend
 from agents.host.reconcile import Action, Remove, ReportExit, Start, Stop, reconcile
@@ -156,6 +156,9 @@ class Agent:
         self._final_tails: set[str] = set()
         self._tailed: set[str] = set()
         self._tailing: set[str] = set()
+        # Tails in a heartbeat the control plane refused (a 4xx that repeats as is): sent
+        # empty instead, so no log text can keep the host from reporting (and going DOWN).
+        self._refused_tails: set[str] = set()
         self._stop = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -217,6 +220,7 @@ class Agent:
         return delay
 
     def _iterate(self, started: float) -> float:
+        hb: Heartbeat | None = None
         try:
             if self.state is None:
                 self._register()
@@ -247,6 +251,14 @@ class Agent:
             else:
                 logger.error("registration refused", extra={"error": str(e)})
             return self._log_retry(e)
+        except Rejected as e:
+            if hb is not None and any(t.text for t in hb.logs):
+                self._refused_tails |= {t.instance_id for t in hb.logs if t.text}
+                logger.error(
+                    "heartbeat refused; the next one sends its log tails empty",
+                    extra={"host_id": self.host_id, "error": str(e)},
+                )
+            return self._log_retry(e)
         except ControlPlaneError as e:
             return self._log_retry(e)
 
@@ -260,6 +272,7 @@ class Agent:
         self._log_requests = list(resp.logs_requests)
         self._final_tails -= self._tailing
         self._tailed |= self._tailing
+        self._refused_tails -= {t.instance_id for t in hb.logs}
 
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
@@ -364,7 +377,7 @@ class Agent:
             if budget < HEARTBEAT_LOGS_MAX_BYTES // 8 and out:
                 break  # the rest in the next heartbeat
             try:
-                text = self.runtime.logs(iid, tail=tail)
+                text = "" if iid in self._refused_tails else self.runtime.logs(iid, tail=tail)
             except Exception as e:
                 logger.error(
                     "runtime logs failed",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,21 +74,12 @@ def test_a_log_tail_is_clipped_to_a_json_byte_budget(char: str) -> None:
     assert clip_log(text, max_bytes=10**6) == (text, False)
 
 
-def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) -> None:
-    from test_host_daemon import ControlPlane, make_agent  # the fake control plane
-
-    class Plane(ControlPlane):
-        def handle(self, path: str, auth: str, body: Any):
-            status, reply = super().handle(path, auth, body)
-            if path.endswith("heartbeat") and status == 200 and len(self.heartbeats) == 2:
-                reply["logs_requests"] = [{"instance_id": "i-1", "tail": 1}]
-            return status, reply
-
+@contextlib.contextmanager
+def serve(cp: Any) -> Iterator[str]:
+    """The fake control plane ``cp`` over HTTP on 127.0.0.1; yields its URL."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    cp = Plane(desired=[SPEC])
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802
@@ -105,7 +98,25 @@ def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) ->
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     try:
-        agent = make_agent(f"http://127.0.0.1:{server.server_address[1]}", tmp_path)
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) -> None:
+    from test_host_daemon import ControlPlane, make_agent  # the fake control plane
+
+    class Plane(ControlPlane):
+        def handle(self, path: str, auth: str, body: Any):
+            status, reply = super().handle(path, auth, body)
+            if path.endswith("heartbeat") and status == 200 and len(self.heartbeats) == 2:
+                reply["logs_requests"] = [{"instance_id": "i-1", "tail": 1}]
+            return status, reply
+
+    cp = Plane(desired=[SPEC])
+    with serve(cp) as url:
+        agent = make_agent(url, tmp_path)
         for _ in range(3):
             agent.iterate()
         assert [hb.logs for hb in cp.heartbeats[:2]] == [[], []]
@@ -113,9 +124,32 @@ def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) ->
         assert tail.instance_id == "i-1" and tail.text.startswith("started busybox")
         agent.iterate()
         assert cp.heartbeats[3].logs == []  # answered once
-    finally:
-        server.shutdown()
-        server.server_close()
+
+
+def test_a_log_tail_the_control_plane_refuses_is_sent_empty_not_forever(tmp_path: Path) -> None:
+    """A heartbeat refused for its content would be refused again on every retry and the
+    host go DOWN: the next heartbeat sends the refused tails empty (as "no such container")."""
+    from test_host_daemon import ControlPlane, make_agent
+
+    class Plane(ControlPlane):
+        refused = 0
+
+        def handle(self, path: str, auth: str, body: Any):
+            if path.endswith("heartbeat") and any(t.get("text") for t in body.get("logs", [])):
+                self.refused += 1
+                return 400, {"error": {"code": "invalid", "message": "logs[0].text", "fields": {}}}
+            status, reply = super().handle(path, auth, body)
+            if path.endswith("heartbeat") and status == 200 and len(self.heartbeats) == 2:
+                reply["logs_requests"] = [{"instance_id": "i-1", "tail": 5}]
+            return status, reply
+
+    cp = Plane(desired=[SPEC])
+    with serve(cp) as url:
+        agent = make_agent(url, tmp_path)
+        for _ in range(5):
+            agent.iterate()
+        assert cp.refused == 1 and agent.last_ok
+        assert [hb.logs for hb in cp.heartbeats[2:]] == [[ContainerLogTail("i-1", "", False)], []]
 
 
 @pytest.mark.parametrize(
