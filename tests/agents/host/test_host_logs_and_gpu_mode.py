@@ -104,17 +104,31 @@ def serve(cp: Any) -> Iterator[str]:
         server.server_close()
 
 
-def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) -> None:
-    from test_host_daemon import ControlPlane, make_agent  # the fake control plane
+def log_plane(tail: int, refuse_text: bool = False) -> Any:
+    """The fake control plane, asking for a tail of i-1 in its second heartbeat answer;
+    with ``refuse_text``, it refuses (400) every heartbeat that carries log text."""
+    from test_host_daemon import ControlPlane
 
     class Plane(ControlPlane):
+        refused = 0
+
         def handle(self, path: str, auth: str, body: Any):
+            heartbeat = path.endswith("heartbeat")
+            if heartbeat and refuse_text and any(t.get("text") for t in body.get("logs", [])):
+                self.refused += 1
+                return 400, {"error": {"code": "invalid", "message": "logs[0].text", "fields": {}}}
             status, reply = super().handle(path, auth, body)
-            if path.endswith("heartbeat") and status == 200 and len(self.heartbeats) == 2:
-                reply["logs_requests"] = [{"instance_id": "i-1", "tail": 1}]
+            if heartbeat and status == 200 and len(self.heartbeats) == 2:
+                reply["logs_requests"] = [{"instance_id": "i-1", "tail": tail}]
             return status, reply
 
-    cp = Plane(desired=[SPEC])
+    return Plane(desired=[SPEC])
+
+
+def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) -> None:
+    from test_host_daemon import make_agent
+
+    cp = log_plane(tail=1)
     with serve(cp) as url:
         agent = make_agent(url, tmp_path)
         for _ in range(3):
@@ -129,21 +143,9 @@ def test_the_agent_answers_log_requests_in_its_next_heartbeat(tmp_path: Path) ->
 def test_a_log_tail_the_control_plane_refuses_is_sent_empty_not_forever(tmp_path: Path) -> None:
     """A heartbeat refused for its content would be refused again on every retry and the
     host go DOWN: the next heartbeat sends the refused tails empty (as "no such container")."""
-    from test_host_daemon import ControlPlane, make_agent
+    from test_host_daemon import make_agent
 
-    class Plane(ControlPlane):
-        refused = 0
-
-        def handle(self, path: str, auth: str, body: Any):
-            if path.endswith("heartbeat") and any(t.get("text") for t in body.get("logs", [])):
-                self.refused += 1
-                return 400, {"error": {"code": "invalid", "message": "logs[0].text", "fields": {}}}
-            status, reply = super().handle(path, auth, body)
-            if path.endswith("heartbeat") and status == 200 and len(self.heartbeats) == 2:
-                reply["logs_requests"] = [{"instance_id": "i-1", "tail": 5}]
-            return status, reply
-
-    cp = Plane(desired=[SPEC])
+    cp = log_plane(tail=5, refuse_text=True)
     with serve(cp) as url:
         agent = make_agent(url, tmp_path)
         for _ in range(5):
