@@ -644,6 +644,8 @@ def host_heartbeat(
         failed_gpus = _apply_samples(locked, hb.gpus, now, outcome)
     if failed_gpus:
         _fail_work_on(failed_gpus, outcome)
+    if hb.containers is None and not hb.logs:
+        return outcome  # the agent could not list its runtime: infer nothing
     # What this host runs, by container instance id (before this heartbeat's exits free it)
     allocations = host_allocations(host=locked)
     attempts = host_attempts(host=locked, allocations=allocations)

@@ -152,10 +152,9 @@ class Agent:
         # Log tails the control plane asked for; sent with the next heartbeat that gets through.
         self._log_requests: list[LogsRequest] = []
         # Containers seen exited whose last output has not reached the control plane yet,
-        # those whose has (while the container exists), and those the heartbeat being sent carries.
+        # and those whose has (while the container exists).
         self._final_tails: set[str] = set()
         self._tailed: set[str] = set()
-        self._tailing: set[str] = set()
         # Tails in a heartbeat the control plane refused (a 4xx that repeats as is): sent
         # empty instead, so no log text can keep the host from reporting (and going DOWN).
         self._refused_tails: set[str] = set()
@@ -270,9 +269,10 @@ class Agent:
             logger.info("host token rotated", extra={"host_id": self.state.host_id})
         self.desired = resp.desired
         self._log_requests = list(resp.logs_requests)
-        self._final_tails -= self._tailing
-        self._tailed |= self._tailing
-        self._refused_tails -= {t.instance_id for t in hb.logs}
+        sent = {t.instance_id for t in hb.logs}
+        self._tailed |= self._final_tails & sent
+        self._final_tails -= sent
+        self._refused_tails -= sent
 
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
@@ -371,7 +371,6 @@ class Agent:
         asked = {iid for iid, _ in wanted}
         wanted += [(iid, FINAL_TAIL_LINES) for iid in sorted(self._final_tails - asked)]
         out: list[ContainerLogTail] = []
-        self._tailing = set()
         budget = HEARTBEAT_LOGS_MAX_BYTES
         for iid, tail in wanted:
             if budget < HEARTBEAT_LOGS_MAX_BYTES // 8 and out:
@@ -387,8 +386,6 @@ class Agent:
             clipped, truncated = clip_log(text, max_bytes=budget)
             budget -= json_size(clipped) + len(iid) + 64  # the object around it
             out.append(ContainerLogTail(iid, clipped, truncated))
-            if iid in self._final_tails:
-                self._tailing.add(iid)
         return out
 
     def _sample(self) -> list[GpuSample]:
