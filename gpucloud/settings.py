@@ -249,6 +249,10 @@ BILLING_LOW_BALANCE = env_decimal("BILLING_LOW_BALANCE", "10.00")  # warn below 
 BILLING_GRACE_S = env_int("BILLING_GRACE_S", 3600)
 BILLING_PAYMENT_PROVIDER = env_str("BILLING_PAYMENT_PROVIDER", "billing.payments.NullProvider")
 BILLING_WEBHOOK_TIMEOUT_S = env_int("BILLING_WEBHOOK_TIMEOUT_S", 5)
+# Outbound URLs (webhooks) must be https to a public address. 1 also allows http and private,
+# loopback and CGNAT addresses: for a demo or tests, never on a shared installation. Link-local
+# and metadata addresses (169.254.169.254) stay refused either way (gpucloud/lib/outbound.py).
+WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 # Usage is posted in closed windows of METERING_INTERVAL_S, METERING_SETTLE_S behind the
 # clock so that every transition of the window has committed.
 METERING_INTERVAL_S = env_int("METERING_INTERVAL_S", 60)

@@ -303,3 +303,13 @@ def test_a_viewer_cannot_invite_or_change_roles(victor, bob):
     assert client.post(f"/console/settings/members/{bob.membership.pk}/role", {"role": "owner"}).status_code == 403
     bob.membership.refresh_from_db()
     assert bob.membership.role == "member"
+
+
+def test_the_console_refuses_an_internal_webhook_url(alice, catalog):
+    from billing.models import Budget
+
+    resp = signed_in(alice).post("/console/budgets/", {"name": "b", "monthly_amount": "10", "thresholds": "50",
+                                                       "webhook_url": "https://169.254.169.254/latest/meta-data/"},
+                                 follow=True)
+    assert not Budget.objects.exists()
+    assert "169.254.169.254 is a link-local, multicast, reserved or metadata address" in resp.content.decode()
