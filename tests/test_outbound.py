@@ -5,9 +5,12 @@ answer something else: that is a stand-in for DNS, not for our code.
 """
 from __future__ import annotations
 
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +142,51 @@ def test_a_refused_url_is_never_connected_to(server):
     with pytest.raises(OutboundRefused):
         outbound_post(f"http://{host}:{port}/in", body=b"{}", headers={}, timeout_s=5, allow_private=False)
     assert got == []
+
+
+@pytest.fixture
+def tls_server(tmp_path) -> Iterator[tuple[int, Path, list[str]]]:
+    """A real TLS server on 127.0.0.1 with a self-signed certificate for hooks.example.test only."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=hooks.example.test", "-addext", "subjectAltName=DNS:hooks.example.test",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    names: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.sni_callback = lambda sock, name, ctx: names.append(name)
+    srv = HTTPServer(("127.0.0.1", 0), Handler)
+    srv.socket = context.wrap_socket(srv.socket, server_side=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv.server_port, cert, names
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+
+
+def test_https_verifies_the_certificate_for_the_name_and_sends_it_as_sni(tls_server, monkeypatch):
+    port, cert, names = tls_server
+    monkeypatch.setattr(outbound, "resolve", lambda host, p: ["127.0.0.1"])
+    # not trusted: refused by TLS, nothing delivered
+    with pytest.raises(OutboundError, match="CERTIFICATE_VERIFY_FAILED"):
+        outbound_post(f"https://hooks.example.test:{port}/", body=b"{}", headers={}, timeout_s=5,
+                      allow_private=True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted, as a real CA's certificate would be
+    resp = outbound_post(f"https://hooks.example.test:{port}/", body=b"{}", headers={}, timeout_s=5,
+                         allow_private=True)
+    assert resp.status == 204 and names[-1] == "hooks.example.test"
+    # a certificate for another name does not do for this one
+    with pytest.raises(OutboundError, match="CERTIFICATE_VERIFY_FAILED"):
+        outbound_post(f"https://other.example.test:{port}/", body=b"{}", headers={}, timeout_s=5,
+                      allow_private=True)
