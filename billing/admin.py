@@ -16,6 +16,7 @@ from billing.models import (
     MeteringCursor,
     SpotFloor,
 )
+from gpucloud.lib.outbound import outbound_url_validator
 from gpucloud.tenancy.admin import OperatorAdmin, Outcome
 
 
@@ -184,8 +185,21 @@ class InvoiceLineAdmin(_ReadOnly):
     list_select_related = ["invoice__tenant", "instance_type", "region"]
 
 
+class BudgetAdminForm(forms.ModelForm):
+    """The operator's edit of a webhook URL passes the same outbound guard as the tenant's."""
+
+    webhook_url = forms.URLField(max_length=500, required=False, assume_scheme="https",
+                                 validators=[outbound_url_validator])
+
+    class Meta:
+        model = Budget
+        fields = ["tenant", "name", "monthly_amount", "thresholds", "notify_email", "webhook_url", "webhook_secret",
+                  "hard_stop", "created_at"]
+
+
 @admin.register(Budget)
 class BudgetAdmin(OperatorAdmin):
+    form = BudgetAdminForm
     list_display = [
         "tenant",
         "name",

@@ -5,6 +5,9 @@ Called from Celery tasks only, never inside a transaction (network I/O).
 Webhook signature: `X-Gpucloud-Signature: t=<unix time>,v1=<hex>` where
 hex = HMAC-SHA256(key = the budget's webhook secret, message = "<t>." + raw body).
 Receivers recompute it over the raw body, compare in constant time and reject old `t`.
+
+Webhooks go out through `gpucloud.lib.outbound` only (https, public addresses, checked again
+at every delivery, no redirects followed): see docs/billing.md.
 """
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ import json
 import time
 from typing import Any
 
-import requests
 from django.conf import settings
 from django.core.mail import send_mail
 
+from gpucloud.lib.outbound import OutboundError, outbound_post
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import Membership, Tenant
 
@@ -46,16 +49,19 @@ def verify(*, secret: str, header: str, body: bytes, tolerance_s: int = 300, now
 
 
 def webhook_post(*, url: str, secret: str, payload: dict[str, Any]) -> None:
+    """Sign and POST one event. Raises `OutboundRefused` when the URL may not be called (nothing
+    is sent; retrying will not help) and `DeliveryError` when the receiver failed (worth a retry)."""
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", "User-Agent": "gpucloud-webhooks/1",
                SIGNATURE_HEADER: sign(secret=secret, timestamp=int(time.time()), body=body)}
     try:
-        resp = requests.post(url, data=body, headers=headers, timeout=settings.BILLING_WEBHOOK_TIMEOUT_S,
-                             allow_redirects=False)
-    except requests.RequestException as exc:
+        resp = outbound_post(url, body=body, headers=headers, timeout_s=settings.BILLING_WEBHOOK_TIMEOUT_S)
+    except OutboundError as exc:
         raise DeliveryError(f"{url}: {exc}") from exc
-    if not 200 <= resp.status_code < 300:
-        raise DeliveryError(f"{url} answered {resp.status_code}")
+    if 300 <= resp.status < 400:
+        raise DeliveryError(f"{url} answered {resp.status} (redirects are not followed)")
+    if not 200 <= resp.status < 300:
+        raise DeliveryError(f"{url} answered {resp.status}")
 
 
 def tenant_admin_emails(*, tenant: Tenant) -> list[str]:

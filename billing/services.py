@@ -36,6 +36,7 @@ from billing.models import (
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.lib.errors import InvalidInput, PaymentRequired
+from gpucloud.lib.outbound import OutboundRefused
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import Billing, State
@@ -406,7 +407,8 @@ def budget_alert_deliver(*, alert_id: int) -> None:
     """Email and webhook for one alert. Runs in a task, outside any transaction.
 
     Each channel is marked done once it succeeded, so a retry repeats only what failed.
-    Raises `notify.DeliveryError` when the webhook failed (the task retries).
+    Raises `notify.DeliveryError` when the webhook failed (the task retries). A webhook URL the
+    outbound guard refuses now is recorded in `last_error` and not sent, nor retried.
     """
     from billing import notify
 
@@ -432,6 +434,13 @@ def budget_alert_deliver(*, alert_id: int) -> None:
         BudgetAlert.objects.filter(pk=alert.pk).update(webhook_attempts=F("webhook_attempts") + 1)
         try:
             notify.webhook_post(url=budget.webhook_url, secret=budget.webhook_secret, payload=payload)
+        except OutboundRefused as exc:
+            # Checked at save and again here: DNS (or the operator's setting) may have changed
+            # since. Nothing was sent; a retry would be refused the same way.
+            logger.warning("webhook refused alert=%s budget=%s tenant=%s: %s", alert.pk, budget.pk,
+                           budget.tenant_id, exc)
+            BudgetAlert.objects.filter(pk=alert.pk).update(last_error=f"refused: {exc}"[:500])
+            return
         except notify.DeliveryError as exc:
             BudgetAlert.objects.filter(pk=alert.pk).update(last_error=str(exc)[:500])
             raise

@@ -29,7 +29,7 @@ def invoices_task() -> dict:
 
 
 @shared_task(bind=True, ignore_result=True, max_retries=6, autoretry_for=(notify.DeliveryError,),
-             retry_backoff=30, retry_backoff_max=3600, retry_jitter=True)
+             retry_backoff=30, retry_backoff_max=3600, retry_jitter=True, soft_time_limit=60, time_limit=90)
 def budget_alert_deliver_task(self, alert_id: int) -> None:
     services.budget_alert_deliver(alert_id=alert_id)
 

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from django.contrib import messages
 from django.contrib.auth import login, logout
-from django.contrib.auth.views import LoginView, redirect_to_login
+from django.contrib.auth.views import LoginView
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
@@ -169,10 +169,17 @@ def signout(request):
 
 
 def invitation_accept(request):
-    """Join a tenant with an invitation token. Needs a signed-in user, not a tenant yet."""
+    """Join a tenant with an invitation token. Needs a signed-in user, not a tenant yet.
+
+    The token is never in a URL the server sees (access logs, `?next=`, Referer): the link the
+    members page shows carries it in the fragment (`#token=…`), which console.js copies into
+    this form (kept in the tab's sessionStorage while the user signs in first); it is POSTed.
+    """
     if not request.user.is_authenticated:
-        return redirect_to_login(request.get_full_path(), reverse("console:login"))
-    form = InvitationAcceptForm(request.POST or None, initial={"token": request.GET.get("token", "")})
+        # Not a redirect: the sign-in page would drop the fragment. This page keeps the token
+        # for the tab and links to sign-in, which returns here.
+        return render(request, "frontend/invitation_accept.html", {"form": None})
+    form = InvitationAcceptForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         ser = tenancy_s.InvitationAcceptSerializer(data=form.cleaned_data)
         if not ser.is_valid():

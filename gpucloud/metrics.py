@@ -1,8 +1,9 @@
 """`/metrics` for Prometheus: the fleet and the queue as the database sees them at scrape time.
 
 A collector that runs a few aggregate queries per scrape, so every web process
-reports the same truth (no per-process counters to merge). Set METRICS_TOKEN to
-require `Authorization: Bearer <token>`.
+reports the same truth (no per-process counters to merge). It needs `Authorization:
+Bearer <METRICS_TOKEN>`; with no token set it is served only when DEBUG (the laptop demo)
+and refused otherwise: fleet size, tenants' queue depth and host names are not public.
 """
 from __future__ import annotations
 
@@ -57,5 +58,8 @@ def metrics_view(request):
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HttpResponse("metrics need the METRICS_TOKEN bearer token\n", status=401,
-                                content_type="text/plain")
+                                content_type="text/plain", headers={"WWW-Authenticate": "Bearer"})
+    elif not settings.DEBUG:
+        return HttpResponse("metrics are off: set METRICS_TOKEN and scrape with it as a bearer token\n",
+                            status=403, content_type="text/plain")
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)

@@ -18,13 +18,35 @@ VAR_DIR = Path(env_str("GPUCLOUD_VAR_DIR", str(BASE_DIR / "var")))
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY:
-    if not DEBUG and not env_bool("GPUCLOUD_INSECURE_DEFAULT_SECRET", False):
-        # Refusing to start is kinder than signing sessions with a public key.
+    if not DEBUG:
+        # Refusing to start is kinder than signing sessions with a public key. There is no
+        # switch around this: only the DEBUG demo gets the key below.
         raise RuntimeError("SECRET_KEY is not set (or set DEBUG=1 for a local demo)")
     SECRET_KEY = "insecure-local-demo-key-do-not-use-in-production"
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS. The defaults are production's (`manage.py check --deploy` is clean with them); DEBUG
+# relaxes them for the laptop demo on plain http. Each can be set on its own.
+_HTTPS = not DEBUG
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", _HTTPS)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # load balancers probe over plain http
+if env_bool("TRUST_X_FORWARDED_PROTO", False):
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto (and strips the client's own),
+    # or every request looks like http and SECURE_SSL_REDIRECT loops.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", _HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", _HTTPS)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if _HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", _HTTPS)
+# Preloading is a promise about the whole registrable domain that takes months to undo: the
+# operator opts in. Until then Django's reminder (W021) is silenced, and only that one.
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -217,7 +239,8 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
     "enterprise": {"max_gpus": 1024, "max_instances": 512},
 }
 
-# Prometheus scrapes /metrics; with a token set it must send `Authorization: Bearer <token>`.
+# Prometheus scrapes /metrics with `Authorization: Bearer <token>`. With no token /metrics is
+# served only when DEBUG (the demo); otherwise it answers 403.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
 # Scheduler.
@@ -249,6 +272,10 @@ BILLING_LOW_BALANCE = env_decimal("BILLING_LOW_BALANCE", "10.00")  # warn below 
 BILLING_GRACE_S = env_int("BILLING_GRACE_S", 3600)
 BILLING_PAYMENT_PROVIDER = env_str("BILLING_PAYMENT_PROVIDER", "billing.payments.NullProvider")
 BILLING_WEBHOOK_TIMEOUT_S = env_int("BILLING_WEBHOOK_TIMEOUT_S", 5)
+# Outbound URLs (webhooks) must be https to a public address. 1 also allows http and private,
+# loopback and CGNAT addresses: for a demo or tests, never on a shared installation. Link-local
+# and metadata addresses (169.254.169.254) stay refused either way (gpucloud/lib/outbound.py).
+WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 # Usage is posted in closed windows of METERING_INTERVAL_S, METERING_SETTLE_S behind the
 # clock so that every transition of the window has committed.
 METERING_INTERVAL_S = env_int("METERING_INTERVAL_S", 60)

@@ -13,6 +13,12 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
+# The test client and the live server speak plain http: production's https defaults off here
+# (tests/test_deploy.py checks those defaults with `check --deploy`).
+os.environ.setdefault("SECURE_SSL_REDIRECT", "0")
+os.environ.setdefault("SESSION_COOKIE_SECURE", "0")
+os.environ.setdefault("CSRF_COOKIE_SECURE", "0")
+os.environ.setdefault("SECURE_HSTS_SECONDS", "0")
 
 from gpucloud.settings import *  # noqa: E402,F403
 

@@ -408,3 +408,20 @@ def test_a_service_refusal_becomes_a_sentence_not_a_server_error(alice):
     outcome.attempt("Acme", "credit", lambda: credit_grant(tenant=alice.tenant, amount=Decimal(-1)))
     assert outcome.failed == ["Could not credit Acme: A credit is a positive amount."]
     assert outcome.done == []
+
+
+def test_an_operator_cannot_point_a_budget_webhook_at_an_internal_address(admin_client, alice):
+    from billing import services as billing_services
+
+    budget = billing_services.budget_create(tenant=alice.tenant, name="b", monthly_amount=Decimal("10"))
+    url = reverse("admin:billing_budget_change", args=[budget.pk])
+    form = {"tenant": str(alice.tenant.pk), "name": "b", "monthly_amount": "10", "thresholds": "[50]",
+            "notify_email": "on", "webhook_secret": budget.webhook_secret, "created_at_0": "2025-03-01",
+            "created_at_1": "00:00:00"}
+    resp = admin_client.post(url, {**form, "webhook_url": "https://169.254.169.254/latest/meta-data/"})
+    assert resp.status_code == 200 and "metadata address" in resp.content.decode()
+    budget.refresh_from_db()
+    assert budget.webhook_url == ""
+    assert admin_client.post(url, {**form, "webhook_url": "https://8.8.8.8/hook"}).status_code == 302
+    budget.refresh_from_db()
+    assert budget.webhook_url == "https://8.8.8.8/hook"

@@ -8,6 +8,7 @@ from billing.choices import UsageGroup
 from billing.models import Budget, Invoice, InvoiceLine, LedgerEntry
 from gpucloud.api.serializers import StrictModelSerializer, StrictSerializer
 from gpucloud.catalogue.models import Price
+from gpucloud.lib.outbound import outbound_url_validator
 
 
 class LedgerEntrySerializer(serializers.ModelSerializer):
@@ -67,6 +68,9 @@ class BudgetWriteSerializer(StrictModelSerializer):
     class Meta:
         model = Budget
         fields = ["name", "monthly_amount", "thresholds", "notify_email", "webhook_url", "hard_stop"]
+        # Checked again at each delivery (DNS can change): docs/billing.md, gpucloud/lib/outbound.py.
+        extra_kwargs = {"webhook_url": {"validators": [outbound_url_validator],
+                                        "help_text": "https, a public address; empty for none"}}
 
 
 class SpotPriceSerializer(serializers.ModelSerializer):

@@ -173,3 +173,39 @@ def test_spot_max_price_is_checked_at_launch_and_preempts_when_passed(alice, cat
     assert len(prices["results"]) == 2  # ...and the seeded price stays as history
     w = Workload.objects.get(pk=resp.json()["id"])
     assert w.stop_by is not None and "max price 1.5000" in w.reason
+
+
+INTERNAL_WEBHOOKS = ["http://127.0.0.1:8000/hook", "http://localhost:6379", "https://localhost:6379/",
+                     "http://169.254.169.254/latest/meta-data/", "https://169.254.169.254/", "http://[::1]/",
+                     "https://[::1]/", "https://10.0.0.1/", "https://[::ffff:127.0.0.1]/", "https://2130706433/",
+                     "https://hooks.internal.test/", "https://user:pw@8.8.8.8/"]
+
+
+@pytest.mark.parametrize("url", INTERNAL_WEBHOOKS)
+def test_a_webhook_to_an_internal_address_is_refused_and_saves_nothing(url, alice, catalog, monkeypatch):
+    from gpucloud.lib import outbound
+
+    real = outbound.resolve
+    # a stand-in for DNS: this one name resolves to loopback, the rest as the system says
+    monkeypatch.setattr(outbound, "resolve", lambda host, port: (["127.0.0.1"] if host == "hooks.internal.test"
+                                                                 else real(host, port)))
+    resp = alice.client().post("/api/v1/budgets", {"name": "b", "monthly_amount": "10", "webhook_url": url},
+                               format="json")
+    assert resp.status_code == 400, resp.json()
+    assert resp.json()["error"]["code"] == "validation_error"
+    assert list(resp.json()["error"]["fields"]) == ["webhook_url"]
+    assert not Budget.objects.exists()
+    # nor can an existing budget be pointed there
+    budget = services.budget_create(tenant=alice.tenant, name="b", monthly_amount=Decimal("10"))
+    resp = alice.client().patch(f"/api/v1/budgets/{budget.pk}", {"webhook_url": url}, format="json")
+    assert resp.status_code == 400 and "webhook_url" in resp.json()["error"]["fields"]
+    budget.refresh_from_db()
+    assert budget.webhook_url == ""
+
+
+def test_a_webhook_to_a_public_https_address_is_saved(alice, catalog):
+    resp = alice.client().post("/api/v1/budgets", {"name": "b", "monthly_amount": "10",
+                                                    "webhook_url": "https://8.8.8.8/hooks/gpucloud"}, format="json")
+    assert resp.status_code == 201, resp.json()
+    assert resp.json()["webhook_url"] == "https://8.8.8.8/hooks/gpucloud"
+

@@ -10,8 +10,9 @@ import pytest
 from django.core import mail
 
 from billing import notify, services
-from billing.models import BudgetAlert
+from billing.models import Budget, BudgetAlert
 from gpucloud.celery import app
+from gpucloud.lib import outbound
 from scheduler.choices import State
 from tests.billing.helpers import at, make_run, set_price
 
@@ -26,9 +27,15 @@ def receiver():
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
-            got.append((dict(self.headers), body))
-            self.send_response(204)
+            got.append(({**self.headers, "path": self.path}, body))
+            if self.path == "/redirect":  # somewhere the sender must not be led
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/elsewhere")
+            else:
+                self.send_response(204)
             self.end_headers()
+
+        do_GET = do_POST
 
         def log_message(self, *args):
             pass
@@ -38,6 +45,14 @@ def receiver():
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}/hook", got
     server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+@pytest.fixture
+def allow_private(settings):
+    """WEBHOOK_ALLOW_PRIVATE=1, as a demo sets it: the receiver lives on 127.0.0.1 over http."""
+    settings.WEBHOOK_ALLOW_PRIVATE = True
 
 
 @pytest.fixture
@@ -46,6 +61,7 @@ def eager(monkeypatch):
 
 
 def test_thresholds_alert_once_by_email_and_signed_webhook_after_commit(alice, bob, catalog, receiver, eager,
+                                                                        allow_private,
                                                                         django_capture_on_commit_callbacks):
     url, got = receiver
     budget = services.budget_create(tenant=alice.tenant, name="team", monthly_amount=Decimal("10.00"),
@@ -73,7 +89,7 @@ def test_thresholds_alert_once_by_email_and_signed_webhook_after_commit(alice, b
     assert all(a.webhook_delivered_at and a.email_sent_at for a in BudgetAlert.objects.all())
 
 
-def test_a_failing_webhook_is_recorded_and_retried(alice, catalog):
+def test_a_failing_webhook_is_recorded_and_retried(alice, catalog, allow_private):
     budget = services.budget_create(tenant=alice.tenant, monthly_amount=Decimal("1"), thresholds=[1],
                                     webhook_url="http://127.0.0.1:9/nothing-listens", notify_email=False)
     alert = BudgetAlert.objects.create(budget=budget, month=at(2025, 3, 1).date(), threshold=1, spend=Decimal("1"))
@@ -81,3 +97,53 @@ def test_a_failing_webhook_is_recorded_and_retried(alice, catalog):
         services.budget_alert_deliver(alert_id=alert.pk)
     alert.refresh_from_db()
     assert alert.webhook_attempts == 1 and alert.last_error and alert.webhook_delivered_at is None
+
+
+def _alert(budget):
+    return BudgetAlert.objects.create(budget=budget, month=at(2025, 3, 1).date(), threshold=1, spend=Decimal("1"))
+
+
+def test_a_url_refused_at_delivery_is_recorded_and_never_sent(alice, catalog, receiver, settings):
+    url, got = receiver
+    settings.WEBHOOK_ALLOW_PRIVATE = True  # saved while the operator allowed private addresses
+    resp = alice.client().post("/api/v1/budgets", {"name": "b", "monthly_amount": "1", "notify_email": False,
+                                                    "webhook_url": url}, format="json")
+    assert resp.status_code == 201, resp.json()
+    settings.WEBHOOK_ALLOW_PRIVATE = False  # ...and no longer
+    alert = _alert(Budget.objects.get(pk=resp.json()["id"]))
+    services.budget_alert_deliver(alert_id=alert.pk)  # no DeliveryError: a retry would be refused too
+    alert.refresh_from_db()
+    assert got == []
+    assert alert.webhook_delivered_at is None and alert.webhook_attempts == 1
+    assert alert.last_error == "refused: The URL must use https."
+
+
+def test_a_name_that_resolves_elsewhere_at_delivery_is_refused(alice, catalog, receiver, monkeypatch):
+    """DNS rebinding: public when saved, loopback when the worker sends. The guard's resolver is
+    replaced by a stand-in for DNS; the receiver on 127.0.0.1 would get the request if the guard
+    did not check again at delivery."""
+    url, got = receiver
+    port = url.split(":")[2].split("/")[0]
+    monkeypatch.setattr(outbound, "resolve", lambda host, p: ["93.184.215.14"])
+    resp = alice.client().post("/api/v1/budgets", {"name": "b", "monthly_amount": "1", "notify_email": False,
+                                                    "webhook_url": f"https://hooks.example.test:{port}/hook"},
+                               format="json")
+    assert resp.status_code == 201, resp.json()
+    monkeypatch.setattr(outbound, "resolve", lambda host, p: ["127.0.0.1"])
+    alert = _alert(Budget.objects.get(pk=resp.json()["id"]))
+    services.budget_alert_deliver(alert_id=alert.pk)
+    alert.refresh_from_db()
+    assert got == [] and alert.webhook_delivered_at is None
+    assert "hooks.example.test resolves to 127.0.0.1" in alert.last_error
+
+
+def test_a_webhook_redirect_is_not_followed(alice, catalog, receiver, allow_private):
+    url, got = receiver
+    budget = services.budget_create(tenant=alice.tenant, monthly_amount=Decimal("1"), thresholds=[1],
+                                    webhook_url=url.replace("/hook", "/redirect"), notify_email=False)
+    alert = _alert(budget)
+    with pytest.raises(notify.DeliveryError, match="302"):
+        services.budget_alert_deliver(alert_id=alert.pk)
+    assert [h["path"] for h, _ in got] == ["/redirect"]  # /elsewhere got nothing
+    alert.refresh_from_db()
+    assert alert.webhook_delivered_at is None and "redirects are not followed" in alert.last_error

@@ -288,6 +288,9 @@ def test_an_admin_invites_and_the_invitee_joins_from_the_console(alice, charlie)
                                                                     "role": "member"})
     token = response.context["invited"]["token"]
     assert token in response.content.decode()
+    # the link carries the token in its fragment, which no server (nor its access log) ever sees
+    assert f"/console/invitations/accept/#token={token}" in response.content.decode()
+    assert "?token=" not in response.content.decode()
     client = signed_in(charlie)
     wrong = client.post("/console/invitations/accept/", {"token": "inv_wrong"})
     assert "This invitation does not exist, has expired or was used." in wrong.content.decode()
@@ -303,3 +306,23 @@ def test_a_viewer_cannot_invite_or_change_roles(victor, bob):
     assert client.post(f"/console/settings/members/{bob.membership.pk}/role", {"role": "owner"}).status_code == 403
     bob.membership.refresh_from_db()
     assert bob.membership.role == "member"
+
+
+def test_the_console_refuses_an_internal_webhook_url(alice, catalog):
+    from billing.models import Budget
+
+    resp = signed_in(alice).post("/console/budgets/", {"name": "b", "monthly_amount": "10", "thresholds": "50",
+                                                       "webhook_url": "https://169.254.169.254/latest/meta-data/"},
+                                 follow=True)
+    assert not Budget.objects.exists()
+    assert "169.254.169.254 is a link-local, multicast, reserved or metadata address" in resp.content.decode()
+
+
+def test_the_invitation_page_takes_no_token_from_a_url(charlie):
+    # signed out: the page itself (a redirect to sign-in would drop the link's fragment), no form
+    page = Client().get("/console/invitations/accept/")
+    assert page.status_code == 200 and page.context["form"] is None
+    assert 'href="/console/signin/?next=/console/invitations/accept/"' in page.content.decode()
+    # a token in the query (an old link, already in some log) is not used
+    page = signed_in(charlie).get("/console/invitations/accept/", {"token": "inv_from_a_log"})
+    assert "inv_from_a_log" not in page.content.decode()

@@ -195,6 +195,7 @@ def _start_server(db: dict, port: int, workers: int, threads: int) -> subprocess
         "DEBUG": "0",
         "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(32),
         "ALLOWED_HOSTS": "127.0.0.1",
+        "SECURE_SSL_REDIRECT": "0",  # plain http on 127.0.0.1, no TLS proxy in front
         "AGENT_RATE_LIMIT": "1000000/min",
         "DJANGO_SETTINGS_MODULE": "gpucloud.settings",
     }

@@ -118,7 +118,29 @@
     window.addEventListener("resize", () => chart.setSize({ width: width(el), height: 220 }));
   }
 
+  // ---- join a tenant: the invitation link carries its token after "#", which browsers never send
+  // to the server (no access log, ?next= or Referer holds it). Keep it for this tab while the user
+  // signs in, take it off the address bar, and fill in the form: joining stays a click on "Join".
+  const INVITATION = "gpucloud.invitation";
+  function setupInvitation() {
+    const page = document.getElementById("invitation-accept");
+    if (!page) return;
+    const found = /(?:^#|&)token=([^&]*)/.exec(location.hash);
+    if (found) {
+      try { sessionStorage.setItem(INVITATION, decodeURIComponent(found[1])); } catch (e) { /* storage off */ }
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+    const input = page.querySelector("input[name=token]");
+    let token = null;
+    try { token = sessionStorage.getItem(INVITATION); } catch (e) { /* storage off */ }
+    if (!token && found) token = decodeURIComponent(found[1]);
+    if (input && token) {
+      if (!input.value) input.value = token;
+      try { sessionStorage.removeItem(INVITATION); } catch (e) { /* storage off */ }
+    }
+  }
+
   function setup(root) { setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); }
-  document.addEventListener("DOMContentLoaded", () => setup(document));
+  document.addEventListener("DOMContentLoaded", () => { setupInvitation(); setup(document); });
   document.addEventListener("htmx:load", (e) => setup(e.target));
 })();
