@@ -2,7 +2,8 @@
 
 An API key is narrowed twice (gpucloud/tenancy/permissions.py explains both): by
 permission, inside a tenant-scoped view, and here, per route and method, before any
-view runs (`ApiView.check_permissions`). This layer is what keeps a `read` key from
+handler runs (`ApiView.check_permissions`, after the view's permission classes, so a
+role's refusal is still told as one). This layer is what keeps a `read` key from
 every change, also on the routes whose permission is decided per object (leaving a
 tenant, revoking one's own key) or that are not tenant-scoped at all (accepting an
 invitation): an unsafe method needs `write` at least, everywhere.

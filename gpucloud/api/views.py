@@ -66,10 +66,10 @@ class ApiView(APIView):
         set_actor(Actor(user=user, api_key=getattr(request, "api_key", None), ip=client_ip(request)))
 
     def check_permissions(self, request: Request) -> None:
-        # Before the view's own permissions, on every route: a key's scopes bound what it
-        # may do even where no tenant permission applies (gpucloud/api/scopes.py).
+        super().check_permissions(request)  # first, so a role's refusal is told as such
+        # Then, on every route: a key's scopes bound what it may do, also where no tenant
+        # permission applies or it is decided per object (gpucloud/api/scopes.py).
         check_key_scope(request)
-        super().check_permissions(request)
 
 
 class TenantPermission(permissions.BasePermission):
