@@ -605,14 +605,14 @@ def api_keys(request):
     return response
 
 
-@console_view(read=perms.API_KEYS_READ, write=perms.API_KEYS_READ)
+@console_view(read=perms.API_KEYS_READ, write=perms.API_KEYS_REVOKE)
 def api_key_revoke(request, pk):
     console = request.console
     key = tenancy_selectors.api_key_list(tenant=console.tenant).filter(pk=pk).first()
     if key is None:
         raise Http404("No such key in this tenant.")
     needed = perms.to_revoke_key(created_by_id=key.created_by_id, user_id=request.user.pk)
-    if needed and not console.can(needed):
+    if not console.can(needed):
         raise PermissionDenied(refusal(console, needed))
     tenancy_services.api_key_revoke(key=key)
     messages.success(request, f"Key {key.prefix} is revoked; it stops working at once.")
@@ -701,13 +701,13 @@ def member_role(request, pk):
     return redirect("console:members")
 
 
-@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_READ)
+@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_LEAVE)
 def member_remove(request, pk):
     """Remove a member (members.manage), or leave (anybody may remove themselves)."""
     console = request.console
     membership = _member(request, pk)
     needed = perms.to_remove_member(membership_id=membership.pk, own_membership_id=console.membership.pk)
-    if needed and not console.can(needed):
+    if not console.can(needed):
         raise PermissionDenied(refusal(console, needed))
     try:
         tenancy_services.member_remove(actor=console.membership, membership=membership)

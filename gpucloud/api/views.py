@@ -16,6 +16,7 @@ from rest_framework import exceptions, permissions, viewsets
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from gpucloud.api.scopes import check_key_scope
 from gpucloud.lib.http import client_ip
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, reset_actor, set_actor
@@ -50,7 +51,7 @@ def resolve_tenant(request: Request) -> Membership | None:
 
 
 class ApiView(APIView):
-    """Sets the audit actor for the request."""
+    """Sets the audit actor for the request and holds API keys to their route's scope."""
 
     def dispatch(self, request, *args, **kwargs):
         token = set_actor(Actor(ip=client_ip(request)))
@@ -63,6 +64,12 @@ class ApiView(APIView):
         super().perform_authentication(request)
         user = request.user if request.user and request.user.is_authenticated else None
         set_actor(Actor(user=user, api_key=getattr(request, "api_key", None), ip=client_ip(request)))
+
+    def check_permissions(self, request: Request) -> None:
+        super().check_permissions(request)  # first, so a role's refusal is told as such
+        # Then, on every route: a key's scopes bound what it may do, also where no tenant
+        # permission applies or it is decided per object (gpucloud/api/scopes.py).
+        check_key_scope(request)
 
 
 class TenantPermission(permissions.BasePermission):

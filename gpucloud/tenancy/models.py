@@ -109,7 +109,8 @@ class ApiKey(models.Model):
     """A tenant's API key. Only a SHA-256 of the secret is stored; `prefix` finds the row.
 
     The key acts as its creator, with the creator's current role in the tenant
-    narrowed to the key's scopes: removing a member disables their keys.
+    narrowed to the key's scopes. Removing a member revokes their keys in the tenant
+    (rejoining does not bring them back).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)

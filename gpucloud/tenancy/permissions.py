@@ -8,6 +8,15 @@ An actor's effective permissions are the intersection of
   * what the API key's scopes allow (a session has every scope),
 minus the launch permissions while the tenant is suspended (a suspended tenant
 can read, not launch).
+
+Keys are narrowed twice, so that a `read` key can never change anything:
+  * here, by permission: every permission that is not a ".read" needs a `write`
+    or `admin` scope (SCOPE_PERMISSIONS), and every view action that changes
+    something declares such a permission (tests/api/test_scopes.py checks it);
+  * per route and method, in gpucloud/api/scopes.py: an unsafe method (POST, PUT,
+    PATCH, DELETE) needs at least `write` on every API route, also on routes that
+    are not tenant-scoped (accepting an invitation) or whose permission is decided
+    per object (leaving a tenant, revoking one's own key).
 """
 from __future__ import annotations
 
@@ -20,8 +29,10 @@ TENANT_READ = "tenant.read"
 TENANT_MANAGE = "tenant.manage"  # rename, change plan-independent settings
 MEMBERS_READ = "members.read"
 MEMBERS_MANAGE = "members.manage"  # invite, remove, change roles below one's own
+MEMBERS_LEAVE = "members.leave"  # remove oneself from the tenant
 API_KEYS_READ = "api_keys.read"
 API_KEYS_CREATE = "api_keys.create"  # create keys for oneself
+API_KEYS_REVOKE = "api_keys.revoke"  # revoke one's own keys
 API_KEYS_MANAGE = "api_keys.manage"  # revoke anybody's key in the tenant
 AUDIT_READ = "audit.read"
 QUOTAS_READ = "quotas.read"
@@ -31,8 +42,10 @@ WORKLOADS_MANAGE = "workloads.manage"  # stop and delete workloads
 BILLING_READ = "billing.read"
 BILLING_MANAGE = "billing.manage"  # budgets, alerts, payment settings
 
+# Everybody may leave and revoke their own keys (a leaked key must die fast).
 _VIEWER = frozenset(
-    {TENANT_READ, MEMBERS_READ, QUOTAS_READ, WORKLOADS_READ, BILLING_READ, API_KEYS_READ}
+    {TENANT_READ, MEMBERS_READ, QUOTAS_READ, WORKLOADS_READ, BILLING_READ, API_KEYS_READ,
+     MEMBERS_LEAVE, API_KEYS_REVOKE}
 )
 _MEMBER = _VIEWER | {API_KEYS_CREATE, WORKLOADS_LAUNCH, WORKLOADS_MANAGE}
 _ADMIN = _MEMBER | {MEMBERS_MANAGE, API_KEYS_MANAGE, AUDIT_READ, BILLING_MANAGE}
@@ -47,14 +60,29 @@ ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
 
 ALL_PERMISSIONS: frozenset[str] = _OWNER
 
-# A `read` key can only read; `write` adds launching and managing workloads and
-# creating keys; `admin` is everything the role allows.
+# A `read` key can only read; `write` adds launching and managing workloads,
+# creating and revoking one's own keys and leaving; `admin` is everything the role allows.
+_READS = frozenset(p for p in ALL_PERMISSIONS if p.endswith(".read"))
 SCOPE_PERMISSIONS: dict[str, frozenset[str]] = {
-    Scope.READ: frozenset(p for p in ALL_PERMISSIONS if p.endswith(".read")),
-    Scope.WRITE: frozenset(p for p in ALL_PERMISSIONS if p.endswith(".read"))
-    | {WORKLOADS_LAUNCH, WORKLOADS_MANAGE, API_KEYS_CREATE},
+    Scope.READ: _READS,
+    Scope.WRITE: _READS
+    | {WORKLOADS_LAUNCH, WORKLOADS_MANAGE, API_KEYS_CREATE, API_KEYS_REVOKE, MEMBERS_LEAVE},
     Scope.ADMIN: ALL_PERMISSIONS,
 }
+
+# The scopes are nested (read < write < admin): a key holds the widest of its scopes.
+SCOPE_RANK: dict[str, int] = {Scope.READ: 0, Scope.WRITE: 1, Scope.ADMIN: 2}
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def scope_for_method(method: str) -> str:
+    """The least scope a method needs on any route: an unsafe method needs `write`."""
+    return Scope.READ if method.upper() in SAFE_METHODS else Scope.WRITE
+
+
+def scopes_allow(*, scopes: Iterable[str], needed: str) -> bool:
+    """Whether a key with `scopes` holds the scope `needed` (or a wider one)."""
+    return any(SCOPE_RANK.get(s, -1) >= SCOPE_RANK[needed] for s in scopes)
 
 # What a suspended tenant may no longer do. Stopping work stays allowed, so a
 # suspended tenant can still cut its own costs.
@@ -100,13 +128,13 @@ def scopes_within_role(*, role: str, scopes: Iterable[str]) -> bool:
     return set(scopes) <= set(allowed)
 
 
-def to_revoke_key(*, created_by_id: object, user_id: object) -> str | None:
-    """The permission revoking a key needs beyond the page's own: your own keys you may
-    always revoke (a leaked key must die fast); anybody else's needs api_keys.manage."""
-    return None if created_by_id == user_id else API_KEYS_MANAGE
+def to_revoke_key(*, created_by_id: object, user_id: object) -> str:
+    """The permission revoking this key needs: your own keys every role may revoke
+    (api_keys.revoke; a leaked key must die fast); anybody else's needs api_keys.manage."""
+    return API_KEYS_REVOKE if created_by_id == user_id else API_KEYS_MANAGE
 
 
-def to_remove_member(*, membership_id: object, own_membership_id: object) -> str | None:
-    """The permission removing a member needs beyond members.read: leaving (removing
-    yourself) needs none; removing anybody else needs members.manage."""
-    return None if membership_id == own_membership_id else MEMBERS_MANAGE
+def to_remove_member(*, membership_id: object, own_membership_id: object) -> str:
+    """The permission removing this member needs: leaving (removing yourself) every role
+    may (members.leave); removing anybody else needs members.manage."""
+    return MEMBERS_LEAVE if membership_id == own_membership_id else MEMBERS_MANAGE

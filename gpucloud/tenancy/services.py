@@ -158,15 +158,30 @@ def member_update_role(*, actor: Membership, membership: Membership, role: str) 
 
 @transaction.atomic
 def member_remove(*, actor: Membership, membership: Membership) -> None:
+    """Remove a member (or leave, when `actor` is `membership`) and revoke their API keys
+    in this tenant."""
     list(Membership.objects.select_for_update().filter(tenant=membership.tenant))
     membership.refresh_from_db()
     if actor.pk != membership.pk:  # leaving a tenant needs no rank
         _check_can_manage(actor=actor, target=membership)
     if membership.role == Role.OWNER and _owner_count(membership.tenant) == 1:
         raise Conflict("A tenant keeps at least one owner.", code="last_owner")
+    # Their keys in this tenant die with the membership, for good: a key only checked
+    # for a membership would come back to life if they were invited again.
+    keys = list(
+        ApiKey.objects.select_for_update()
+        .filter(tenant=membership.tenant, created_by=membership.user, revoked_at__isnull=True)
+        .order_by("created_at")
+    )
+    now = timezone.now()
+    ApiKey.objects.filter(pk__in=[k.pk for k in keys]).update(revoked_at=now)
+    for key in keys:
+        audit_record(tenant=membership.tenant, action="api_key.revoke", obj=key,
+                     data={"reason": "member.remove"})
     audit_record(
         tenant=membership.tenant, action="member.remove", obj=membership,
-        object_repr=membership.user.email, data={"role": membership.role},
+        object_repr=membership.user.email,
+        data={"role": membership.role, "api_keys_revoked": [k.prefix for k in keys]},
     )
     membership.delete()
 

@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from gpucloud.tenancy.models import ApiKey, AuditEvent
 
@@ -111,11 +112,61 @@ def test_member_revokes_own_key_but_not_anothers(alice, bob):
     assert alice.client().post(f"/api/v1/api-keys/{own['id']}/revoke").status_code == 200
 
 
-def test_removed_members_keys_stop_working(alice, bob):
+def test_removed_members_keys_are_revoked(alice, bob):
     assert bob.client().get("/api/v1/tenant").status_code == 200
     assert alice.client().delete(f"/api/v1/members/{bob.membership.pk}").status_code == 204
     resp = bob.client().get("/api/v1/tenant")
-    assert resp.status_code == 403 and resp.json()["error"]["code"] == "no_tenant"
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "authentication_failed"
+    key = ApiKey.objects.get(created_by=bob.user)
+    assert key.revoked_at is not None
+    event = AuditEvent.objects.get(action="api_key.revoke", object_id=str(key.pk))
+    assert event.actor_user == alice.user and event.data == {"reason": "member.remove"}
+    removal = AuditEvent.objects.get(action="member.remove", object_id=str(bob.membership.pk))
+    assert removal.data["api_keys_revoked"] == [key.prefix]
+
+
+def test_removed_members_keys_do_not_revive_when_they_rejoin(alice, bob, charlie):
+    from gpucloud.tenancy.services import api_key_create
+
+    globex = charlie.client().post("/api/v1/invitations", {"email": bob.user.email}, format="json")
+    session = APIClient()
+    session.force_login(bob.user)
+    assert session.post("/api/v1/invitations/accept", {"token": globex.json()["token"]},
+                        format="json").status_code == 201
+    _, bobs_globex_key = api_key_create(
+        membership=bob.user.memberships.get(tenant=charlie.tenant), name="globex", scopes=["read"])
+    assert bob.client().get("/api/v1/tenant").status_code == 200
+
+    assert alice.client().delete(f"/api/v1/members/{bob.membership.pk}").status_code == 204
+    invite = alice.client().post("/api/v1/invitations", {"email": bob.user.email}, format="json")
+    resp = session.post("/api/v1/invitations/accept", {"token": invite.json()["token"]}, format="json")
+    assert resp.status_code == 201  # bob is back in Acme...
+    resp = bob.client().get("/api/v1/tenant")
+    assert resp.status_code == 401, resp.json()  # ...but his old Acme key stays dead
+    # Only his keys in the tenant he left: his Globex key still works.
+    assert bob.client(bobs_globex_key).get("/api/v1/tenant").json()["id"] == str(charlie.tenant.pk)
+
+
+def test_leaving_revokes_ones_own_keys(bob):
+    assert bob.client().delete(f"/api/v1/members/{bob.membership.pk}").status_code == 204
+    assert ApiKey.objects.get(created_by=bob.user).revoked_at is not None
+
+
+def test_migration_revokes_keys_of_members_removed_before(alice, bob):
+    """Keys of members removed before removal revoked them: 0002 revokes them once."""
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("gpucloud.tenancy.migrations.0002_revoke_keys_of_removed_members")
+    bob.membership.delete()  # removed the old way: the key stays unrevoked
+    bobs = ApiKey.objects.get(created_by=bob.user)
+    assert bobs.revoked_at is None
+    migration.revoke_orphaned_keys(apps, None)
+    bobs.refresh_from_db()
+    assert bobs.revoked_at is not None
+    assert ApiKey.objects.get(created_by=alice.user).revoked_at is None  # alice is still a member
+    assert AuditEvent.objects.filter(action="api_key.revoke", object_id=str(bobs.pk)).count() == 1
 
 
 def test_key_creation_and_revocation_are_audited(alice):

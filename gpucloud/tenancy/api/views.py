@@ -54,7 +54,8 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
     selector = selectors.member_list
     permission_map = {
         "list": perms.MEMBERS_READ, "retrieve": perms.MEMBERS_READ,
-        "partial_update": perms.MEMBERS_MANAGE, "destroy": perms.MEMBERS_READ,
+        "partial_update": perms.MEMBERS_MANAGE,
+        "destroy": perms.MEMBERS_LEAVE,  # and members.manage to remove anybody else
     }
     ordering_fields = ["created_at", "role"]
 
@@ -72,9 +73,8 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
     def destroy(self, request, *args, **kwargs):
         """Remove a member (admins and owners), or leave the tenant (anyone, for themselves)."""
         membership = self.get_object()
-        needed = perms.to_remove_member(membership_id=membership.pk, own_membership_id=self.membership.pk)
-        if needed:
-            self.require(needed)
+        self.require(perms.to_remove_member(membership_id=membership.pk,
+                                            own_membership_id=self.membership.pk))
         services.member_remove(actor=self.membership, membership=membership)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -122,8 +122,9 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     selector = selectors.api_key_list
     permission_map = {
         "list": perms.API_KEYS_READ, "retrieve": perms.API_KEYS_READ,
-        "create": perms.API_KEYS_CREATE, "destroy": perms.API_KEYS_READ,
-        "revoke": perms.API_KEYS_READ,
+        "create": perms.API_KEYS_CREATE,
+        # and api_keys.manage to revoke anybody else's
+        "destroy": perms.API_KEYS_REVOKE, "revoke": perms.API_KEYS_REVOKE,
     }
     filterset_fields = ["name"]
     ordering_fields = ["created_at", "last_used_at", "name"]
@@ -138,9 +139,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
 
     def _revoke(self):
         key = self.get_object()
-        needed = perms.to_revoke_key(created_by_id=key.created_by_id, user_id=self.request.user.pk)
-        if needed:
-            self.require(needed)
+        self.require(perms.to_revoke_key(created_by_id=key.created_by_id, user_id=self.request.user.pk))
         return services.api_key_revoke(key=key)
 
     def destroy(self, request, *args, **kwargs):
