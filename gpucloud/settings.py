@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from gpucloud.lib.env import env_bool, env_decimal, env_int, env_list, env_str
+from gpucloud.lib.env import EnvError, env_bool, env_decimal, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUCLOUD_VAR_DIR", str(BASE_DIR / "var")))
@@ -137,8 +137,15 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 LOGIN_URL = "/api/auth/login/"
 
-# Behind a TLS-terminating proxy the client address is the first X-Forwarded-For hop.
+# The client's address (rate limits, the audit log's source IP; gpucloud.lib.http.client_ip):
+# REMOTE_ADDR, or behind TRUSTED_PROXY_HOPS proxies that each append to X-Forwarded-For, the
+# address the outermost of them saw (the Nth entry from the right). TRUST_X_FORWARDED_FOR=1
+# is the older spelling of one hop.
 TRUST_X_FORWARDED_FOR = env_bool("TRUST_X_FORWARDED_FOR", False)
+TRUSTED_PROXY_HOPS = env_int("TRUSTED_PROXY_HOPS", 1 if TRUST_X_FORWARDED_FOR else 0)
+if TRUSTED_PROXY_HOPS < 0:
+    raise EnvError(f"TRUSTED_PROXY_HOPS={TRUSTED_PROXY_HOPS} must be 0 or more")
+
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -153,6 +160,7 @@ REST_FRAMEWORK = {
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_THROTTLE_CLASSES": ["gpucloud.api.throttling.PerKeyThrottle"],
+    "NUM_PROXIES": TRUSTED_PROXY_HOPS,
     "DEFAULT_THROTTLE_RATES": {"per_key": env_str("API_RATE_LIMIT", "600/min")},
     "EXCEPTION_HANDLER": "gpucloud.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
