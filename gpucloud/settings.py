@@ -48,6 +48,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a body over MAX_REQUEST_BODY_BYTES is refused before any middleware reads it.
+    "gpucloud.lib.middleware.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -146,6 +148,13 @@ TRUSTED_PROXY_HOPS = env_int("TRUSTED_PROXY_HOPS", 1 if TRUST_X_FORWARDED_FOR el
 if TRUSTED_PROXY_HOPS < 0:
     raise EnvError(f"TRUSTED_PROXY_HOPS={TRUSTED_PROXY_HOPS} must be 0 or more")
 
+# The largest request body any view reads (API, agents, console forms), in bytes. Heartbeats
+# carry up to 1 MiB of log tails as JSON (agents.protocol.HEARTBEAT_LOGS_MAX_BYTES). A larger
+# body is answered 413 before anything reads it (gpucloud.lib.middleware.RequestBodyLimitMiddleware).
+MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", 4 * 1024 * 1024)
+if MAX_REQUEST_BODY_BYTES < 64 * 1024:
+    raise EnvError(f"MAX_REQUEST_BODY_BYTES={MAX_REQUEST_BODY_BYTES} is too small for a heartbeat (min 65536)")
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES  # Django's own check of request.body agrees
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -163,6 +172,12 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": TRUSTED_PROXY_HOPS,
     "DEFAULT_THROTTLE_RATES": {"per_key": env_str("API_RATE_LIMIT", "600/min")},
     "EXCEPTION_HANDLER": "gpucloud.api.errors.exception_handler",
+    # JSON nested past a sane depth, or text that is not Unicode, is a 400 (gpucloud.api.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "gpucloud.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
