@@ -25,6 +25,8 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Under /api/ and /agent/ a refused CSRF check answers in the API's error shape, not HTML.
+CSRF_FAILURE_VIEW = "gpucloud.api.errors.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
