@@ -40,8 +40,15 @@ def _too_deep() -> str:
 
 
 def json_depth_ok(data: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether parsed JSON nests at most `limit` arrays/objects deep (iterative: no recursion)."""
-    return _walk(data, limit, unicode=False) is None
+    """Whether parsed JSON nests at most `limit` arrays/objects deep (level by level: no
+    recursion, and only containers are visited, so a heartbeat costs a few microseconds)."""
+    level = [data] if isinstance(data, dict | list) else []
+    for _ in range(limit):
+        if not level:
+            return True
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c)
+                 if isinstance(v, dict | list)]
+    return not level
 
 
 def check_json(data: Any, *, unicode: bool = True) -> None:
