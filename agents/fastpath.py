@@ -56,6 +56,7 @@ from django.db import DataError, IntegrityError, connection, transaction
 from agents.host.gpu import FATAL_XIDS
 from agents.models import Gpu, GpuSample, Host
 from agents.protocol import Heartbeat, ProtocolError
+from gpucloud.api.parsers import json_depth_ok
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +263,8 @@ def parse(request) -> Parsed | None:
         return None
     try:
         data = orjson.loads(request.body)
+        if not json_depth_ok(data):
+            return None  # the synchronous view's parser refuses it (400)
         hb = Heartbeat.from_dict(data)
     except (orjson.JSONDecodeError, ProtocolError):
         return None

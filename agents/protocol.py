@@ -20,6 +20,7 @@ alone. Identifiers of hosts, tenants and instances are strings (the control plan
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar, cast
@@ -66,6 +67,17 @@ INT32_MAX: Final = 2**31 - 1
 INT64_MAX: Final = 2**63 - 1
 
 
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _encodable(v: str) -> bool:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _Reader:
     """Typed access to one JSON object; every error names the full field path."""
 
@@ -86,13 +98,18 @@ class _Reader:
         return self.data[key]
 
     def _nul(self, key: str, v: str, text: bool) -> str:
-        """NUL cannot be stored in PostgreSQL text. In free text that a container wrote (its log,
-        the runtime's error) it becomes U+FFFD, so one process's output cannot make its host's
-        heartbeats fail; in names and ids it is refused."""
-        if "\x00" not in v:
+        """NUL cannot be stored in PostgreSQL text, nor a lone UTF-16 surrogate (valid in JSON
+        as "\\ud800", not Unicode). In free text that a container wrote (its log, the runtime's
+        error) each becomes U+FFFD, so one process's output cannot make its host's heartbeats
+        fail; in names and ids they are refused."""
+        surrogates = not v.isascii() and not _encodable(v)
+        if "\x00" not in v and not surrogates:
             return v
         if text:
-            return v.replace("\x00", "\ufffd")
+            v = v.replace("\x00", "\ufffd")
+            return _SURROGATE.sub("\ufffd", v) if surrogates else v
+        if surrogates:
+            raise ProtocolError(self._p(key), "must not contain lone surrogates (not Unicode text)")
         raise ProtocolError(self._p(key), "must not contain NUL characters")
 
     def _len(self, key: str, v: str, max_len: int | None) -> str:
@@ -463,7 +480,8 @@ LOG_TAIL_MAX_LINES: Final = 10_000
 LOG_TAIL_MAX_CHARS: Final = 256 * 1024
 # The most all log tails of one heartbeat may take as JSON. Non-ASCII text is escaped
 # (a tqdm bar's "\u2588" is 6 bytes a character), so 256 Ki characters can be 1.5 MB;
-# a heartbeat must stay well under the control plane's 2.5 MB request limit, or it would
+# a heartbeat must stay well under the control plane's request limit (MAX_REQUEST_BODY_BYTES,
+# 4 MiB by default; it was Django's 2.5 MB when this budget was set), or it would
 # be refused again and again and the host go DOWN. Tails past the budget go in the next
 # heartbeats (the control plane keeps asking until they arrive).
 HEARTBEAT_LOGS_MAX_BYTES: Final = 1024 * 1024

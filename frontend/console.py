@@ -19,9 +19,10 @@ from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 from django.urls import reverse
+from rest_framework.exceptions import NotFound
 
 from gpucloud.api.views import resolve_tenant
 from gpucloud.lib.errors import ServiceError
@@ -100,7 +101,11 @@ def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> 
             else:
                 return HttpResponseNotAllowed(["GET", "POST"] if write else ["GET"])
             memberships = list(membership_list_for_user(user=request.user))
-            membership = resolve_tenant(request)
+            try:
+                membership = resolve_tenant(request)
+            except NotFound:
+                # An X-Tenant header naming a tenant that is not among the user's.
+                raise Http404("No such tenant among yours.") from None
             if membership is None:
                 return render(request, "frontend/no_tenant.html", status=403)
             granted = perms.effective_permissions(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from gpucloud.lib.env import env_bool, env_decimal, env_int, env_list, env_str
+from gpucloud.lib.env import EnvError, env_bool, env_decimal, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUCLOUD_VAR_DIR", str(BASE_DIR / "var")))
@@ -26,6 +26,8 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Under /api/ and /agent/ a refused CSRF check answers in the API's error shape, not HTML.
+CSRF_FAILURE_VIEW = "gpucloud.api.errors.csrf_failure"
 
 # HTTPS. The defaults are production's (`manage.py check --deploy` is clean with them); DEBUG
 # relaxes them for the laptop demo on plain http. Each can be set on its own.
@@ -70,6 +72,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a body over MAX_REQUEST_BODY_BYTES is refused before any middleware reads it.
+    "gpucloud.lib.middleware.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -159,8 +163,22 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 LOGIN_URL = "/api/auth/login/"
 
-# Behind a TLS-terminating proxy the client address is the first X-Forwarded-For hop.
+# The client's address (rate limits, the audit log's source IP; gpucloud.lib.http.client_ip):
+# REMOTE_ADDR, or behind TRUSTED_PROXY_HOPS proxies that each append to X-Forwarded-For, the
+# address the outermost of them saw (the Nth entry from the right). TRUST_X_FORWARDED_FOR=1
+# is the older spelling of one hop.
 TRUST_X_FORWARDED_FOR = env_bool("TRUST_X_FORWARDED_FOR", False)
+TRUSTED_PROXY_HOPS = env_int("TRUSTED_PROXY_HOPS", 1 if TRUST_X_FORWARDED_FOR else 0)
+if TRUSTED_PROXY_HOPS < 0:
+    raise EnvError(f"TRUSTED_PROXY_HOPS={TRUSTED_PROXY_HOPS} must be 0 or more")
+
+# The largest request body any view reads (API, agents, console forms), in bytes. Heartbeats
+# carry up to 1 MiB of log tails as JSON (agents.protocol.HEARTBEAT_LOGS_MAX_BYTES). A larger
+# body is answered 413 before anything reads it (gpucloud.lib.middleware.RequestBodyLimitMiddleware).
+MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", 4 * 1024 * 1024)
+if MAX_REQUEST_BODY_BYTES < 64 * 1024:
+    raise EnvError(f"MAX_REQUEST_BODY_BYTES={MAX_REQUEST_BODY_BYTES} is too small for a heartbeat (min 65536)")
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES  # Django's own check of request.body agrees
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -175,8 +193,15 @@ REST_FRAMEWORK = {
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_THROTTLE_CLASSES": ["gpucloud.api.throttling.PerKeyThrottle"],
+    "NUM_PROXIES": TRUSTED_PROXY_HOPS,
     "DEFAULT_THROTTLE_RATES": {"per_key": env_str("API_RATE_LIMIT", "600/min")},
     "EXCEPTION_HANDLER": "gpucloud.api.errors.exception_handler",
+    # JSON nested past a sane depth, or text that is not Unicode, is a 400 (gpucloud.api.parsers).
+    "DEFAULT_PARSER_CLASSES": [
+        "gpucloud.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",

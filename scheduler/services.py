@@ -23,7 +23,7 @@ from django.utils import timezone
 from agents.fastpath import workloads_changed
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import InstanceType, Price, Region
-from gpucloud.lib.errors import Conflict, InvalidInput
+from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError
 from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk
@@ -242,10 +242,13 @@ def workload_stop(*, workload: Workload, reason: str = "stopped by user") -> Wor
     """Stop a workload. Idempotent: stopping a stopped workload changes nothing.
 
     Work that never started on a host stops at once; started work goes STOPPING
-    until its agent reports the container gone.
+    until its agent reports the container gone. A workload deleted meanwhile (a DELETE that
+    took the row lock first) is gone for its tenant: NotFoundError, as a later request gets.
     """
     workload = Workload.objects.select_for_update().get(pk=workload.pk)
     if workload.state in TERMINAL or workload.state == State.STOPPING:
+        if workload.deleted_at is not None:
+            raise NotFoundError(f"No such {workload.kind}.")
         return workload
     if workload.state in (State.PENDING, State.SCHEDULED):
         target = State.STOPPED
@@ -273,7 +276,14 @@ def workload_stopped(*, workload: Workload, reason: str, **extra: Any) -> bool:
 
 @transaction.atomic
 def workload_delete(*, workload: Workload) -> None:
-    """Terminate: stop it if it runs, and hide it from the tenant's lists. Billing keeps the row."""
+    """Terminate: stop it if it runs, and hide it from the tenant's lists. Billing keeps the row.
+
+    Under the row lock, so concurrent DELETEs (and a racing stop) take turns: the first
+    deletes and records the one audit event, the others find it gone (NotFoundError).
+    """
+    workload = Workload.objects.select_for_update().get(pk=workload.pk)
+    if workload.deleted_at is not None:
+        raise NotFoundError(f"No such {workload.kind}.")
     workload_stop(workload=workload, reason="terminated by user")
     Workload.objects.filter(pk=workload.pk).update(deleted_at=timezone.now())
     audit_record(tenant=workload.tenant, action=f"{workload.kind}.delete", obj=workload,

@@ -23,11 +23,9 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
 from agents import fastpath
@@ -41,6 +39,8 @@ from agents.protocol import (
 )
 from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
 from agents.services import host_heartbeat, host_register
+from gpucloud.api.parsers import AgentJSONParser
+from gpucloud.api.throttling import AtomicRateThrottle
 from gpucloud.lib.errors import InvalidInput
 
 
@@ -78,8 +78,10 @@ class IsHost(BasePermission):
         return isinstance(request.auth, Host)
 
 
-class AgentThrottle(SimpleRateThrottle):
-    """AGENT_RATE_LIMIT per host (heartbeats) or per address (registration), in the shared cache."""
+class AgentThrottle(AtomicRateThrottle):
+    """AGENT_RATE_LIMIT per host (heartbeats) or per address (registration), counted atomically
+    in Redis: heartbeats in the fast path's script (one limit for fast and slow), the rest in
+    gpucloud.lib.ratelimit."""
 
     scope = "agent"
 
@@ -119,7 +121,7 @@ def _parse(message: Any, data: Any) -> Any:
 
 
 class _AgentApi(APIView):
-    parser_classes = [JSONParser]
+    parser_classes = [AgentJSONParser]
     renderer_classes = [JSONRenderer]
     throttle_classes = [AgentThrottle]
 

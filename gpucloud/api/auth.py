@@ -16,6 +16,9 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         parts = header.split()
+        if not parts:
+            # A header of only whitespace (NBSP and friends split away to nothing).
+            raise exceptions.AuthenticationFailed("Use the header `Authorization: Bearer <api key>`.")
         if parts[0].lower() != self.keyword.lower():
             return None
         if len(parts) != 2:

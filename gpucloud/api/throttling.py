@@ -1,14 +1,45 @@
-"""Per-key rate limits, counted in the shared cache (Redis in production).
+"""Per-key rate limits, counted atomically in Redis (gpucloud.lib.ratelimit).
 
 A request with an API key is counted against that key (a key may carry its own
-limit); a browser session against its user; anonymous reads against the address.
+limit); a browser session against its user; anonymous requests (sign-up, the catalogue)
+against the client's address as `gpucloud.lib.http.client_ip` finds it: REMOTE_ADDR, or
+the address the trusted proxies saw (TRUSTED_PROXY_HOPS), never a header the client wrote.
 """
 from __future__ import annotations
 
+from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
+from gpucloud.lib import ratelimit
+from gpucloud.lib.http import client_ip
 
-class PerKeyThrottle(SimpleRateThrottle):
+
+class AtomicRateThrottle(SimpleRateThrottle):
+    """rest_framework's sliding log (`scope`'s rate, "N/period"), checked and counted in one
+    atomic step, so concurrent requests cannot pass the limit between a read and a write."""
+
+    def get_rate(self) -> str | None:
+        # Read when the request comes, not at import (DRF keeps the dict of its first import).
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def get_ident(self, request) -> str:
+        return client_ip(request) or "unknown"
+
+    def allow_request(self, request, view) -> bool:
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        decision = ratelimit.hit(key=self.key, limit=self.num_requests, window_s=self.duration)
+        self.retry_after_s = decision.retry_after_s
+        return decision.allowed
+
+    def wait(self) -> float | None:
+        return getattr(self, "retry_after_s", None)
+
+
+class PerKeyThrottle(AtomicRateThrottle):
     scope = "per_key"
 
     def get_cache_key(self, request, view):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import django_filters
+from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status
 from rest_framework.decorators import action
@@ -66,8 +67,11 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
     @action(detail=True, methods=["post"])
     def stop(self, request, *args, **kwargs):
         """Stop it: queued work is cancelled, running work stops (its GPUs are freed)."""
-        workload = services.workload_stop(workload=self.get_object())
-        return self._detail(workload)
+        # One transaction: the answer is read while the stop holds the row lock, so a DELETE
+        # racing it cannot remove the row between the stop and the answer.
+        with transaction.atomic():
+            workload = services.workload_stop(workload=self.get_object())
+            return self._detail(workload)
 
     @extend_schema(
         parameters=[

@@ -15,7 +15,7 @@ from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
     registered,
     triggered,
 )
-from tests.api.test_bad_input_sweep import assert_refused_or_fine
+from tests.api.test_bad_input_sweep import RAW_AWKWARD, assert_refused_or_fine, with_raw
 
 AWKWARD = [None, "", "x" * 5000, "nul\x00", 0, -1, 2**63, -(2**63), 1.5, 1e308, True, [], {}, ["a"], [None],
            {"a": 1}, "💥"]
@@ -28,6 +28,9 @@ def test_no_register_field_value_makes_a_server_error(client, region, triggered)
         for value in AWKWARD:
             body = {**register_body(new_token(region), hostname=f"h{len(str(value))}"), field: value}
             assert_refused_or_fine(post(client, "/agent/v1/register", body), (field, repr(value)[:40]))
+        for raw in RAW_AWKWARD:
+            body = with_raw(register_body(new_token(region), hostname="raw"), field, raw)
+            assert_refused_or_fine(post(client, "/agent/v1/register", None, raw=body.encode()), (field, raw[:40]))
     for field in ["uuid", "index", "model", "vendor", "memory_mib", "nvlink_island", "numa_node", "name"]:
         for value in AWKWARD:
             body = register_body(new_token(region), hostname="gpu-field")
@@ -45,6 +48,10 @@ def test_no_heartbeat_field_value_makes_a_server_error(client, registered):
         for value in AWKWARD:
             body = {**beat_body(host_id, next(seq)), field: value}
             assert_refused_or_fine(post(client, "/agent/v1/heartbeat", body, token=token), (field, repr(value)[:40]))
+        for raw in RAW_AWKWARD:
+            body = with_raw(beat_body(host_id, next(seq)), field, raw)
+            resp = post(client, "/agent/v1/heartbeat", None, token=token, raw=body.encode())
+            assert_refused_or_fine(resp, (field, raw[:40]))
     for part, item, fields in [
         ("gpus", sample, ["uuid", "gpu_util", "mem_used_mib", "temperature_c", "power_w", "ecc_errors", "xid_events",
                           "healthy"]),

@@ -104,3 +104,34 @@ def test_missing_and_malformed_auth(anon):
     assert_error_shape(anon.get("/api/v1/tenant", HTTP_AUTHORIZATION="Bearer"), 401, "authentication_failed")
     assert_error_shape(anon.get("/api/v1/tenant", HTTP_AUTHORIZATION="Bearer a b"), 401)
     assert_error_shape(anon.get("/api/v1/tenant", HTTP_AUTHORIZATION="Bearer gpc_zz"), 401)
+
+
+@pytest.mark.parametrize("header", ["\u00a0", "\u00a0\u00a0", "\u0085", "\u00a0Bearer\u00a0"])
+def test_an_authorization_header_of_odd_whitespace_is_a_401(anon, header):
+    anon.raise_request_exception = False
+    # WSGI carries header values as latin-1 text: NBSP arrives as "\xa0"
+    resp = anon.get("/api/v1/tenant", HTTP_AUTHORIZATION=header)
+    assert_error_shape(resp, 401, "authentication_failed")
+
+
+@pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
+def test_unsafe_methods_on_unknown_api_paths_are_404_in_shape_not_a_csrf_page(method, alice):
+    from django.test import Client
+
+    signed_in = Client(enforce_csrf_checks=True)  # a browser session, which CSRF applies to
+    signed_in.force_login(alice.user)
+    for client in (Client(enforce_csrf_checks=True), signed_in):
+        resp = getattr(client, method)("/api/v1/no-such-thing", "{}", content_type="application/json")
+        assert_error_shape(resp, 404, "not_found")
+
+
+def test_a_csrf_refusal_under_the_api_is_in_the_error_shape(alice):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice.user)
+    # DRF's views answer their own CSRF refusal; Django's answers for plain views under /api/
+    for path in ("/api/v1/api-keys", "/api/auth/login/"):
+        resp = client.post(path, {"name": "k", "scopes": ["read"]}, content_type="application/json")
+        assert_error_shape(resp, 403, "permission_denied")
+        assert "CSRF" in resp.json()["error"]["message"]

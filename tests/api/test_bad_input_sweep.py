@@ -6,12 +6,26 @@ a 500.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.django_db
 
 AWKWARD = [None, "", "x" * 5000, "nul\x00byte", "\x00", 0, -1, 2**63, 1.5, True, [], {}, ["a"], [None],
            ["nul\x00"], {"a": 1}, {"K": "nul\x00"}, {"nul\x00": "v"}, "💥", "<script>", "1e309", "NaN"]
+
+# Values no JSON encoder of ours writes, sent as raw JSON text: lone surrogates (valid JSON, not
+# Unicode; PostgreSQL cannot store them) and nesting deep enough for a RecursionError.
+RAW_AWKWARD = ['"\\ud800"', '"a\\udfffb"', '["\\ud800"]', '{"K": "\\ud83d"}', '{"\\ud800": "v"}',
+               "[" * 990 + "]" * 990, '{"a": ' * 100 + "1" + "}" * 100]
+
+
+def with_raw(base: dict, field: str, raw: str) -> str:
+    """`base` as JSON text with `field` set to the raw JSON `raw`."""
+    rest = json.dumps({k: v for k, v in base.items() if k != field})
+    return rest[:-1] + (", " if len(rest) > 2 else "") + f'"{field}": {raw}}}'
+
 
 WORKLOAD = {"name": "nb", "instance_type": "h100.1x", "region": "us-east-1", "image": "busybox"}
 ENDPOINTS = [
@@ -44,6 +58,10 @@ def test_no_field_value_makes_a_server_error(method, url, base, fields, alice, c
         for value in AWKWARD:
             resp = getattr(client, method)(url, {**base, field: value}, format="json")
             assert_refused_or_fine(resp, (field, repr(value)[:40]))
+        for raw in RAW_AWKWARD:
+            resp = client.generic(method.upper(), url, with_raw(base, field, raw), content_type="application/json")
+            assert 400 <= resp.status_code < 500, (field, raw[:40], resp.status_code, resp.content[:300])
+            assert_refused_or_fine(resp, (field, raw[:40]))
 
 
 LISTS = ["/api/v1/instances", "/api/v1/jobs", "/api/v1/audit-events", "/api/v1/ledger", "/api/v1/invoices",

@@ -39,3 +39,19 @@ def test_a_nul_in_the_query_string_is_a_400_that_names_the_parameter(alice, cata
     assert resp.status_code == 400
     assert resp.json() == {"error": {"code": "bad_request", "fields": {},
                                      "message": "The query parameter 'region' contains a NUL character."}}
+
+
+TENANT_HEADERS = ["globex", "00000000-0000-0000-0000-000000000000", "nope", "\u00a0", "x" * 500]
+
+
+def test_an_x_tenant_header_naming_a_tenant_not_yours_is_a_404_page(alice, charlie, catalog):
+    client = Client(raise_request_exception=False)
+    client.force_login(alice.user)
+    for header in [*TENANT_HEADERS, charlie.tenant.slug, str(charlie.tenant.pk)]:
+        for page in PAGES[:11]:
+            resp = client.get(page, HTTP_X_TENANT=header)
+            assert resp.status_code == 404, (page, header, resp.status_code)
+            assert charlie.tenant.name not in resp.content.decode()
+        resp = client.post("/console/settings/keys/", {"name": "k", "scopes": "read"}, HTTP_X_TENANT=header)
+        assert resp.status_code == 404
+    assert client.get("/console/", HTTP_X_TENANT=alice.tenant.slug).status_code == 200

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count, Sum
 
 from agents.models import Gpu, Host
@@ -146,4 +146,64 @@ def test_100_simultaneous_creates_never_exceed_a_quota_of_10(live_server):
     assert waiting.count() == 90
     assert all(w.reason == "quota: 10 of 10 GPUs in use" for w in waiting), waiting[0].reason
     assert_no_double_booking()
+    connection.close()
+
+
+def _wait_for_lock_waiters(n: int, timeout_s: float = 30) -> None:
+    """Block until `n` sessions of this database wait on a lock (bounded)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    with connection.cursor() as cur:
+        while True:
+            cur.execute("SELECT pg_stat_clear_snapshot()")  # fresh figures inside our transaction
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'")
+            if cur.fetchone()[0] >= n:
+                return
+            assert time.monotonic() < deadline, f"fewer than {n} requests reached the row lock"
+            time.sleep(0.01)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_racing_five_deletes_never_500s_and_deletes_once(alice, catalog):
+    """The requests queue on the workload's row lock, which the test holds and then releases:
+    five DELETEs first, then a stop. Each one goes through the API in a thread of its own
+    (its own database connection). Before the fix every DELETE recorded a delete event and
+    the stop read the deleted row back for its answer: DoesNotExist, a 500."""
+    import threading
+
+    from gpucloud.tenancy.models import AuditEvent
+
+    url = "/api/v1/instances/" + alice.client().post(
+        "/api/v1/instances", {"name": "race", "instance_type": "h100.1x", "region": "us-east-1",
+                              "image": "busybox"}, format="json").json()["id"]
+    statuses: dict[str, int] = {}
+
+    def call(name: str, method: str, path: str) -> None:
+        client = alice.client()
+        client.raise_request_exception = False
+        try:
+            statuses[name] = getattr(client, method)(path).status_code
+        finally:
+            connection.close()
+
+    threads = []
+    with transaction.atomic():
+        Workload.objects.select_for_update().get(pk=url.rsplit("/", 1)[1])
+        for i in range(5):
+            threads.append(threading.Thread(target=call, args=(f"delete{i}", "delete", url)))
+            threads[-1].start()
+        _wait_for_lock_waiters(5)
+        threads.append(threading.Thread(target=call, args=("stop", "post", f"{url}/stop")))
+        threads[-1].start()
+        _wait_for_lock_waiters(6)
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    deletes = sorted(v for k, v in statuses.items() if k.startswith("delete"))
+    assert deletes == [204, 404, 404, 404, 404], statuses
+    assert statuses["stop"] in (200, 404), statuses
+    assert AuditEvent.objects.filter(action="instance.delete").count() == 1
+    assert alice.client().get(url).status_code == 404
     connection.close()

@@ -76,3 +76,20 @@ def test_purge_drops_only_events_past_retention(alice):
     kept = AuditEvent.objects.filter(tenant=alice.tenant).exclude(pk=old.pk).count()
     assert audit_purge(retention_days=400) == 1
     assert AuditEvent.objects.filter(tenant=alice.tenant).count() == kept
+
+
+@pytest.mark.parametrize(("hops", "forwarded", "expected"), [
+    (0, "6.6.6.6", "192.0.2.10"),  # no proxy configured: the header is the client's own words
+    (1, "6.6.6.6, 203.0.113.9", "203.0.113.9"),  # the proxy appended the address it saw
+    (1, "203.0.113.9", "203.0.113.9"),
+    (2, "6.6.6.6, 198.51.100.1, 10.0.0.2", "198.51.100.1"),
+    (2, "198.51.100.1", "198.51.100.1"),  # fewer entries than hops: the one a proxy wrote
+    (1, "6.6.6.6, unknown", "192.0.2.10"),  # not an address (a misconfigured proxy): REMOTE_ADDR
+    (1, "", "192.0.2.10"),
+])
+def test_the_source_ip_is_the_address_the_trusted_proxies_saw(alice, settings, hops, forwarded, expected):
+    settings.TRUST_X_FORWARDED_FOR, settings.TRUSTED_PROXY_HOPS = hops > 0, hops
+    resp = alice.client().post("/api/v1/api-keys", {"name": "k", "scopes": ["read"]}, format="json",
+                               REMOTE_ADDR="192.0.2.10", HTTP_X_FORWARDED_FOR=forwarded)
+    assert resp.status_code == 201, resp.content
+    assert AuditEvent.objects.filter(action="api_key.create").latest("created_at").source_ip == expected
