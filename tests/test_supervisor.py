@@ -56,7 +56,7 @@ def test_a_crashing_child_is_restarted_with_backoff_and_a_healthy_run_resets_it(
             assert child.proc.pid != pids[-1], "restarted as a new process"
             pids.append(child.proc.pid)
         assert child.restarts == 5
-        assert "flaky (pid %d) exited with 3; restarting in 8 s (crash 5 in a row)" % pids[-2] in lines
+        assert f"flaky (pid {pids[-2]}) exited with 3; restarting in 8 s (crash 5 in a row)" in lines
 
         # The child restarted last crashes too; the next one runs 60 s (on the clock): healthy.
         wait_for(lambda: child.proc.poll() is not None)
