@@ -196,6 +196,16 @@ if CELERY_BROKER_URL.startswith("sqlite:"):
     CELERY_BROKER_TRANSPORT = "gpucloud.lib.broker:Transport"
     # The SQLite transport has no broadcast: no remote control, events or mingle to wait for.
     CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Beat keeps its schedule in Redis under a lock (celery-redbeat): a second beat (the HA
+    # profile runs a standby) waits for the lock instead of firing every tick twice, and takes
+    # over BEAT_LOCK_TIMEOUT_S after the first one died. The demo's SQLite broker has no Redis:
+    # it keeps Celery's file scheduler, with one beat.
+    BEAT_LOCK_TIMEOUT_S = env_int("BEAT_LOCK_TIMEOUT_S", 30)
+    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_REDBEAT_REDIS_URL = CELERY_BROKER_URL
+    CELERY_REDBEAT_LOCK_TIMEOUT = BEAT_LOCK_TIMEOUT_S
+    CELERY_BEAT_MAX_LOOP_INTERVAL = max(1, BEAT_LOCK_TIMEOUT_S // 5)  # the lock is renewed every loop
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
