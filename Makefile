@@ -4,11 +4,12 @@ VENV   ?= .venv
 PORT   ?= 8000
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint schema vendor clean help
+.PHONY: demo test chaos lint schema vendor clean help
 
 help:
 	@echo "make demo   - the platform on embedded defaults (SQLite, filesystem broker) at http://127.0.0.1:$(PORT)"
 	@echo "make test   - the whole test suite against PostgreSQL and Redis on 127.0.0.1"
+	@echo "make chaos  - the HA topology (haproxy, 2 webs, 2 workers, 2 beats) with processes killed under load"
 	@echo "make lint   - ruff and mypy"
 	@echo "make schema - write the OpenAPI schema to var/openapi.yml"
 	@echo "make vendor - refresh the console's browser libraries (htmx, uPlot) from npm"
@@ -25,6 +26,10 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Needs haproxy on the PATH (Debian: apt-get install haproxy). About two minutes.
+chaos: $(BIN)/.installed
+	$(BIN)/python -m pytest chaos $(PYTEST_ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/python -m pip install -q ruff==0.14.5 mypy==1.18.2

@@ -1,7 +1,7 @@
 """gpucloud settings. Every value comes from the environment (see docs/configuration in README).
 
-Embedded defaults make `make demo` work on a laptop: a SQLite file, a filesystem
-Celery broker and an in-process cache. Production sets DATABASE_URL (PostgreSQL),
+Embedded defaults make `make demo` work on a laptop: a SQLite file, a Celery broker
+on a second SQLite file and an in-process cache. Production sets DATABASE_URL (PostgreSQL),
 REDIS_URL and CELERY_BROKER_URL.
 """
 from __future__ import annotations
@@ -235,19 +235,24 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
-if CELERY_BROKER_URL == "filesystem://":
-    # A broker with no server for the laptop demo: kombu passes messages through files.
-    _broker_dir = VAR_DIR / "broker"
-    for _sub in ("queue", "processed", "control"):
-        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker_dir / "queue"),
-        "data_folder_out": str(_broker_dir / "queue"),
-        "processed_folder": str(_broker_dir / "processed"),
-        "control_folder": str(_broker_dir / "control"),
-        "store_processed": False,
-    }
+# No broker server for the laptop demo: messages are rows of a SQLite file of their own
+# (gpucloud/lib/broker.py; docs/architecture.md says why not kombu's filesystem transport).
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL or f"sqlite:///{VAR_DIR / 'broker.sqlite3'}")
+if CELERY_BROKER_URL.startswith("sqlite:"):
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT = "gpucloud.lib.broker:Transport"
+    # The SQLite transport has no broadcast: no remote control, events or mingle to wait for.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Beat keeps its schedule in Redis under a lock (celery-redbeat): a second beat (the HA
+    # profile runs a standby) waits for the lock instead of firing every tick twice, and takes
+    # over BEAT_LOCK_TIMEOUT_S after the first one died. The demo's SQLite broker has no Redis:
+    # it keeps Celery's file scheduler, with one beat.
+    BEAT_LOCK_TIMEOUT_S = env_int("BEAT_LOCK_TIMEOUT_S", 30)
+    CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+    CELERY_REDBEAT_REDIS_URL = CELERY_BROKER_URL
+    CELERY_REDBEAT_LOCK_TIMEOUT = BEAT_LOCK_TIMEOUT_S
+    CELERY_BEAT_MAX_LOOP_INTERVAL = max(1, BEAT_LOCK_TIMEOUT_S // 5)  # the lock is renewed every loop
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -118,6 +118,14 @@ def celery_stack(worker) -> Iterator[subprocess.Popen]:
     if worker.stdout is not None:
         threading.Thread(target=lambda: tail.extend(worker.stdout), daemon=True).start()
     worker.log_tail = tail
+    # On Redis, beat keeps its schedule in Redis (celery-redbeat): start from none, as a new
+    # schedule file would, so every entry runs at start-up and no earlier test's timing carries over.
+    import redis
+    from django.conf import settings
+
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    for key in broker.scan_iter("redbeat*"):
+        broker.delete(key)
     with tempfile.TemporaryDirectory() as tmp:
         beat = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel=WARNING",

@@ -1,22 +1,25 @@
 """`make demo`: the whole platform on one laptop, on embedded defaults.
 
 Migrates, seeds the catalogue and demo accounts, starts a Celery worker and beat
-on the filesystem broker, serves the web app, starts simulated GPU hosts (real agents
-with the sim GPU backend and sim runtime, each with its own state dir under
-var/agents/ and a fresh one-time bootstrap token), and stops everything on Ctrl-C.
+on the embedded SQLite broker (gpucloud/lib/broker.py), serves the web app, starts
+simulated GPU hosts (real agents with the sim GPU backend and sim runtime, each with its
+own state dir under var/agents/ and a fresh one-time bootstrap token), restarts any of
+them that dies (gpucloud/lib/supervisor.py: exponential backoff, capped), and stops
+everything on Ctrl-C or SIGTERM. GPUCLOUD_VAR_DIR moves var/ (the soak test uses a temporary one).
 """
 from __future__ import annotations
 
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+
+from gpucloud.lib.supervisor import Supervisor
 
 # Simulated hosts: (host name, GPU model, GPU count), all in one region.
 SIM_HOSTS = [("sim-h100-1", "H100", 8), ("sim-a100-1", "A100", 8), ("sim-l40s-1", "L40S", 4)]
@@ -85,42 +88,37 @@ class Command(BaseCommand):
         call_command("demo_setup")
         if setup_only:
             return
-        children: list[tuple[str, subprocess.Popen]] = []
-        for name, argv in _processes(port):
-            children.append((name, subprocess.Popen(argv, env=os.environ.copy())))
-        _wait_for_port(port)  # agents would only log "unreachable" until the web listens
-        for name, argv, env in _sim_hosts(port):
-            children.append((name, subprocess.Popen(argv, env={**os.environ, **env})))
-        url = f"http://127.0.0.1:{port}"
-        self.stdout.write(self.style.SUCCESS(f"\ngpucloud is up: {url}"))
-        self.stdout.write(f"console:        {url}/console/")
-        self.stdout.write(f"API docs:       {url}/api/docs/")
-        hosts = ", ".join(f"{name} ({count}x {model})" for name, model, count in SIM_HOSTS)
-        self.stdout.write(f"GPU hosts:      {hosts} in {SIM_REGION} (simulated)")
-        call_command("demo_setup")  # prints the logins again, below the URL
-        self.stdout.write("Ctrl-C stops everything.\n")
-
+        # 1 s after a crash, doubling to at most a minute; a minute's healthy run starts over at 1 s.
+        supervisor = Supervisor(initial_s=1.0, max_s=60.0, healthy_after_s=60.0,
+                                log=lambda line: self.stderr.write(f"demo: {line}"))
         stopping = False
 
         def stop(*_):
             nonlocal stopping
             stopping = True
 
+        # Before the first child starts: a Ctrl-C from here on stops them all, cleanly.
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         try:
+            for name, argv in _processes(port):
+                supervisor.start(name, argv, env=os.environ.copy())
+            _wait_for_port(port)  # agents would only log "unreachable" until the web listens
+            for name, argv, env in _sim_hosts(port):
+                supervisor.start(name, argv, env={**os.environ, **env})
+            url = f"http://127.0.0.1:{port}"
+            self.stdout.write(self.style.SUCCESS(f"\ngpucloud is up: {url}"))
+            self.stdout.write(f"console:        {url}/console/")
+            self.stdout.write(f"API docs:       {url}/api/docs/")
+            hosts = ", ".join(f"{name} ({count}x {model})" for name, model, count in SIM_HOSTS)
+            self.stdout.write(f"GPU hosts:      {hosts} in {SIM_REGION} (simulated)")
+            call_command("demo_setup")  # prints the logins again, below the URL
+            self.stdout.write("Ctrl-C stops everything; a process that dies is restarted.\n")
+            self.stdout.flush()
+            # A child that dies is started again with a growing delay: the demo stays up for
+            # days. Only Ctrl-C / SIGTERM ends it.
             while not stopping:
-                for name, proc in children:
-                    if proc.poll() is not None:
-                        self.stderr.write(f"{name} exited with {proc.returncode}; stopping the demo")
-                        stopping = True
+                supervisor.poll()
                 time.sleep(0.5)
         finally:
-            for _, proc in children:
-                if proc.poll() is None:
-                    proc.terminate()
-            for _, proc in children:
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            supervisor.stop()
