@@ -5,6 +5,10 @@ so the model lives here rather than in tenancy.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -29,3 +33,18 @@ class SshKey(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def fingerprint(self) -> str:
+        """The key's SHA256 fingerprint as `ssh-keygen -lf` prints it (SHA256:base64, no padding)."""
+        return openssh_fingerprint(self.public_key)
+
+
+def openssh_fingerprint(public_key: str) -> str:
+    """SHA256 fingerprint of an OpenSSH public key line; "" when it is not one."""
+    parts = public_key.split()
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (IndexError, binascii.Error):
+        return ""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")

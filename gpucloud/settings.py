@@ -135,6 +135,17 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
+# The gateway (python -m gateway, docs/connect.md): SSH into instances through the agents' tunnels.
+GATEWAY_BIND = env_str("GATEWAY_BIND", "127.0.0.1")
+GATEWAY_SSH_PORT = env_int("GATEWAY_SSH_PORT", 2222)
+GATEWAY_TUNNEL_PORT = env_int("GATEWAY_TUNNEL_PORT", 8022)
+GATEWAY_HOST_KEY_PATH = Path(env_str("GATEWAY_HOST_KEY_PATH", str(VAR_DIR / "gateway_host_key")))
+GATEWAY_REPLICA = env_str("GATEWAY_REPLICA", "gw-1")
+GATEWAY_SESSION_LIMIT = env_int("GATEWAY_SESSION_LIMIT", 20)
+# Where users reach the gateway: the host and port in the `connect` hints of the API and console.
+GATEWAY_PUBLIC_HOST = env_str("GATEWAY_PUBLIC_HOST", "127.0.0.1")
+GATEWAY_PUBLIC_SSH_PORT = env_int("GATEWAY_PUBLIC_SSH_PORT", GATEWAY_SSH_PORT)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

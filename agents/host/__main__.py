@@ -13,6 +13,7 @@ from agents.host.daemon import Agent
 from agents.host.gpu import GpuBackend
 from agents.host.logs import setup_logging
 from agents.host.runtime import Runtime
+from agents.host.tunnel import AgentTunnel, Connector, DockerConnector, SimConnector
 
 logger = logging.getLogger("agents.host")
 
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 3
     agent = Agent(cfg, backend=backend, runtime=runtime, resources=resources)
+    tunnel = start_tunnel(cfg, agent, runtime)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         logger.info("signal received; finishing the current iteration", extra={"signal": signum})
@@ -98,7 +100,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    return agent.run()
+    try:
+        return agent.run()
+    finally:
+        if tunnel is not None:
+            tunnel.stop()
+
+
+def start_tunnel(cfg: AgentConfig, agent: Agent, runtime: Runtime) -> AgentTunnel | None:
+    """The gateway tunnel, when one is configured: exec/TCP into containers and wake-ups."""
+    if not cfg.gateway_url:
+        return None
+    connector: Connector = (
+        SimConnector(runtime) if cfg.runtime == "sim" else DockerConnector(scope=cfg.docker_scope)
+    )
+    tunnel = AgentTunnel(
+        cfg.gateway_url,
+        token=lambda: agent.state.host_token if agent.state else None,
+        connector=connector,
+        on_wake=agent.wake,
+    )
+    tunnel.start()
+    return tunnel
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ class AgentConfig:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
     default_interval_s: float = 10.0  # until the control plane says otherwise
+    # ws(s):// URL of a gateway's tunnel endpoint; empty: no tunnel (no SSH/URLs into containers)
+    gateway_url: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentConfig:
@@ -76,6 +78,8 @@ class AgentConfig:
             raise ConfigError(f"--sim-model must be one of {sorted(MODELS)}")
         if cfg.sim_gpus < 0:
             raise ConfigError("--sim-gpus must be >= 0")
+        if cfg.gateway_url and not cfg.gateway_url.startswith(("ws://", "wss://")):
+            raise ConfigError("--gateway-url / GPUCLOUD_GATEWAY_URL must be a ws(s):// URL")
         for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s", "default_interval_s"):
             if getattr(cfg, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
@@ -135,6 +139,7 @@ def parse_args(
     p.add_argument("--backoff-base-s", type=float)
     p.add_argument("--backoff-cap-s", type=float)
     p.add_argument("--default-interval-s", type=float)
+    p.add_argument("--gateway-url", help="gateway tunnel URL, ws(s)://host:port/tunnel (GPUCLOUD_GATEWAY_URL)")
     ns = p.parse_args(argv)
     overrides = {k: v for k, v in vars(ns).items() if v is not None}
     return replace(base, **overrides).validated()

@@ -159,12 +159,19 @@ class Agent:
         # empty instead, so no log text can keep the host from reporting (and going DOWN).
         self._refused_tails: set[str] = set()
         self._stop = threading.Event()
+        # Set by a tunnel WAKE (the desired state changed) or a stop: ends the wait early.
+        self._wake = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def request_stop(self) -> None:
         """Ask the loop to exit after the current iteration (safe from a signal handler)."""
         self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Heartbeat now instead of at the next interval (safe from any thread)."""
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -185,7 +192,8 @@ class Agent:
                 delay = self.iterate()
                 if self.config.once:
                     return 0 if self.last_ok else 1
-                self._stop.wait(delay)  # returns early on request_stop()
+                self._wake.wait(delay)  # returns early on request_stop() or wake()
+                self._wake.clear()
         finally:
             try:
                 self.backend.close()

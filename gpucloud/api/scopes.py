@@ -71,6 +71,11 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("job-stop", "POST"): WRITE,
     ("job-metrics", "GET"): READ,
     ("job-logs", "GET"): READ,
+    # --- one's own SSH public keys (ssh_keys.manage: write)
+    ("ssh-key-list", "GET"): READ,
+    ("ssh-key-list", "POST"): WRITE,
+    ("ssh-key-detail", "GET"): READ,
+    ("ssh-key-detail", "DELETE"): WRITE,
     # --- catalogue (public) and quotas
     ("region-list", "GET"): READ,
     ("region-detail", "GET"): READ,

@@ -5,6 +5,7 @@ from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
 from billing.api import views as billing
+from frontend.api import views as ssh_keys
 from gpucloud.api.errors import not_found
 from gpucloud.catalogue.api import views as catalogue
 from gpucloud.tenancy.api import views as tenancy
@@ -33,6 +34,7 @@ router.register("spot-prices", billing.SpotPriceViewSet, basename="spot-price")
 router.register("ledger", billing.LedgerViewSet, basename="ledger-entry")
 router.register("invoices", billing.InvoiceViewSet, basename="invoice")
 router.register("budgets", billing.BudgetViewSet, basename="budget")
+router.register("ssh-keys", ssh_keys.SshKeyViewSet, basename="ssh-key")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),

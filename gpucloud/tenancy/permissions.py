@@ -39,15 +39,19 @@ QUOTAS_READ = "quotas.read"
 WORKLOADS_READ = "workloads.read"
 WORKLOADS_LAUNCH = "workloads.launch"  # create instances and jobs
 WORKLOADS_MANAGE = "workloads.manage"  # stop and delete workloads
+WORKLOADS_CONNECT = "workloads.connect"  # SSH, port URLs and the web terminal into running instances
+SSH_KEYS_READ = "ssh_keys.read"  # one's own saved SSH public keys
+SSH_KEYS_MANAGE = "ssh_keys.manage"  # save and remove one's own SSH public keys
 BILLING_READ = "billing.read"
 BILLING_MANAGE = "billing.manage"  # budgets, alerts, payment settings
 
 # Everybody may leave and revoke their own keys (a leaked key must die fast).
 _VIEWER = frozenset(
     {TENANT_READ, MEMBERS_READ, QUOTAS_READ, WORKLOADS_READ, BILLING_READ, API_KEYS_READ,
-     MEMBERS_LEAVE, API_KEYS_REVOKE}
+     MEMBERS_LEAVE, API_KEYS_REVOKE, SSH_KEYS_READ, SSH_KEYS_MANAGE}
 )
-_MEMBER = _VIEWER | {API_KEYS_CREATE, WORKLOADS_LAUNCH, WORKLOADS_MANAGE}
+# A viewer may keep keys (they are personal and harmless alone) but not connect with them.
+_MEMBER = _VIEWER | {API_KEYS_CREATE, WORKLOADS_LAUNCH, WORKLOADS_MANAGE, WORKLOADS_CONNECT}
 _ADMIN = _MEMBER | {MEMBERS_MANAGE, API_KEYS_MANAGE, AUDIT_READ, BILLING_MANAGE}
 _OWNER = _ADMIN | {TENANT_MANAGE}
 
@@ -66,7 +70,8 @@ _READS = frozenset(p for p in ALL_PERMISSIONS if p.endswith(".read"))
 SCOPE_PERMISSIONS: dict[str, frozenset[str]] = {
     Scope.READ: _READS,
     Scope.WRITE: _READS
-    | {WORKLOADS_LAUNCH, WORKLOADS_MANAGE, API_KEYS_CREATE, API_KEYS_REVOKE, MEMBERS_LEAVE},
+    | {WORKLOADS_LAUNCH, WORKLOADS_MANAGE, WORKLOADS_CONNECT, API_KEYS_CREATE, API_KEYS_REVOKE, MEMBERS_LEAVE,
+       SSH_KEYS_MANAGE},
     Scope.ADMIN: ALL_PERMISSIONS,
 }
 

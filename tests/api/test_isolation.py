@@ -10,6 +10,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from billing.models import Budget, Invoice, LedgerEntry
+from frontend.models import SshKey
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
@@ -77,8 +78,18 @@ def _budget(actor):
     return budget_create(tenant=actor.tenant, name=f"budget-{actor.tenant.slug}", monthly_amount=Decimal("100"))
 
 
+def _ssh_key(actor):
+    from frontend.services import ssh_key_add
+
+    return ssh_key_add(membership=actor.membership, name=f"key-{actor.tenant.slug}", public_key=ED25519)
+
+
+ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMeVOCYy/wjDgJNKrNZvHv2AK3f35LoEeTzSNC4Zt7Rj t@x"
+
+
 # route name -> factory of one object of the given tenant
 TENANT_OBJECT_ROUTES = {
+    "ssh-key-detail": _ssh_key,
     "member-detail": _member,
     "invitation-detail": _invitation,
     "api-key-detail": _api_key,
@@ -107,6 +118,7 @@ TENANT_LIST_ROUTES = {
     "ledger-entry-list": LedgerEntry,
     "invoice-list": Invoice,
     "budget-list": Budget,
+    "ssh-key-list": SshKey,
 }
 # routes whose answer is about the caller's own tenant, without an object id
 TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup", "balance", "usage"}
@@ -147,7 +159,7 @@ def _path(name: str, pk) -> str:
 def _snapshot():
     return {
         model.__name__: sorted(map(str, model.objects.values_list("pk", flat=True)))
-        for model in (Membership, Invitation, ApiKey)
+        for model in (Membership, Invitation, ApiKey, SshKey)
     } | {"workloads": sorted(Workload.objects.values_list("state", "deleted_at"), key=str)} | {
         "revoked": sorted(str(k) for k in ApiKey.objects.filter(revoked_at__isnull=False).values_list("pk", flat=True))}
 
@@ -185,7 +197,7 @@ def test_lists_never_include_another_tenants_rows(route, alice, bob, charlie):
     assert results, "the list is not empty, or this test proves nothing"
     theirs = {str(pk) for pk in model.objects.filter(tenant=charlie.tenant).values_list("pk", flat=True)}
     assert theirs, "the other tenant has rows of this kind"
-    assert not theirs & {r["id"] for r in results}
+    assert not theirs & {str(r["id"]) for r in results}
 
 
 def test_session_user_without_header_sees_only_own_tenant(alice, charlie):

@@ -26,6 +26,7 @@ from rest_framework.test import APIClient
 
 from billing.models import Invoice, LedgerEntry
 from billing.services import budget_create
+from frontend.services import ssh_key_add
 from gpucloud.api.scopes import ANY_METHOD, NO_KEY, ROUTE_SCOPES, required_scope
 from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
 from gpucloud.tenancy import permissions as perms
@@ -33,6 +34,7 @@ from gpucloud.tenancy.choices import Role, Scope
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
 from scheduler.models import Workload
+from tests.api.test_isolation import ED25519
 from tests.conftest import make_actor, make_user
 
 pytestmark = pytest.mark.django_db
@@ -151,6 +153,7 @@ def world(db) -> World:
         "invoice": Invoice.objects.create(tenant=alice.tenant, period_start=date(2025, 1, 1),
                                           period_end=date(2025, 2, 1)),
         "budget": budget_create(tenant=alice.tenant, name="b", monthly_amount=Decimal("100")),
+        "ssh-key": ssh_key_add(membership=alice.membership, name="laptop", public_key=ED25519),
     }
     bodies = {
         ("tenant", "PATCH"): {"name": "Acme 2"},
@@ -163,6 +166,7 @@ def world(db) -> World:
         ("budget-list", "POST"): {"name": "b2", "monthly_amount": "10"},
         ("budget-detail", "PUT"): {"name": "b3", "monthly_amount": "20"},
         ("budget-detail", "PATCH"): {"monthly_amount": "20"},
+        ("ssh-key-list", "POST"): {"name": "desk", "public_key": ED25519},
     }
     for secret in keys.values():  # first use is recorded; do it before any snapshot
         _client(secret).get("/api/v1/tenant")
