@@ -167,7 +167,7 @@ def email_verify(*, token: str) -> tuple[EmailVerification, bool]:
     except signing.BadSignature:
         raise InvalidInput(VERIFY_INVALID, code="verification_invalid", fields=fields) from None
     with transaction.atomic():
-        row = (EmailVerification.objects.select_for_update().select_related("user", "tenant")
+        row = (EmailVerification.objects.select_for_update(of=("self",)).select_related("user", "tenant")
                .filter(user_id=data.get("u"), email=data.get("e")).first())
         if row is None:
             raise InvalidInput(VERIFY_INVALID, code="verification_invalid", fields=fields)
