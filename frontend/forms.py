@@ -55,6 +55,14 @@ class SignUpForm(forms.Form):
         return {k: v for k, v in self.cleaned_data.items() if v or k != "name"}
 
 
+class OtpCodeForm(forms.Form):
+    """The second step of signing in, and the confirmation of a new or removed device."""
+
+    code = forms.CharField(label="Code from your authenticator app", max_length=16,
+                           widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "inputmode": "numeric",
+                                                         "autofocus": True}))
+
+
 def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 

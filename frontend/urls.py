@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
+from frontend import account_views as account
 from frontend import views
 from scheduler.choices import WorkloadKind
 
@@ -21,8 +22,17 @@ def _workload_routes(prefix: str, kind: str, name: str) -> list:
 
 console = [
     path("", views.dashboard, name="dashboard"),
-    path("signin/", views.SignInView.as_view(), name="login"),
-    path("signup/", views.signup, name="signup"),
+    path("signin/", account.SignInView.as_view(), name="login"),
+    path("signin/code/", account.signin_code, name="signin_code"),
+    path("signup/", account.signup, name="signup"),
+    path("verify-email/", account.verify_email, name="verify_email"),
+    path("verify-email/resend", account.verify_email_resend, name="verify_email_resend"),
+    path("password-reset/", account.PasswordResetView.as_view(), name="password_reset"),
+    path("password-reset/sent/", account.PasswordResetDoneView.as_view(), name="password_reset_done"),
+    path("password-reset/<uidb64>/<token>/", account.PasswordResetConfirmView.as_view(),
+         name="password_reset_confirm"),
+    path("password-reset/done/", account.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
+    path("settings/security/", account.security, name="security"),
     path("signout/", views.signout, name="logout"),
     path("tenant/", views.tenant_switch, name="tenant_switch"),
     path("invitations/accept/", views.invitation_accept, name="invitation_accept"),

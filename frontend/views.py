@@ -11,8 +11,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.contrib import messages
-from django.contrib.auth import login, logout
-from django.contrib.auth.views import LoginView
+from django.contrib.auth import logout
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
@@ -42,8 +41,6 @@ from frontend.forms import (
     InviteForm,
     LaunchForm,
     RoleForm,
-    SignInForm,
-    SignUpForm,
     SshKeyForm,
 )
 from gpucloud.catalogue.selectors import (
@@ -127,41 +124,6 @@ def healthz(request):
 # ------------------------------------------------------------------ accounts
 
 
-class SignInView(LoginView):
-    template_name = "frontend/signin.html"
-    authentication_form = SignInForm
-    redirect_authenticated_user = True
-
-    def get_default_redirect_url(self):
-        return reverse("console:dashboard")
-
-
-def signup(request):
-    """Create an account and the tenant it owns (the API's sign-up, in a form)."""
-    if request.user.is_authenticated:
-        return redirect("console:dashboard")
-    form = SignUpForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        ser = tenancy_s.SignupSerializer(data=form.api_data())
-        if not ser.is_valid():
-            apply_errors(form, ser.errors)
-        else:
-            data = ser.validated_data
-            try:
-                with acting_as(Actor(ip=client_ip(request))):
-                    user, tenant = tenancy_services.user_signup(
-                        email=data["email"], password=data["password"], tenant_name=data["tenant_name"],
-                        full_name=data["name"])
-            except ServiceError as exc:
-                service_error_to_form(form, exc)
-            else:
-                login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-                request.session["tenant_id"] = str(tenant.pk)
-                messages.success(request, f"Welcome! {tenant.name} starts with a credit to try things out.")
-                return redirect("console:dashboard")
-    return render(request, "frontend/signup.html", {"form": form})
-
-
 @require_POST
 def signout(request):
     logout(request)
@@ -236,6 +198,7 @@ def dashboard(request):
         "balance": billing_selectors.balance_get(tenant=tenant),
         "quotas": quota_list(tenant=tenant),
         "hourly": sum((costs[w.pk].hourly or Decimal(0)) for w in running if w.state == State.RUNNING),
+        "email_unverified": tenancy_selectors.email_verification_pending(user=request.user),
     }
     return render(request, "frontend/dashboard.html", ctx)
 

@@ -6,6 +6,7 @@ REDIS_URL and CELERY_BROKER_URL.
 """
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -51,7 +52,8 @@ SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Django's admin with our site class: two-factor for operators (gpucloud/admin_site.py).
+    "gpucloud.apps.AdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -63,6 +65,9 @@ INSTALLED_APPS = [
     "django_htmx",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI served by us: no CDN behind a firewall
+    "axes",  # failed sign-ins and lockouts (AccessAttempt, AccessLog in the admin)
+    "django_otp",
+    "django_otp.plugins.otp_totp",  # TOTP two-factor devices
     "gpucloud.tenancy",
     "gpucloud.catalogue",
     "scheduler",
@@ -81,9 +86,12 @@ MIDDLEWARE = [
     "gpucloud.lib.middleware.RejectNulMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",  # request.user.is_verified(): a second factor this session
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as axes asks: turns a refused (locked-out) sign-in into the lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "gpucloud.urls"
@@ -174,6 +182,36 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 LOGIN_URL = "/api/auth/login/"
 
+# Sign-in security (docs/architecture.md "Sign-in"). django-axes goes first: it refuses a
+# locked-out sign-in before any backend checks the password, on every path that calls
+# `authenticate(request=...)` (console, /api/auth/login/, /admin/login/).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"  # rows: PostgreSQL and SQLite alike
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15))
+# Either is enough to lock: failures against one account (from anywhere), or from one address
+# (against any accounts).
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# Not reset on success: with "either locks", a success deletes every row of that address too,
+# so an attacker could clear their count against someone else by signing in to their own
+# account. Failures age out after the cool-off instead.
+AXES_RESET_ON_SUCCESS = False
+# Attempts during a lockout neither count nor extend it: the lock ends LOGIN_LOCKOUT_MINUTES
+# after it began, however often an attacker keeps knocking.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_USERNAME_CALLABLE = "gpucloud.tenancy.lockout.username_of"
+AXES_CLIENT_IP_CALLABLE = "gpucloud.tenancy.lockout.client_address"
+AXES_LOCKOUT_CALLABLE = "gpucloud.tenancy.lockout.lockout_response"
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "otp_token"]
+# Two-factor: staff may not use /admin/ without a verified TOTP device when this is on.
+REQUIRE_2FA_FOR_STAFF = env_bool("REQUIRE_2FA_FOR_STAFF", False)
+OTP_TOTP_ISSUER = env_str("OTP_TOTP_ISSUER", "gpucloud")
+# Password-reset links (Django's) stay valid this long.
+PASSWORD_RESET_TIMEOUT = env_int("PASSWORD_RESET_TIMEOUT_S", 3 * 3600)
+
 # The client's address (rate limits, the audit log's source IP; gpucloud.lib.http.client_ip):
 # REMOTE_ADDR, or behind TRUSTED_PROXY_HOPS proxies that each append to X-Forwarded-For, the
 # address the outermost of them saw (the Nth entry from the right). TRUST_X_FORWARDED_FOR=1
@@ -205,7 +243,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_THROTTLE_CLASSES": ["gpucloud.api.throttling.PerKeyThrottle"],
     "NUM_PROXIES": TRUSTED_PROXY_HOPS,
-    "DEFAULT_THROTTLE_RATES": {"per_key": env_str("API_RATE_LIMIT", "600/min")},
+    "DEFAULT_THROTTLE_RATES": {
+        "per_key": env_str("API_RATE_LIMIT", "600/min"),
+        # Sign-ups per client address (API and console alike).
+        "signup": env_str("SIGNUP_RATE_LIMIT", "10/hour"),
+    },
     "EXCEPTION_HANDLER": "gpucloud.api.errors.exception_handler",
     # JSON nested past a sane depth, or text that is not Unicode, is a 400 (gpucloud.api.parsers).
     "DEFAULT_PARSER_CLASSES": [
@@ -273,6 +315,11 @@ CELERY_TIMEZONE = "UTC"
 AUDIT_RETENTION_DAYS = env_int("AUDIT_RETENTION_DAYS", 400)
 INVITATION_TTL_DAYS = env_int("INVITATION_TTL_DAYS", 7)
 DEFAULT_PLAN = env_str("DEFAULT_PLAN", "starter")
+# Anyone may create an account and a tenant at /console/signup/ and POST /api/v1/auth/signup.
+OPEN_SIGNUP = env_bool("OPEN_SIGNUP", True)
+# How long the link that confirms a new account's email address (and so grants the
+# sign-up credit) stays valid.
+EMAIL_VERIFICATION_TTL_HOURS = env_int("EMAIL_VERIFICATION_TTL_HOURS", 72)
 # Plan defaults for quotas; Quota rows per tenant override or narrow them.
 PLAN_QUOTAS: dict[str, dict[str, int]] = {
     "starter": {"max_gpus": 8, "max_instances": 8},
@@ -306,7 +353,8 @@ GPU_SAMPLE_MINUTE_RETENTION_DAYS = env_int("GPU_SAMPLE_MINUTE_RETENTION_DAYS", 3
 
 # Billing (docs/billing.md). Money is Decimal, read from the environment exactly.
 BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD")
-# Every new tenant starts with this credit: generous, so a newcomer can launch at once.
+# Every new tenant starts with this credit; a self-signed-up one once its owner confirms
+# their email address (operators' `create_tenant` and the demo grant it at once).
 BILLING_SIGNUP_CREDIT = env_decimal("BILLING_SIGNUP_CREDIT", "1000.00")
 BILLING_LOW_BALANCE = env_decimal("BILLING_LOW_BALANCE", "10.00")  # warn below this
 # At zero balance spot work stops at once; on-demand work after this grace.

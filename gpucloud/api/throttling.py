@@ -57,3 +57,16 @@ class PerKeyThrottle(AtomicRateThrottle):
         if key is not None and key.rate_limit_per_min:
             self.num_requests, self.duration = key.rate_limit_per_min, 60
         return super().allow_request(request, view)
+
+
+class SignupThrottle(PerKeyThrottle):
+    """Sign-ups per client address (`SIGNUP_RATE_LIMIT`), for the API and the console alike.
+
+    Counted in the same shared cache and by the same address rule as `PerKeyThrottle`'s
+    anonymous requests; a request without a session or key is all a sign-up ever is.
+    """
+
+    scope = "signup"
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": f"ip:{self.get_ident(request)}"}

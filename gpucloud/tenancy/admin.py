@@ -22,7 +22,7 @@ from gpucloud.lib.http import client_ip
 from gpucloud.tenancy import services
 from gpucloud.tenancy.audit import Actor, acting_as
 from gpucloud.tenancy.choices import TenantStatus
-from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Tenant
+from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
 
 
 def operator_actor(request) -> Actor:
@@ -246,6 +246,24 @@ class InvitationAdmin(OperatorAdmin):
     readonly_fields = ["token_hash", "accepted_by", "accepted_at"]
 
 
+@admin.register(EmailVerification)
+class EmailVerificationAdmin(OperatorAdmin):
+    """Self-service sign-ups and whether their address is confirmed (read-only: the emailed
+    link confirms, and grants the sign-up credit; an operator grants credit by hand instead)."""
+
+    list_display = ["email", "user", "tenant", "created_at", "verified_at"]
+    list_filter = ["verified_at"]
+    search_fields = ["email", "tenant__name"]
+    list_select_related = ["user", "tenant"]
+    readonly_fields = ["user", "email", "tenant", "created_at", "verified_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(OperatorAdmin):
     list_display = [
@@ -336,3 +354,31 @@ admin.site.site_title = "gpucloud operators"
 # The index links the fleet page (frontend/fleet); a template of our own name, because
 # django.contrib.admin comes first in INSTALLED_APPS and its admin/index.html would win.
 admin.site.index_template = "admin/gpucloud_index.html"
+
+
+# Sign-in lockouts (django-axes): operators lift one by deleting its access attempt(s); each
+# lift is audited as `auth.unlock`, as the lockout itself is as `auth.lockout`.
+from axes.admin import AccessAttemptAdmin  # noqa: E402
+from axes.models import AccessAttempt  # noqa: E402
+
+from gpucloud.tenancy.audit import audit_record  # noqa: E402
+
+admin.site.unregister(AccessAttempt)
+
+
+@admin.register(AccessAttempt)
+class AuditedAccessAttemptAdmin(OperatorAdmin, AccessAttemptAdmin):
+    def _audit_unlock(self, attempt: AccessAttempt) -> None:
+        audit_record(tenant=None, action="auth.unlock", object_type="accessattempt", object_id=str(attempt.pk),
+                     object_repr=(attempt.username or "")[:200],
+                     data={"username": attempt.username, "ip_address": attempt.ip_address,
+                           "failures": attempt.failures_since_start})
+
+    def delete_model(self, request, obj):
+        self._audit_unlock(obj)
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for attempt in queryset:
+            self._audit_unlock(attempt)
+        super().delete_queryset(request, queryset)

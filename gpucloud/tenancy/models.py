@@ -176,3 +176,24 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action}"
+
+
+class EmailVerification(models.Model):
+    """A self-signed-up user's email address, waiting to be confirmed (or confirmed).
+
+    Sign-up creates the row; the signed link mailed to `email` sets `verified_at` once and
+    grants `tenant` its sign-up credit in the same transaction (a guarded UPDATE: a second
+    click, or two at once, grant nothing more). Users without a row (made by operators, the
+    demo, or before sign-up asked for it) have nothing to confirm.
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="email_verification")
+    email = models.EmailField(max_length=254)
+    # The tenant made at sign-up, whose credit waits for the confirmation.
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    verified_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.email} ({'verified' if self.verified_at else 'unverified'})"

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Tenant
+from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
 
 
 def membership_get(*, user, tenant: Tenant) -> Membership | None:
@@ -30,3 +31,17 @@ def api_key_list(*, tenant: Tenant) -> QuerySet[ApiKey]:
 
 def audit_event_list(*, tenant: Tenant) -> QuerySet[AuditEvent]:
     return AuditEvent.objects.for_tenant(tenant)
+
+
+def email_verification_pending(*, user) -> EmailVerification | None:
+    """The user's unconfirmed sign-up address, if any (their tenant waits for its credit)."""
+    if user is None or not user.is_authenticated:
+        return None
+    return EmailVerification.objects.filter(user=user, verified_at__isnull=True).first()
+
+
+def totp_device_for(*, user, confirmed: bool = True) -> TOTPDevice | None:
+    """The user's TOTP device (one a user): the confirmed one, or the one being set up."""
+    if user is None or not user.is_authenticated:
+        return None
+    return TOTPDevice.objects.filter(user=user, confirmed=confirmed).order_by("-pk").first()

@@ -1,4 +1,5 @@
-"""Writes for tenancy: sign-up, members, invitations, API keys, suspension.
+"""Writes for tenancy: sign-up (and its email confirmation), members, invitations, API keys,
+suspension, two-factor devices.
 
 Every service that changes something records an audit event in the same transaction.
 """
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -13,18 +15,22 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
+from django.core import signing
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from gpucloud.lib.errors import Conflict, Forbidden, InvalidInput, NotFoundError
 from gpucloud.tenancy import permissions
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record, current_actor
 from gpucloud.tenancy.choices import Role, Scope, TenantStatus
-from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, Tenant
+from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
 
 User = get_user_model()
+logger = logging.getLogger(__name__)
 
 API_KEY_PREFIX = "gpc_"
 # 8 random characters name the key (shown forever), 40 are the secret (shown once).
@@ -50,7 +56,9 @@ def _unique_slug(name: str) -> str:
 
 
 @transaction.atomic
-def tenant_create(*, name: str, owner, plan: str | None = None) -> Tenant:
+def tenant_create(*, name: str, owner, plan: str | None = None, signup_credit: bool = True) -> Tenant:
+    """A tenant owned by `owner`. With `signup_credit=False` (self-service sign-up) its account
+    opens at zero, so nothing paid launches until `email_verify` grants the credit."""
     name = name.strip()
     if not name:
         raise InvalidInput("A tenant needs a name.", fields={"tenant_name": ["This field may not be blank."]})
@@ -59,15 +67,27 @@ def tenant_create(*, name: str, owner, plan: str | None = None) -> Tenant:
     )
     Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
     audit_record(tenant=tenant, action="tenant.create", obj=tenant)
-    from billing.services import signup_credit_grant  # billing builds on tenancy, not back
+    from billing.services import account_for, signup_credit_grant  # billing builds on tenancy, not back
 
-    signup_credit_grant(tenant=tenant)
+    if signup_credit:
+        signup_credit_grant(tenant=tenant)
+    else:
+        account_for(tenant_id=tenant.pk)
     return tenant
+
+
+SIGNUP_CLOSED = "Sign-up is closed on this installation: ask an operator for an account."
 
 
 @transaction.atomic
 def user_signup(*, email: str, password: str, tenant_name: str, full_name: str = ""):
-    """Create a user and a tenant that the user owns. Returns (user, tenant)."""
+    """Create a user and a tenant that the user owns. Returns (user, tenant).
+
+    The tenant's sign-up credit waits until the user confirms their email address
+    (`email_verification_send`, then `email_verify`); until then its balance is zero.
+    """
+    if not settings.OPEN_SIGNUP:
+        raise Forbidden(SIGNUP_CLOSED, code="signup_closed")
     email = User.objects.normalize_email(email).lower()
     if User.objects.filter(email__iexact=email).exists() or User.objects.filter(
         username__iexact=email
@@ -88,8 +108,134 @@ def user_signup(*, email: str, password: str, tenant_name: str, full_name: str =
     # From here on the new user is the actor in the audit trail.
     with acting_as(Actor(user=user, ip=current_actor().ip)):
         audit_record(tenant=None, action="user.signup", obj=user, object_repr=email)
-        tenant = tenant_create(name=tenant_name, owner=user)
+        tenant = tenant_create(name=tenant_name, owner=user, signup_credit=False)
+    EmailVerification.objects.create(user=user, email=email, tenant=tenant)
     return user, tenant
+
+
+# ---------------------------------------------------------------- email confirmation
+
+_VERIFY_SALT = "gpucloud.tenancy.email-verification"
+VERIFY_INVALID = "This confirmation link is not valid (it may be incomplete): sign in and send a new one."
+VERIFY_EXPIRED = "This confirmation link has expired: sign in and send a new one."
+
+
+def email_verification_token(*, user) -> str:
+    """A signed, timestamped token naming the user and the address it confirms (no row: the
+    signature is the proof, SECRET_KEY the key, EMAIL_VERIFICATION_TTL_HOURS the life)."""
+    return signing.dumps({"u": user.pk, "e": user.email.lower()}, salt=_VERIFY_SALT, compress=True)
+
+
+def email_verification_send(*, user, verify_url: str) -> bool:
+    """Mail the confirmation link (`verify_url?token=…`) through Django's mail backend.
+
+    Call after the sign-up committed (mail is network I/O). The demo's console backend
+    prints the mail, link included, on the web process's output. A mail server that fails
+    does not undo the sign-up: False, logged, and the console offers to send it again.
+    """
+    link = f"{verify_url}?token={email_verification_token(user=user)}"
+    try:
+        _send_verification(user=user, link=link)
+    except Exception:
+        logger.exception("could not mail the confirmation link to user %s", user.pk)
+        return False
+    return True
+
+
+def _send_verification(*, user, link: str) -> None:
+    send_mail(
+        "Confirm your email address for gpucloud",
+        "Welcome to gpucloud.\n\n"
+        f"Open this link to confirm {user.email} and receive your sign-up credit:\n\n{link}\n\n"
+        f"The link is valid for {settings.EMAIL_VERIFICATION_TTL_HOURS} hours. If you did not sign up, "
+        "ignore this mail.\n",
+        None, [user.email],
+    )
+
+
+def email_verify(*, token: str) -> tuple[EmailVerification, bool]:
+    """Confirm the address a token names and grant the sign-up credit, exactly once.
+
+    Returns (verification, newly): `newly` is False when it was confirmed before (a second
+    click grants nothing). The row is locked, so two clicks at once grant once.
+    """
+    fields = {"token": [VERIFY_INVALID]}
+    try:
+        data = signing.loads(token, salt=_VERIFY_SALT, max_age=settings.EMAIL_VERIFICATION_TTL_HOURS * 3600)
+    except signing.SignatureExpired:
+        raise InvalidInput(VERIFY_EXPIRED, code="verification_invalid", fields={"token": [VERIFY_EXPIRED]}) from None
+    except signing.BadSignature:
+        raise InvalidInput(VERIFY_INVALID, code="verification_invalid", fields=fields) from None
+    with transaction.atomic():
+        row = (EmailVerification.objects.select_for_update(of=("self",)).select_related("user", "tenant")
+               .filter(user_id=data.get("u"), email=data.get("e")).first())
+        if row is None:
+            raise InvalidInput(VERIFY_INVALID, code="verification_invalid", fields=fields)
+        if row.verified_at is not None:
+            return row, False
+        row.verified_at = timezone.now()
+        row.save(update_fields=["verified_at"])
+        credit = None
+        if row.tenant is not None:
+            from billing.services import signup_credit_grant  # billing builds on tenancy, not back
+
+            credit = signup_credit_grant(tenant=row.tenant)
+        with acting_as(Actor(user=row.user, ip=current_actor().ip)):
+            audit_record(tenant=row.tenant, action="user.verify_email", obj=row.user, object_repr=row.email,
+                         data={"signup_credit": str(credit.amount) if credit else "0"})
+    return row, True
+
+
+# ---------------------------------------------------------------- two-factor (TOTP)
+
+OTP_CODE_WRONG = "That code is not right: use the current 6-digit code from your authenticator app."
+OTP_CODE_MISSING = "Enter the 6-digit code from your authenticator app."
+OTP_WAIT = "Too many wrong codes: wait a minute, then try again."
+
+
+def totp_check(*, device: TOTPDevice, token: str) -> str | None:
+    """Check a code against a device. None when right, else the sentence to show.
+
+    django-otp's throttling applies (each wrong code doubles the wait before the next is
+    even checked) and a code is accepted once (no replay). Not inside a transaction that a
+    refusal rolls back: the failure count must stick.
+    """
+    token = token.strip().replace(" ", "")
+    if not token:
+        return OTP_CODE_MISSING
+    allowed, _ = device.verify_is_allowed()
+    if not allowed:
+        return OTP_WAIT
+    return None if device.verify_token(token) else OTP_CODE_WRONG
+
+
+def totp_device_start(*, user) -> TOTPDevice:
+    """A fresh secret, not yet in force: it is confirmed with a code from the app."""
+    TOTPDevice.objects.filter(user=user, confirmed=False).delete()
+    return TOTPDevice.objects.create(user=user, name="authenticator app", confirmed=False)
+
+
+def totp_device_confirm(*, user, device: TOTPDevice, token: str) -> TOTPDevice:
+    """Turn two-factor on with the device the user's app now shows codes for."""
+    error = totp_check(device=device, token=token)
+    if error:
+        raise InvalidInput(error, code="otp_invalid", fields={"code": [error]})
+    with transaction.atomic():
+        TOTPDevice.objects.filter(user=user).exclude(pk=device.pk).delete()  # one device a user
+        device.confirmed = True
+        device.save(update_fields=["confirmed"])
+        audit_record(tenant=None, action="user.2fa_enable", obj=user, object_repr=user.email)
+    return device
+
+
+def totp_device_remove(*, user, device: TOTPDevice, token: str) -> None:
+    """Turn two-factor off; it takes a current code, so a stolen session alone cannot."""
+    error = totp_check(device=device, token=token)
+    if error:
+        raise InvalidInput(error, code="otp_invalid", fields={"code": [error]})
+    with transaction.atomic():
+        TOTPDevice.objects.filter(user=user).delete()
+        audit_record(tenant=None, action="user.2fa_disable", obj=user, object_repr=user.email)
 
 
 @transaction.atomic

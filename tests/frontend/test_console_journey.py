@@ -8,8 +8,10 @@ sees its utilisation chart draw and move, stops it, and finds its cost in usage.
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
+from django.core import mail
 from playwright.sync_api import expect
 
 from tests.frontend.conftest import shot
@@ -30,6 +32,12 @@ def test_new_user_rents_a_gpu_from_sign_up_to_usage(fast_metering, page, live_se
     page.get_by_role("button", name="Sign up").click()
     expect(page.get_by_role("heading", name="Newco", level=1)).to_be_visible()
     expect(page.get_by_text("Nothing is running.")).to_be_visible()
+    # the sign-up credit waits for the emailed link (the live server's mail is Django's locmem outbox)
+    expect(page.locator("#verify-email")).to_contain_text("nia@newco.test")
+    link = re.search(r"https?://\S+/console/verify-email/\?token=\S+", mail.outbox[-1].body).group(0)
+    page.goto(link)
+    expect(page.get_by_text("Newco received its sign-up credit")).to_be_visible()
+    expect(page.locator("#verify-email")).to_have_count(0)
     shot(page, "dashboard")
 
     # an API key: the secret is shown once, and it works against the API

@@ -141,3 +141,6 @@ class SignupResultSerializer(serializers.Serializer):
     user = UserSerializer()
     tenant = TenantSerializer()
     api_key = serializers.CharField(allow_null=True)
+    email_verified = serializers.BooleanField(
+        help_text="False until the emailed link is opened; the sign-up credit comes then."
+    )

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import django_filters
 from django.contrib.auth import login
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from gpucloud.api.throttling import PerKeyThrottle, SignupThrottle
 from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy import selectors, services
@@ -176,11 +178,16 @@ class AuditEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
 
 
 class SignupApi(ApiView):
-    """Create an account and a tenant you own; signs you in."""
+    """Create an account and a tenant you own; signs you in.
+
+    The tenant's sign-up credit comes once the emailed link confirms the address. Refused
+    with 403 `signup_closed` when OPEN_SIGNUP is off; at most SIGNUP_RATE_LIMIT a client address.
+    """
 
     permission_classes = [permissions.AllowAny]
     authentication_classes = []  # no session yet, so no CSRF to check
     throttle_scope = "per_key"
+    throttle_classes = [PerKeyThrottle, SignupThrottle]
 
     @extend_schema(request=s.SignupSerializer, responses={201: s.SignupResultSerializer},
                    auth=[], operation_id="signup")
@@ -192,6 +199,8 @@ class SignupApi(ApiView):
             email=data["email"], password=data["password"], tenant_name=data["tenant_name"],
             full_name=data["name"],
         )
+        services.email_verification_send(
+            user=user, verify_url=request.build_absolute_uri(reverse("console:verify_email")))
         secret = None
         if data["create_api_key"]:
             membership = selectors.membership_get(user=user, tenant=tenant)
@@ -201,5 +210,5 @@ class SignupApi(ApiView):
         login(request._request, user, backend="django.contrib.auth.backends.ModelBackend")
         request.session["tenant_id"] = str(tenant.pk)
         body = {"user": s.UserSerializer(user).data, "tenant": s.TenantSerializer(tenant).data,
-                "api_key": secret}
+                "api_key": secret, "email_verified": False}
         return Response(body, status=status.HTTP_201_CREATED)
