@@ -5,7 +5,7 @@ second line: every GPU is claimed with a guarded UPDATE (`WHERE whole = false AN
 used_milli = 0` for a whole GPU; `used_milli + share <= 1000` for a share) and the
 CHECK constraints on `agents_gpu` refuse anything else. A share is also refused on a
 GPU carrying another tenant's shares unless the GPU is open to cross-tenant sharing
-(MIG, or its model's `allow_cross_tenant_sharing`): tenant isolation's second line,
+(its model's `allow_cross_tenant_sharing`): tenant isolation's second line,
 checked in the same guarded UPDATE. A placement whose GPUs or
 host resources cannot all be claimed is dropped whole (gang semantics hold in
 the database too) and its workload stays PENDING for the next cycle.
@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import F, Q
+from django.db.models import F
 
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import GpuModel
@@ -69,8 +69,7 @@ def _claim_whole(uuids: list[str]) -> set[str]:
 
 def _may_share_orm(uuid: str, tenant: str | None) -> bool:
     """SQLite's form of the tenant guard in `_claim_shares` (one GPU)."""
-    if Gpu.objects.filter(Q(gpu_model__allow_cross_tenant_sharing=True) | Q(mig_enabled=True),
-                          uuid=uuid).exists():
+    if Gpu.objects.filter(gpu_model__allow_cross_tenant_sharing=True, uuid=uuid).exists():
         return True
     return tenant is not None and not (
         Allocation.objects.filter(gpu_id=uuid, active=True, milli__lt=core.WHOLE)
@@ -97,7 +96,7 @@ def _claim_shares(per_gpu: dict[str, int], tenant_of: dict[str, str | None]) -> 
         f"FROM unnest(%s::text[], %s::int[], %s::uuid[]) AS v(uuid, m, tenant), {GpuModel._meta.db_table} AS gm "
         "WHERE g.uuid = v.uuid AND gm.id = g.gpu_model_id "
         "AND NOT g.whole AND g.healthy AND g.used_milli + v.m <= 1000 "
-        "AND (gm.allow_cross_tenant_sharing OR g.mig_enabled OR (v.tenant IS NOT NULL AND NOT EXISTS ("
+        "AND (gm.allow_cross_tenant_sharing OR (v.tenant IS NOT NULL AND NOT EXISTS ("
         f"SELECT 1 FROM {Allocation._meta.db_table} a JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
         "WHERE a.gpu_id = g.uuid AND a.active AND a.milli < 1000 AND w.tenant_id <> v.tenant))) "
         "RETURNING g.uuid",

@@ -90,8 +90,10 @@ def _hosts(region_id: int, code: str, tenants: dict[str, str] | None = None) -> 
         gpus[host_id].append(core.GpuView(
             uuid=uuid, index=index, model=model, nvlink_island=island, numa_node=numa,
             whole=whole, used_milli=used, utilisation=util, idle_since=idle,
-            # tenant isolation: several tenants' shares only on MIG-partitioned GPUs or
-            # models the operator opened (GpuModel.allow_cross_tenant_sharing)
+            # tenant isolation: several tenants' shares only on models the operator opened
+            # (GpuModel.allow_cross_tenant_sharing). A MIG GPU (Gpu.mig_enabled) is NOT opened
+            # yet: shares are still pinned to the parent GPU UUID, which exposes every MIG
+            # slice of it to the container; it opens once a share is pinned to its own slice.
             share_tenant=tenants.get(uuid) if used and not whole else None, cross_tenant=cross,
         ))
     return tuple(
@@ -107,7 +109,7 @@ def _hosts(region_id: int, code: str, tenants: dict[str, str] | None = None) -> 
 _GPUS_SQL = """
 SELECT g.uuid, g.host_id::text, g.index, m.code, g.nvlink_island, g.numa_node, g.whole, g.used_milli,
        g.utilisation, EXTRACT(EPOCH FROM g.idle_since)::float8, g.healthy,
-       (m.allow_cross_tenant_sharing OR g.mig_enabled)
+       m.allow_cross_tenant_sharing
 FROM {gpu} g
 JOIN {host} h ON h.id = g.host_id
 JOIN {model} m ON m.id = g.gpu_model_id
@@ -126,15 +128,15 @@ def _gpu_rows(region_id: int):
             cur.execute(sql, [region_id])
             yield from cur
         return
-    for uuid, host_id, *rest, model_open, mig in (
+    for uuid, host_id, *rest in (
         Gpu.objects.filter(host__region_id=region_id)
         .annotate(idle_s=Epoch("idle_since"))
         .values_list("uuid", "host_id", "index", "gpu_model__code", "nvlink_island", "numa_node",
                      "whole", "used_milli", "utilisation", "idle_s", "healthy",
-                     "gpu_model__allow_cross_tenant_sharing", "mig_enabled")
+                     "gpu_model__allow_cross_tenant_sharing")
         .order_by("host_id", "index")
     ):
-        yield (uuid, str(host_id), *rest, model_open or mig)
+        yield (uuid, str(host_id), *rest)
 
 
 _ALLOCATIONS_SQL = """

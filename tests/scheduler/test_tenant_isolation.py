@@ -54,18 +54,25 @@ def test_a_second_tenant_waits_while_the_only_gpu_carries_the_first_tenants_shar
     assert Workload.objects.get(pk=c).state == State.SCHEDULED
 
 
-@pytest.mark.parametrize("opened_by", ["gpu_model", "mig"])
-def test_an_open_gpu_takes_shares_of_two_tenants(alice, charlie, catalog, opened_by):
-    (host,) = make_hosts(n=1, gpus=1, model="L40S", islands=1)
-    if opened_by == "gpu_model":
-        GpuModel.objects.filter(code="L40S").update(allow_cross_tenant_sharing=True)
-    else:
-        Gpu.objects.filter(host=host).update(mig_enabled=True)
+def test_a_gpu_model_the_operator_opened_takes_shares_of_two_tenants_on_one_gpu(alice, charlie, catalog):
+    make_hosts(n=1, gpus=1, model="L40S", islands=1)
+    GpuModel.objects.filter(code="L40S").update(allow_cross_tenant_sharing=True)
     a = launch(alice, instance_type="l40s.quarter", name="a").json()["id"]
     c = launch(charlie, instance_type="l40s.quarter", name="c").json()["id"]
     run_cycle(region_id=region_id())
     assert Workload.objects.filter(pk__in=[a, c], state=State.SCHEDULED).count() == 2
     assert gpu_of(a) == gpu_of(c)
+
+
+def test_a_mig_gpu_stays_closed_while_shares_are_pinned_to_the_parent_gpu(alice, charlie, catalog):
+    # the parent GPU's UUID shows a container every MIG slice of it: no isolation yet
+    (host,) = make_hosts(n=1, gpus=1, model="L40S", islands=1)
+    Gpu.objects.filter(host=host).update(mig_enabled=True)
+    a = launch(alice, instance_type="l40s.quarter", name="a").json()["id"]
+    c = launch(charlie, instance_type="l40s.quarter", name="c").json()["id"]
+    run_cycle(region_id=region_id())
+    assert Workload.objects.get(pk=a).state == State.SCHEDULED
+    assert Workload.objects.get(pk=c).state == State.PENDING
 
 
 def test_snapshot_names_the_tenant_of_each_shared_gpu(alice, charlie, catalog):
