@@ -56,9 +56,8 @@ class GpuModel(models.Model):
     # MIG-partitioned GPUs are open regardless: the hardware isolates their slices.
     allow_cross_tenant_sharing = models.BooleanField(
         default=False,
-        help_text="Let fractional shares of different tenants run on one GPU of this model "
-        "at the same time. Shares of one GPU are not memory-isolated from each other "
-        "(except MIG slices): leave off unless every tenant trusts every other.",
+        help_text="Let shares of different tenants run on one GPU of this model at once "
+        "(shares are not memory-isolated): only if every tenant trusts every other.",
     )
 
     class Meta:

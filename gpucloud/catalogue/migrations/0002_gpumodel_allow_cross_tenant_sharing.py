@@ -13,6 +13,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='gpumodel',
             name='allow_cross_tenant_sharing',
-            field=models.BooleanField(default=False, help_text='Let fractional shares of different tenants run on one GPU of this model at the same time. Shares of one GPU are not memory-isolated from each other (except MIG slices): leave off unless every tenant trusts every other.'),
+            field=models.BooleanField(
+                default=False,
+                help_text='Let shares of different tenants run on one GPU of this model at once '
+                '(shares are not memory-isolated): only if every tenant trusts every other.',
+            ),
         ),
     ]
