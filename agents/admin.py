@@ -178,8 +178,9 @@ class GpuAdmin(OperatorAdmin):
         "whole",
         "used_milli",
         "utilisation",
+        "mig_enabled",
     ]
-    list_filter = ["gpu_model", "healthy", "whole", "host__region"]
+    list_filter = ["gpu_model", "healthy", "whole", "mig_enabled", "host__region"]
     search_fields = ["uuid", "host__name"]
     list_select_related = ["host", "gpu_model"]
     # Booking counters are the scheduler's; health changes through the action (audited).

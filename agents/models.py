@@ -69,6 +69,10 @@ class Gpu(models.Model):
     pci_bus_id = models.CharField(max_length=32, blank=True)
     numa_node = models.SmallIntegerField(default=0)
     nvlink_island = models.SmallIntegerField(default=0)
+    # MIG mode on (NVIDIA, from the agent's inventory at registration): the GPU is partitioned
+    # by hardware. Not yet a reason to mix tenants on it: shares are pinned to the parent GPU
+    # UUID, which shows the container every slice (see docs/scheduler.md, tenant isolation).
+    mig_enabled = models.BooleanField(default=False)
     # False after a fatal XID, an uncorrectable ECC error, a lost GPU or a vanished one: it
     # takes no new work until an operator marks it healthy again (sticky on purpose).
     healthy = models.BooleanField(default=True)

@@ -248,6 +248,47 @@ def _port_item(x: object, path: str) -> int:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a GPU instance with its compute instance) of an NVIDIA GPU.
+
+    ``uuid`` is the ``MIG-...`` UUID a container is pinned to; ``profile`` NVML's
+    profile name (e.g. ``"1g.10gb"``), ``slices`` its share of the GPU's compute slices.
+    """
+
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    slices: int
+    memory_mib: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "gpu_instance_id": self.gpu_instance_id,
+            "compute_instance_id": self.compute_instance_id,
+            "profile": self.profile,
+            "slices": self.slices,
+            "memory_mib": self.memory_mib,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> MigDevice:
+        r = _Reader(data, path)
+        uuid = r.str_("uuid", max_len=64)
+        if not uuid.startswith("MIG-"):
+            raise ProtocolError(r._p("uuid"), "must be a MIG device UUID (MIG-...)")
+        return cls(
+            uuid=uuid,
+            gpu_instance_id=r.int_("gpu_instance_id"),
+            compute_instance_id=r.int_("compute_instance_id"),
+            profile=r.str_("profile", required=False, max_len=64),
+            slices=r.int_("slices", minimum=1, maximum=64),
+            memory_mib=r.int_("memory_mib"),
+        )
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One GPU as discovered at registration (static facts)."""
 
@@ -263,6 +304,8 @@ class GpuInfo:
     nvlink_peers: list[str] = field(default_factory=list)  # peer UUIDs with a direct link
     topology: dict[str, str] = field(default_factory=dict)  # peer UUID -> TOPOLOGY_LEVELS item
     mig_mode: bool | None = None  # None: not supported / unknown
+    # The MIG devices of a GPU in MIG mode (optional key: an older agent sends none).
+    mig_devices: list[MigDevice] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -277,6 +320,7 @@ class GpuInfo:
             "nvlink_peers": list(self.nvlink_peers),
             "topology": dict(self.topology),
             "mig_mode": self.mig_mode,
+            "mig_devices": [m.to_dict() for m in self.mig_devices],
         }
 
     @classmethod
@@ -288,6 +332,11 @@ class GpuInfo:
                 raise ProtocolError(
                     r._p(f"topology.{peer}"), f"must be one of {list(TOPOLOGY_LEVELS)}"
                 )
+        mig_devices = r.list_("mig_devices", MigDevice.from_dict)
+        if len({m.uuid for m in mig_devices}) != len(mig_devices):
+            raise ProtocolError(r._p("mig_devices"), "MIG device UUIDs must be unique")
+        if mig_devices and r.opt_bool("mig_mode") is not True:
+            raise ProtocolError(r._p("mig_devices"), "only a GPU in MIG mode has MIG devices")
         return cls(
             uuid=r.str_("uuid", max_len=64),
             index=r.int_("index", maximum=INT16_MAX),
@@ -300,6 +349,7 @@ class GpuInfo:
             nvlink_peers=r.list_("nvlink_peers", _str_item),
             topology=topology,
             mig_mode=r.opt_bool("mig_mode"),
+            mig_devices=mig_devices,
         )
 
 

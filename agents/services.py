@@ -228,6 +228,7 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
             "pci_bus_id": g.pci_bus_id or "",
             "numa_node": g.numa_node or 0,
             "nvlink_island": _island(g),
+            "mig_enabled": g.mig_mode is True,
         }
         row = existing.get(g.uuid)
         if row is None:
@@ -247,6 +248,7 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
                 "pci_bus_id",
                 "numa_node",
                 "nvlink_island",
+                "mig_enabled",
                 "healthy",
                 "unhealthy_reason",
                 "unhealthy_since",

@@ -3,7 +3,10 @@
 The core already made sure one cycle never books a GPU twice. The database is the
 second line: every GPU is claimed with a guarded UPDATE (`WHERE whole = false AND
 used_milli = 0` for a whole GPU; `used_milli + share <= 1000` for a share) and the
-CHECK constraints on `agents_gpu` refuse anything else. A placement whose GPUs or
+CHECK constraints on `agents_gpu` refuse anything else. A share is also refused on a
+GPU carrying another tenant's shares unless the GPU is open to cross-tenant sharing
+(its model's `allow_cross_tenant_sharing`): tenant isolation's second line,
+checked in the same guarded UPDATE. A placement whose GPUs or
 host resources cannot all be claimed is dropped whole (gang semantics hold in
 the database too) and its workload stays PENDING for the next cycle.
 """
@@ -19,10 +22,11 @@ from django.db import connection
 from django.db.models import F
 
 from agents.models import Gpu, Host
+from gpucloud.catalogue.models import GpuModel
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, core
 from scheduler.choices import State
-from scheduler.models import Workload
+from scheduler.models import Allocation, Workload
 from scheduler.services import workloads_transition
 from scheduler.snapshot import CycleInput, tenant_views
 
@@ -63,19 +67,41 @@ def _claim_whole(uuids: list[str]) -> set[str]:
     )
 
 
-def _claim_shares(per_gpu: dict[str, int]) -> set[str]:
-    """Add fractional shares, GPU by GPU; returns the GPUs where the whole sum fitted."""
+def _may_share_orm(uuid: str, tenant: str | None) -> bool:
+    """SQLite's form of the tenant guard in `_claim_shares` (one GPU)."""
+    if Gpu.objects.filter(gpu_model__allow_cross_tenant_sharing=True, uuid=uuid).exists():
+        return True
+    return tenant is not None and not (
+        Allocation.objects.filter(gpu_id=uuid, active=True, milli__lt=core.WHOLE)
+        .exclude(workload__tenant_id=tenant).exists()
+    )
+
+
+def _claim_shares(per_gpu: dict[str, int], tenant_of: dict[str, str | None]) -> set[str]:
+    """Add fractional shares, GPU by GPU; returns the GPUs where the whole sum fitted.
+
+    Tenant isolation: ``tenant_of[uuid]`` is the one tenant this plan adds shares of to
+    the GPU (None: several). A GPU not open to cross-tenant sharing takes them only
+    when it carries no other tenant's active shares. The region's cycle lock serialises
+    the appliers of a GPU, so the NOT EXISTS reads a settled set of allocations.
+    """
     if connection.vendor != "postgresql":
         return {u for u, milli in per_gpu.items()
-                if Gpu.objects.filter(uuid=u, whole=False, healthy=True, used_milli__lte=1000 - milli)
+                if _may_share_orm(u, tenant_of.get(u))
+                and Gpu.objects.filter(uuid=u, whole=False, healthy=True, used_milli__lte=1000 - milli)
                 .update(used_milli=F("used_milli") + milli)}
     items = sorted(per_gpu.items())
     return _update_returning(
         f"UPDATE {Gpu._meta.db_table} AS g SET used_milli = g.used_milli + v.m "
-        "FROM unnest(%s::text[], %s::int[]) AS v(uuid, m) "
-        "WHERE g.uuid = v.uuid AND NOT g.whole AND g.healthy AND g.used_milli + v.m <= 1000 "
+        f"FROM unnest(%s::text[], %s::int[], %s::uuid[]) AS v(uuid, m, tenant), {GpuModel._meta.db_table} AS gm "
+        "WHERE g.uuid = v.uuid AND gm.id = g.gpu_model_id "
+        "AND NOT g.whole AND g.healthy AND g.used_milli + v.m <= 1000 "
+        "AND (gm.allow_cross_tenant_sharing OR (v.tenant IS NOT NULL AND NOT EXISTS ("
+        f"SELECT 1 FROM {Allocation._meta.db_table} a JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
+        "WHERE a.gpu_id = g.uuid AND a.active AND a.milli < 1000 AND w.tenant_id <> v.tenant))) "
         "RETURNING g.uuid",
-        [bulk.pg_array(u for u, _ in items), bulk.pg_array(m for _, m in items)],
+        [bulk.pg_array(u for u, _ in items), bulk.pg_array(m for _, m in items),
+         bulk.pg_array(tenant_of.get(u) for u, _ in items)],
     )
 
 
@@ -145,12 +171,15 @@ def _apply_places(places: list[core.Place], requests: dict[str, core.PlacementRe
     whole_wanted = [g for p in places for hp in p.placements if hp.milli == core.WHOLE for g in hp.gpus]
     whole_got = _claim_whole(whole_wanted)
     share_wanted: dict[str, int] = defaultdict(int)
+    share_tenant: dict[str, str | None] = {}  # the one tenant whose shares go on it; None: several
     for p in places:
+        tenant = requests[p.request_id].tenant_id
         for hp in p.placements:
             if hp.milli != core.WHOLE:
                 for g in hp.gpus:
                     share_wanted[g] += hp.milli
-    shares_got = _claim_shares(dict(share_wanted)) if share_wanted else set()
+                    share_tenant[g] = tenant if share_tenant.get(g, tenant) == tenant else None
+    shares_got = _claim_shares(dict(share_wanted), share_tenant) if share_wanted else set()
     accepted: list[core.Place] = []
     drop_hosts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     give_back_whole: list[str] = []

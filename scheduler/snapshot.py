@@ -51,8 +51,8 @@ class CycleInput:
 def build(*, region_id: int) -> CycleInput:
     """Everything one cycle of `region_id` needs. Regions are named by code in the core."""
     code = Region.objects.values_list("code", flat=True).get(pk=region_id)
-    hosts = _hosts(region_id, code)
     allocations = _allocations(region_id)
+    hosts = _hosts(region_id, code, share_tenants(allocations))
     queue, reasons, models = _queue(region_id, code)
     tenant_ids = {r.tenant_id for r in queue} | {a.tenant_id for a in allocations}
     tenants = tenant_views(tenant_ids)
@@ -60,18 +60,41 @@ def build(*, region_id: int) -> CycleInput:
     return CycleInput(snapshot=snapshot, queue=queue, shown=reasons, gpu_model_of=models)
 
 
-def _hosts(region_id: int, code: str) -> tuple[core.HostView, ...]:
+def share_tenants(allocations: tuple[core.Allocation, ...]) -> dict[str, str]:
+    """GPU uuid -> the tenant whose fractional shares it carries (tenant isolation);
+    ``core.SEVERAL_TENANTS`` where shares of several tenants already sit on one GPU
+    (an open GPU, or one shared before the rule: the core adds nobody's to it while closed)."""
+    out: dict[str, str] = {}
+    for a in allocations:
+        for p in a.placements:
+            if p.milli >= core.WHOLE:
+                continue
+            for u in p.gpus:
+                t = out.get(u)
+                out[u] = a.tenant_id if t is None or t == a.tenant_id else core.SEVERAL_TENANTS
+    return out
+
+
+def _hosts(region_id: int, code: str, tenants: dict[str, str] | None = None) -> tuple[core.HostView, ...]:
+    """The region's hosts; ``tenants`` (from ``share_tenants``) names whose shares each GPU carries."""
+    tenants = tenants or {}
     host_rows = list(
         Host.objects.filter(region_id=region_id)
         .values_list("id", "state", "vcpus", "memory_mib", "used_vcpus", "used_memory_mib")
     )
     gpus: dict[str, list[core.GpuView]] = defaultdict(list)
-    for (uuid, host_id, index, model, island, numa, whole, used, util, idle, healthy) in _gpu_rows(region_id):
+    for (uuid, host_id, index, model, island, numa, whole, used, util, idle, healthy,
+         cross) in _gpu_rows(region_id):
         if not healthy and not whole and not used:
             continue  # a broken GPU takes no new work; a booked one still shows its booking
         gpus[host_id].append(core.GpuView(
             uuid=uuid, index=index, model=model, nvlink_island=island, numa_node=numa,
             whole=whole, used_milli=used, utilisation=util, idle_since=idle,
+            # tenant isolation: several tenants' shares only on models the operator opened
+            # (GpuModel.allow_cross_tenant_sharing). A MIG GPU (Gpu.mig_enabled) is NOT opened
+            # yet: shares are still pinned to the parent GPU UUID, which exposes every MIG
+            # slice of it to the container; it opens once a share is pinned to its own slice.
+            share_tenant=tenants.get(uuid) if used and not whole else None, cross_tenant=cross,
         ))
     return tuple(
         core.HostView(
@@ -85,7 +108,8 @@ def _hosts(region_id: int, code: str) -> tuple[core.HostView, ...]:
 
 _GPUS_SQL = """
 SELECT g.uuid, g.host_id::text, g.index, m.code, g.nvlink_island, g.numa_node, g.whole, g.used_milli,
-       g.utilisation, EXTRACT(EPOCH FROM g.idle_since)::float8, g.healthy
+       g.utilisation, EXTRACT(EPOCH FROM g.idle_since)::float8, g.healthy,
+       m.allow_cross_tenant_sharing
 FROM {gpu} g
 JOIN {host} h ON h.id = g.host_id
 JOIN {model} m ON m.id = g.gpu_model_id
@@ -108,7 +132,8 @@ def _gpu_rows(region_id: int):
         Gpu.objects.filter(host__region_id=region_id)
         .annotate(idle_s=Epoch("idle_since"))
         .values_list("uuid", "host_id", "index", "gpu_model__code", "nvlink_island", "numa_node",
-                     "whole", "used_milli", "utilisation", "idle_s", "healthy")
+                     "whole", "used_milli", "utilisation", "idle_s", "healthy",
+                     "gpu_model__allow_cross_tenant_sharing")
         .order_by("host_id", "index")
     ):
         yield (uuid, str(host_id), *rest)

@@ -8,18 +8,26 @@ driver) means "this GPU cannot tell": the field stays ``None``. ``NVMLError_GpuI
 means the GPU fell off the bus: it is reported ``healthy=False`` with the error and no
 further probe touches it this round. Any other error is recorded in ``error`` and the
 other probes go on. Nothing here raises out of ``sample()``.
+
+MIG (Multi-Instance GPU, A100/H100-class parts): ``inventory()`` reports each GPU's MIG
+devices (``MIG-...`` UUIDs, profile, slices, memory) when MIG mode is on;
+``mig_profiles()``, ``create_mig_device()`` and ``destroy_mig_device()`` discover the GPU
+instance profiles and create / destroy a GPU instance with one full-size compute
+instance, through NVML's own calls (the operator enables MIG mode itself: it needs a
+GPU reset). A container is pinned to a MIG device by its ``MIG-...`` UUID, as to a GPU.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from typing import Any, Final
 
 from agents.host.gpu import FATAL_XIDS, islands, normalise_bus_id, sysfs_numa_node
-from agents.protocol import GpuInfo, GpuSample
+from agents.protocol import GpuInfo, GpuSample, MigDevice
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +43,34 @@ _TOPOLOGY_NAMES: Final[dict[int, str]] = {
     40: "numa_node",  # NVML_TOPOLOGY_NODE (== NVML_TOPOLOGY_CPU)
     50: "system",  # NVML_TOPOLOGY_SYSTEM
 }
+
+
+# GPU instance slices -> the nvmlComputeInstanceProfile that fills a GPU instance of them.
+_CI_PROFILE_NAMES: Final[dict[int, str]] = {
+    1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
+    2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
+    3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE",
+    4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
+    6: "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE",
+    7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE",
+    8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE",
+}
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU instance profile a GPU supports (``nvmlDeviceGetGpuInstanceProfileInfoV``).
+
+    ``profile`` is the NVML enum (``NVML_GPU_INSTANCE_PROFILE_1_SLICE``...) that
+    ``create_mig_device`` takes; ``id`` the profile id NVML creates instances with.
+    """
+
+    profile: int
+    id: int
+    name: str  # "1g.10gb"
+    slices: int
+    memory_mib: int
+    instances: int  # how many fit on an empty GPU
 
 
 def _text(value: str | bytes) -> str:
@@ -109,6 +145,8 @@ class NvmlBackend:
                 )
                 mig = self._optional("nvmlDeviceGetMigMode", handle)
                 f["mig"] = None if mig is None else bool(mig[0] == n.NVML_DEVICE_MIG_ENABLE)
+                if f["mig"]:
+                    f["mig_devices"] = self._mig_devices(handle)
                 f["remote"] = self._nvlink_remotes(handle)
             except (_Lost, n.NVMLError) as e:
                 logger.error("gpu inventory incomplete", extra={"gpu_uuid": uuid, "error": str(e)})
@@ -168,9 +206,120 @@ class NvmlBackend:
                     nvlink_peers=sorted(peers[uuid]),
                     topology=topo,
                     mig_mode=f.get("mig"),
+                    mig_devices=f.get("mig_devices", []),
                 )
             )
         return out
+
+    # --- MIG ----------------------------------------------------------------------------
+
+    def _handle(self, gpu_uuid: str) -> Any:
+        if not self._gpus:
+            self.inventory()
+        for uuid, handle in self._gpus:
+            if uuid == gpu_uuid:
+                return handle
+        raise KeyError(f"no GPU {gpu_uuid} on this host")
+
+    def _profiles(self, handle: Any) -> list[MigProfile]:
+        n = self._nvml
+        out = []
+        for profile in range(int(getattr(n, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+            info = self._optional("nvmlDeviceGetGpuInstanceProfileInfoV", handle, profile)
+            if info is None or not info.instanceCount:
+                continue  # a profile this part does not have
+            name = _text(info.name).removeprefix("MIG ").strip()
+            out.append(
+                MigProfile(
+                    profile=profile,
+                    id=int(info.id),
+                    name=name,
+                    slices=int(info.sliceCount),
+                    memory_mib=int(info.memorySizeMB),
+                    instances=int(info.instanceCount),
+                )
+            )
+        return out
+
+    def mig_profiles(self, gpu_uuid: str) -> list[MigProfile]:
+        """The GPU instance profiles of a GPU; [] on a part without MIG."""
+        return self._profiles(self._handle(gpu_uuid))
+
+    def _mig_devices(self, handle: Any) -> list[MigDevice]:
+        """The MIG devices of a GPU in MIG mode, in NVML's index order."""
+        n = self._nvml
+        count = self._optional("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+        by_id = {p.id: p for p in self._profiles(handle)}
+        out = []
+        for index in range(int(count)):
+            try:
+                mig = n.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except n.NVMLError_NotFound:
+                continue  # an empty slot: NVML numbers slots, not devices
+            gi_id = int(n.nvmlDeviceGetGpuInstanceId(mig))
+            gi = n.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+            profile = by_id.get(int(n.nvmlGpuInstanceGetInfo(gi).profileId))
+            out.append(
+                MigDevice(
+                    uuid=_text(n.nvmlDeviceGetUUID(mig)),
+                    gpu_instance_id=gi_id,
+                    compute_instance_id=int(n.nvmlDeviceGetComputeInstanceId(mig)),
+                    profile=profile.name if profile else "",
+                    slices=profile.slices if profile else 1,
+                    memory_mib=int(n.nvmlDeviceGetMemoryInfo(mig).total // _MIB),
+                )
+            )
+        return out
+
+    def mig_devices(self, gpu_uuid: str) -> list[MigDevice]:
+        """The MIG devices of a GPU now ([] when MIG mode is off or unsupported)."""
+        handle = self._handle(gpu_uuid)
+        mode = self._optional("nvmlDeviceGetMigMode", handle)
+        if mode is None or mode[0] != self._nvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        return self._mig_devices(handle)
+
+    def create_mig_device(self, gpu_uuid: str, profile: int) -> MigDevice:
+        """Create a GPU instance of ``profile`` (an ``NVML_GPU_INSTANCE_PROFILE_*`` enum)
+        with one compute instance filling it; returns the new MIG device.
+
+        Raises the NVML error: ``NVMLError_NotSupported`` on a part without MIG or with
+        MIG mode off, ``NVMLError_InsufficientResources`` when the GPU has no room left.
+        A compute instance that cannot be created takes its GPU instance with it.
+        """
+        n = self._nvml
+        handle = self._handle(gpu_uuid)
+        info = n.nvmlDeviceGetGpuInstanceProfileInfoV(handle, profile)
+        gi = n.nvmlDeviceCreateGpuInstance(handle, info.id)
+        try:
+            ci_profile = getattr(n, _CI_PROFILE_NAMES[int(info.sliceCount)])
+            ci_info = n.nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+                gi, ci_profile, n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+            )
+            n.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+        except BaseException:
+            n.nvmlGpuInstanceDestroy(gi)
+            raise
+        gi_id = int(n.nvmlGpuInstanceGetInfo(gi).id)
+        for dev in self._mig_devices(handle):
+            if dev.gpu_instance_id == gi_id:
+                logger.info("mig device created", extra={"gpu_uuid": gpu_uuid, "mig_uuid": dev.uuid})
+                return dev
+        raise RuntimeError(f"MIG device of GPU instance {gi_id} on {gpu_uuid} did not appear")
+
+    def destroy_mig_device(self, gpu_uuid: str, mig_uuid: str) -> None:
+        """Destroy a MIG device's compute instance and GPU instance. ``NVMLError_InUse``
+        while a process runs on it; a device already gone is not an error."""
+        n = self._nvml
+        handle = self._handle(gpu_uuid)
+        dev = next((d for d in self.mig_devices(gpu_uuid) if d.uuid == mig_uuid), None)
+        if dev is None:
+            return
+        gi = n.nvmlDeviceGetGpuInstanceById(handle, dev.gpu_instance_id)
+        ci = n.nvmlGpuInstanceGetComputeInstanceById(gi, dev.compute_instance_id)
+        n.nvmlComputeInstanceDestroy(ci)
+        n.nvmlGpuInstanceDestroy(gi)
+        logger.info("mig device destroyed", extra={"gpu_uuid": gpu_uuid, "mig_uuid": mig_uuid})
 
     def _nvlink_remotes(self, handle: Any) -> list[str]:
         """Bus ids at the far end of each active NVLink of this GPU."""

@@ -27,8 +27,9 @@ class RegionAdmin(OperatorAdmin):
 
 @admin.register(GpuModel)
 class GpuModelAdmin(OperatorAdmin):
-    list_display = ["code", "name", "vendor", "memory_gib", "bf16_tflops", "interconnect"]
-    list_filter = ["vendor"]
+    list_display = ["code", "name", "vendor", "memory_gib", "bf16_tflops", "interconnect",
+                    "allow_cross_tenant_sharing"]
+    list_filter = ["vendor", "allow_cross_tenant_sharing"]
     search_fields = ["code", "name"]
 
 

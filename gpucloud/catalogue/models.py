@@ -50,6 +50,15 @@ class GpuModel(models.Model):
         help_text="Peak dense BF16 TFLOPS",
     )
     interconnect = models.CharField(max_length=100, help_text="e.g. NVLink 4, 900 GB/s")
+    # Tenant isolation: by default a GPU's fractional shares go to one tenant at a time,
+    # because shares of one GPU have no memory isolation from each other. An operator may
+    # open a model to several tenants per GPU (e.g. a trusted, single-customer fleet).
+    # MIG-partitioned GPUs are open regardless: the hardware isolates their slices.
+    allow_cross_tenant_sharing = models.BooleanField(
+        default=False,
+        help_text="Let shares of different tenants run on one GPU of this model at once "
+        "(shares are not memory-isolated): only if every tenant trusts every other.",
+    )
 
     class Meta:
         ordering = ["vendor", "code"]

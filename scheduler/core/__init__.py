@@ -26,6 +26,7 @@ from .framework import (
 from .model import (
     CLASS_RANK,
     CLASSES,
+    SEVERAL_TENANTS,
     WHOLE,
     Allocation,
     Billing,
@@ -49,7 +50,7 @@ from .model import (
 )
 from .planner import derive_mix, derive_workload, plan
 from .policy import POLICIES, Policy, get_policy, register_policy
-from .state import PlanCache
+from .state import PlanCache, share_open
 
 __all__ = [
     "CLASSES",
@@ -60,6 +61,7 @@ __all__ = [
     "PLACEMENTS",
     "POLICIES",
     "SCORES",
+    "SEVERAL_TENANTS",
     "WHOLE",
     "Allocation",
     "Billing",
@@ -96,4 +98,5 @@ __all__ = [
     "register_placement",
     "register_policy",
     "register_score",
+    "share_open",
 ]

@@ -72,6 +72,7 @@ def synthetic_fleet(gpus: int, seed: int = 0, load: float = 0.3) -> ClusterSnaps
         whole = [False] * GPUS_PER_HOST
         milli = [0] * GPUS_PER_HOST
         util = [0.0] * GPUS_PER_HOST
+        owner: list[str | None] = [None] * GPUS_PER_HOST  # whose shares a GPU carries
         vcpus_used = 0
         mem_used = 0
         if rng.random() < load * 1.6:
@@ -90,6 +91,7 @@ def synthetic_fleet(gpus: int, seed: int = 0, load: float = 0.3) -> ClusterSnaps
                     i = free[0]
                     m = rng.choice((250, 500))
                     milli[i] += m
+                    owner[i] = tenant
                     util[i] = rng.random()
                     place = HostPlacement(host_id, (f"{host_id}-g{i}",), m)
                     vc, mem = 4, 32 * 1024
@@ -130,6 +132,7 @@ def synthetic_fleet(gpus: int, seed: int = 0, load: float = 0.3) -> ClusterSnaps
                 used_milli=0 if whole[i] else milli[i],
                 utilisation=util[i],
                 idle_since=None if util[i] > 0.05 else -7200.0,
+                share_tenant=owner[i],
             )
             for i in range(GPUS_PER_HOST)
         )

@@ -24,6 +24,11 @@ CLASSES: tuple[Priority, ...] = ("critical", "standard", "low")
 
 WHOLE = 1000  # milli-GPUs in one GPU
 
+#: ``GpuView.share_tenant`` of a GPU whose shares belong to more than one tenant
+#: although it is not open to cross-tenant sharing (left over from before the
+#: rule, or an operator turned sharing off): no tenant may add a share until it drains
+SEVERAL_TENANTS = "\x00several"
+
 
 # --------------------------------------------------------------------------- inputs
 
@@ -35,6 +40,13 @@ class GpuView:
     ``whole`` and ``used_milli`` are exclusive: a GPU is either held whole by one
     allocation, or carries fractional shares summing to ``used_milli`` (<= 1000),
     or is free (``not whole and used_milli == 0``).
+
+    Tenant isolation (docs/scheduler.md): ``share_tenant`` is the tenant whose
+    shares the GPU carries (``SEVERAL_TENANTS`` when more than one tenant's do);
+    a GPU with shares and no ``share_tenant`` counts as held by an unknown tenant,
+    so an adapter that forgets it fails closed. ``cross_tenant`` marks a GPU whose
+    shares may belong to different tenants at once: hardware-partitioned (MIG) or
+    a GPU model the operator opened to sharing; ``share_tenant`` is then ignored.
     """
 
     uuid: str
@@ -46,6 +58,8 @@ class GpuView:
     used_milli: int = 0
     utilisation: float = 0.0  # measured, 0..1, recent average from the agent
     idle_since: float | None = None  # since when utilisation stayed below the idle threshold
+    share_tenant: str | None = None
+    cross_tenant: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,8 @@ from .state import (
     HostState,
     PlanCache,
     Pool,
+    release_owner,
+    share_open,
 )
 
 _T = TypeVar("_T")
@@ -95,8 +97,15 @@ def _first_two(r: tuple[int, str, HostState]) -> tuple[int, str]:
     return r[0], r[1]
 
 
-def _release(hs: HostState, whole: list[bool], milli: list[int], placements: Sequence[HostPlacement]) -> None:
-    """Free, in the ``whole``/``milli`` copies of ``hs``, the GPUs these placements hold there."""
+def _release(
+    hs: HostState,
+    whole: list[bool],
+    milli: list[int],
+    owner: list[str | None],
+    placements: Sequence[HostPlacement],
+) -> None:
+    """Free, in the ``whole``/``milli``/``owner`` copies of ``hs``, the GPUs these
+    placements hold there."""
     pos = hs.pos
     for p in placements:
         if p.host_id != hs.host_id:
@@ -110,6 +119,7 @@ def _release(hs: HostState, whole: list[bool], milli: list[int], placements: Seq
                 milli[i] = 0
             else:
                 milli[i] = max(0, milli[i] - p.milli)
+                release_owner(owner, milli, i)
 
 
 def _dominated(frontier: list[tuple[_Shape, _T]] | None, shape: _Shape) -> _T | None:
@@ -371,7 +381,8 @@ class _Planner:
             ]
         # Capacity only shrinks within a cycle, so once a shape failed, any request
         # at least as large (per resource) fails too: remember the minimal failures.
-        key = (model, req.region, req.gpus_per_node == 0, excluded)
+        # a share's room depends on its tenant (tenant isolation), a whole GPU's does not
+        key = (model, req.region, req.tenant_id if req.gpus_per_node == 0 else None, excluded)
         shape = (
             req.gpus_per_node or req.gpu_milli,
             req.nodes,
@@ -604,6 +615,7 @@ class _Planner:
                         yield from pool.by_free[c]
             return
         m = req.gpu_milli
+        tenant = req.tenant_id
         seen: set[HostState] = set()
         lo = m // SHARE_BUCKET
         shared_order = (
@@ -612,13 +624,19 @@ class _Planner:
         fresh_order = range(1, top + 1) if fullest else range(top, 0, -1)
         for phase in ("shared", "fresh") if fullest else ("fresh", "shared"):
             if phase == "shared":
+                # tenant isolation by layout: only the buckets of GPUs open to every
+                # tenant and of GPUs whose shares are this tenant's (share_open)
                 for b in shared_order:
                     for pool in pools:
-                        for hs, i in pool.shared[b]:
-                            if hs in seen or WHOLE - hs.milli[i] < m:
+                        for owner in (None, tenant):
+                            buckets = pool.shared.get(owner)
+                            if buckets is None:
                                 continue
-                            seen.add(hs)
-                            yield hs
+                            for hs, i in buckets[b]:
+                                if hs in seen or WHOLE - hs.milli[i] < m:
+                                    continue
+                                seen.add(hs)
+                                yield hs
             else:
                 for c in fresh_order:
                     for pool in pools:
@@ -657,7 +675,14 @@ class _Planner:
             # Scores depend only on the request's shape and the host, so a host's
             # total is cached until something lands on it: the runners-up of one
             # request are usually the candidates of the next.
-            shape = (req.gpus_per_node, req.gpu_milli, req.vcpus, req.memory_mib)
+            shape = (
+                req.gpus_per_node,
+                req.gpu_milli,
+                req.vcpus,
+                req.memory_mib,
+                # a share's GPU pick (and so its score) depends on its tenant
+                req.tenant_id if req.gpus_per_node == 0 else None,
+            )
             ranked = []
             scores = self.scores
             best: HostState | None = None
@@ -730,12 +755,15 @@ class _Planner:
                 out.append(HostPlacement(hs.host_id, tuple([uuids[i] for i in idxs]), WHOLE))
             else:
                 if self.fgd is not None and self.spec.share_pick == "fgd":
-                    got = self.fgd.best_share(hs, req.gpu_milli, req.vcpus)
+                    got = self.fgd.best_share(hs, req.gpu_milli, req.vcpus, req.tenant_id)
                     i = None if got is None else got[0]
                 else:
-                    i = pick_share(hs, req.gpu_milli, self.spec.share_pick, self.mix, self.frag)
+                    i = pick_share(
+                        hs, req.gpu_milli, self.spec.share_pick, self.mix, self.frag,
+                        tenant=req.tenant_id,
+                    )
                 assert i is not None
-                pool.take_share(hs, i, req.gpu_milli)
+                pool.take_share(hs, i, req.gpu_milli, req.tenant_id)
                 out.append(HostPlacement(hs.host_id, (uuids[i],), req.gpu_milli))
             res = hs.res
             res.free_vcpus -= req.vcpus
@@ -788,25 +816,38 @@ class _Planner:
             return self.fits_now(req, hs)
         whole = hs.whole[:]
         milli = hs.milli[:]
+        owner = hs.owner[:]
         vcpus = hs.res.free_vcpus
         mem = hs.res.free_mem
         for a in gone:
             al = a.alloc
             vcpus += al.vcpus
             mem += al.memory_mib
-            _release(hs, whole, milli, al.placements)
-        return self.fits_counts(req, hs, whole, milli, vcpus, mem)
+            _release(hs, whole, milli, owner, al.placements)
+        return self.fits_counts(req, hs, whole, milli, owner, vcpus, mem)
 
     def fits_counts(
-        self, req: PlacementRequest, hs: HostState, whole: list[bool], milli: list[int], vcpus: int, mem: int
+        self,
+        req: PlacementRequest,
+        hs: HostState,
+        whole: list[bool],
+        milli: list[int],
+        owner: list[str | None],
+        vcpus: int,
+        mem: int,
     ) -> bool:
-        """Would ``req`` fit on ``hs`` if its GPUs and free resources were these?"""
+        """Would ``req`` fit on ``hs`` if its GPUs, their share owners and free
+        resources were these?"""
         if vcpus < req.vcpus or mem < req.memory_mib:
             return False
         g = req.gpus_per_node
         if g == 0:
             m = req.gpu_milli
-            return any(not whole[i] and WHOLE - milli[i] >= m for i in range(hs.total))
+            t = req.tenant_id
+            return any(
+                not whole[i] and WHOLE - milli[i] >= m and share_open(owner[i], t)
+                for i in range(hs.total)
+            )
         free = [i for i in range(hs.total) if milli[i] == 0 and not whole[i]]
         if len(free) < g:
             return False
@@ -825,7 +866,7 @@ class _Planner:
             return False
         g = req.gpus_per_node
         if g == 0:
-            return hs.fits_share(req.gpu_milli)
+            return hs.fits_share(req.gpu_milli, req.tenant_id)
         if hs.free < g:
             return False
         if g > 1 and self.p.topology == "require":
@@ -983,13 +1024,14 @@ class _Planner:
         # release the work in the order it ends until the request fits: one pass
         whole = hs.whole[:]
         milli = hs.milli[:]
+        owner = hs.owner[:]
         vcpus = hs.res.free_vcpus
         mem = hs.res.free_mem
         for e in ends:
             vcpus += e.vcpus
             mem += e.memory_mib
-            _release(hs, whole, milli, e.placements)
-            if self.fits_counts(req, hs, whole, milli, vcpus, mem):
+            _release(hs, whole, milli, owner, e.placements)
+            if self.fits_counts(req, hs, whole, milli, owner, vcpus, mem):
                 return max(e.end, self.now)
         return INF
 

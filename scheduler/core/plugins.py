@@ -26,7 +26,7 @@ from .framework import (
     unschedulable,
 )
 from .model import WHOLE, PlacementRequest
-from .state import HostState
+from .state import HostState, share_open
 
 # ------------------------------------------------------------------------------ filters
 
@@ -70,7 +70,8 @@ class FreeGpusFilter:
     """Enough free whole GPUs, or one GPU with a large enough free share.
 
     Whole and fractional work never share a GPU: whole requests only count GPUs
-    with nothing on them; shares only go on GPUs not held whole.
+    with nothing on them; shares only go on GPUs not held whole, and only on GPUs
+    whose shares are the request's own tenant's or open to sharing (``share_open``).
     """
 
     name = "gpus"
@@ -79,7 +80,7 @@ class FreeGpusFilter:
     def filter(self, req: PlacementRequest, host: HostState) -> Status:
         g = req.gpus_per_node
         if g == 0:
-            return OK if host.fits_share(req.gpu_milli) else _NO_SHARE
+            return OK if host.fits_share(req.gpu_milli, req.tenant_id) else _NO_SHARE
         if host.total < g:
             return _SMALL_HOST
         return OK if host.free >= g else _FEW_GPUS
@@ -180,7 +181,7 @@ class BestFitScore:
 
     def score(self, req: PlacementRequest, host: HostState) -> int:
         if req.gpus_per_node == 0:
-            i = pick_share(host, req.gpu_milli, "best-fit", ())
+            i = pick_share(host, req.gpu_milli, "best-fit", (), tenant=req.tenant_id)
             if i is None:
                 return 0
             return _clamp(MAX_SCORE * (1 - (WHOLE - host.milli[i] - req.gpu_milli) / WHOLE))
@@ -282,7 +283,7 @@ class FragScore:
 
     def score(self, req: PlacementRequest, host: HostState) -> int:
         if req.gpus_per_node == 0:
-            got = self.model.best_share(host, req.gpu_milli)
+            got = self.model.best_share(host, req.gpu_milli, req.tenant_id)
             if got is None:
                 return 0
             delta = got[1]
@@ -347,24 +348,26 @@ class FragModel:
             return frac[f2] - frac[f] + self.p_whole * f2 + w[host.free - 1] - w[host.free]
         return frac[f2] - frac[f] - self.p_whole * m
 
-    def best_share(self, host: HostState, m: int) -> tuple[int, float] | None:
-        """The GPU whose share of ``m`` raises fragmentation least (ties: less free
-        room, lower index), with that delta. Memoised on the host until it changes
-        (the score and the commit of one placement both ask)."""
+    def best_share(self, host: HostState, m: int, tenant: str) -> tuple[int, float] | None:
+        """The GPU open to ``tenant`` whose share of ``m`` raises fragmentation least
+        (ties: less free room, lower index), with that delta. Memoised on the host
+        until it changes (the score and the commit of one placement both ask)."""
         memo = host.share_memo
-        if memo is not None and memo[0] == m and memo[1] is self:
+        key = (m, tenant)
+        if memo is not None and memo[0] == key and memo[1] is self:
             return memo[2]
-        got = self._best_share(host, m)
-        host.share_memo = (m, self, got)
+        got = self._best_share(host, m, tenant)
+        host.share_memo = (key, self, got)
         return got
 
-    def _best_share(self, host: HostState, m: int) -> tuple[int, float] | None:
+    def _best_share(self, host: HostState, m: int, tenant: str) -> tuple[int, float] | None:
         # delta_share inlined: this loop runs for every candidate of every share
         frac = self.frac
         milli = host.milli
         whole = host.whole
         pw = self.p_whole
         free = host.free
+        owner = host.owner
         fresh_extra = self.whole[free - 1] - self.whole[free] if free > 0 else 0.0
         best_i = -1
         best_d = 0.0
@@ -372,7 +375,7 @@ class FragModel:
         for i in range(host.total):
             used = milli[i]
             f = WHOLE - used
-            if f < m or whole[i]:
+            if f < m or whole[i] or not share_open(owner[i], tenant):
                 continue
             f2 = f - m
             if used == 0:
@@ -490,19 +493,23 @@ class FgdModel:
                 left -= 1
         return self.frag(host.res.free_vcpus - vcpus, frees) - before
 
-    def best_share(self, host: HostState, m: int, vcpus: int) -> tuple[int, float] | None:
-        """The GPU whose share of ``m`` (with ``vcpus``) raises F least (ties: less
-        free room, lower index), with that delta. Memoised on the host until it
-        changes (the ranking and the commit both ask)."""
+    def best_share(
+        self, host: HostState, m: int, vcpus: int, tenant: str
+    ) -> tuple[int, float] | None:
+        """The GPU open to ``tenant`` whose share of ``m`` (with ``vcpus``) raises F
+        least (ties: less free room, lower index), with that delta. Memoised on the
+        host until it changes (the ranking and the commit both ask)."""
         memo = host.share_memo
-        key = (m, vcpus)
+        key = (m, vcpus, tenant)
         if memo is not None and memo[0] == key and memo[1] is self:
             return memo[2]
-        got = self._best_share(host, m, vcpus)
+        got = self._best_share(host, m, vcpus, tenant)
         host.share_memo = (key, self, got)
         return got
 
-    def _best_share(self, host: HostState, m: int, vcpus: int) -> tuple[int, float] | None:
+    def _best_share(
+        self, host: HostState, m: int, vcpus: int, tenant: str
+    ) -> tuple[int, float] | None:
         cpu = host.res.free_vcpus
         milli = host.milli
         whole = host.whole
@@ -515,12 +522,13 @@ class FgdModel:
         base = self.P * (t - m)
         w_same = WHOLE * n * w[n]
         w_less = WHOLE * (n - 1) * w[n - 1] if n else 0.0
+        owner = host.owner
         best_i = -1
         best_d = 0.0
         best_f = 0
         for i in range(host.total):
             f = frees[i]
-            if f < m or whole[i]:
+            if f < m or whole[i] or not share_open(owner[i], tenant):
                 continue
             f2 = f - m
             ui = u - f * q[f] + f2 * q[f2]
@@ -546,7 +554,7 @@ class FgdGradientScore:
 
     def delta(self, req: PlacementRequest, host: HostState) -> float | None:
         if req.gpus_per_node == 0:
-            got = self.model.best_share(host, req.gpu_milli, req.vcpus)
+            got = self.model.best_share(host, req.gpu_milli, req.vcpus, req.tenant_id)
             return None if got is None else got[1]
         return self.model.delta_whole(host, req.gpus_per_node, req.vcpus)
 
@@ -569,16 +577,17 @@ def fgd_model(workload: Workload) -> FgdModel:
 
 
 def pick_share(
-    host: HostState, m: int, how: str, mix: Mix, frag: FragModel | None = None
+    host: HostState, m: int, how: str, mix: Mix, frag: FragModel | None = None, *, tenant: str
 ) -> int | None:
-    """The GPU index a fractional share of ``m`` goes on, or None."""
+    """The GPU index a fractional share of ``m`` of ``tenant`` goes on, or None."""
     if how == "frag":
-        got = (frag or frag_model(mix)).best_share(host, m)
+        got = (frag or frag_model(mix)).best_share(host, m, tenant)
         return None if got is None else got[0]
     best: int | None = None
     best_key: tuple[int, int] = (0, 0)
+    owner = host.owner
     for i in range(host.total):
-        if host.whole[i]:
+        if host.whole[i] or not share_open(owner[i], tenant):
             continue
         f = WHOLE - host.milli[i]
         if f < m:

@@ -10,9 +10,11 @@ placement itself.
 
 The index (STYLE 17): a ``Pool`` per (region, GPU model) keeps
 * ``by_free[c]`` - ready hosts with exactly ``c`` free whole GPUs, and
-* ``shared[b]`` - GPUs carrying fractional shares, bucketed by free milli // 125,
+* ``shared[owner][b]`` - GPUs carrying fractional shares, by the tenant that owns
+  their shares (None: open to every tenant) and bucketed by free milli // 125,
 as insertion-ordered dicts (ordered sets), so a request looks only at buckets
-that can hold it instead of scanning the fleet.
+that can hold it - and only at GPUs its tenant may share - instead of scanning
+the fleet.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import NamedTuple
 
 from .model import (
     CLASS_RANK,
+    SEVERAL_TENANTS,
     WHOLE,
     Allocation,
     ClusterSnapshot,
@@ -34,12 +37,42 @@ from .model import (
 # a C-level getter of every field of a GPU: building the state for 100k GPUs is
 # a hot loop
 _ROW = operator.attrgetter(
-    "index", "uuid", "nvlink_island", "numa_node", "whole", "used_milli", "utilisation", "idle_since"
+    "index", "uuid", "nvlink_island", "numa_node", "whole", "used_milli", "utilisation", "idle_since",
+    "share_tenant", "cross_tenant",
 )
 
 SHARE_BUCKET = 125  # milli per shared-GPU bucket; 8 buckets cover 1..999 free
 N_SHARE_BUCKETS = WHOLE // SHARE_BUCKET
 INF = math.inf
+
+
+# ------------------------------------------------------------------ tenant isolation
+#
+# The one home of the rule "a GPU's shares go to one tenant at a time": every path
+# that puts a share on a GPU - the filter, the pickers and scores, preemption and
+# backfill's what-if copies, the commit - asks ``share_open`` about the GPU's owner,
+# and the owner is only ever derived by ``share_owner`` (from the snapshot) and
+# updated by ``Pool.take_share`` / ``release_owner`` (within a cycle).
+
+
+def share_owner(cross_tenant: bool, used_milli: int, tenant: str | None) -> str | None:
+    """The owner a GPU starts the cycle with: None when any tenant may add a share
+    (it carries none, or it is open to cross-tenant sharing), else the tenant whose
+    shares it carries (``SEVERAL_TENANTS`` when unknown or several: closed to all)."""
+    if cross_tenant or used_milli <= 0:
+        return None
+    return tenant if tenant is not None else SEVERAL_TENANTS
+
+
+def share_open(owner: str | None, tenant: str) -> bool:
+    """May ``tenant`` add a share to a GPU whose owner is ``owner``?"""
+    return owner is None or owner == tenant
+
+
+def release_owner(owner: list[str | None], milli: list[int], i: int) -> None:
+    """After shares left GPU ``i``: a GPU with none left has no owner any more."""
+    if milli[i] <= 0:
+        owner[i] = None
 
 
 class HostRes:
@@ -123,6 +156,8 @@ class HostState:
         "pool",
         "scores",
         "share_memo",
+        "owner",
+        "open",
     )
 
     def __init__(
@@ -138,21 +173,33 @@ class HostState:
         if n:
             # runs for every host of the fleet each cycle: one C-level pass reads
             # every field of every GPU, zip(*) turns the rows into columns
-            idx, uuids, island, numa, whole, used, util, idle = zip(*map(_ROW, gpus), strict=True)
+            idx, uuids, island, numa, whole, used, util, idle, tenant, cross = zip(
+                *map(_ROW, gpus), strict=True
+            )
             if any(a > b for a, b in zip(idx, idx[1:], strict=False)):
                 order = sorted(range(n), key=idx.__getitem__)
-                uuids, island, numa, whole, used, util, idle = (
+                uuids, island, numa, whole, used, util, idle, tenant, cross = (
                     tuple(col[i] for i in order)
-                    for col in (uuids, island, numa, whole, used, util, idle)
+                    for col in (uuids, island, numa, whole, used, util, idle, tenant, cross)
                 )
         else:
-            uuids = island = numa = whole = used = util = idle = ()
+            uuids = island = numa = whole = used = util = idle = tenant = cross = ()
         milli = [WHOLE if w else (m if m < WHOLE else WHOLE) for w, m in zip(whole, used, strict=True)]
         self.uuids: tuple[str, ...] = uuids
         self.island: tuple[int, ...] = island
         self.numa: tuple[int, ...] = numa
         self.whole: list[bool] = list(whole)
         self.milli: list[int] = milli
+        #: tenant isolation: per GPU, whether shares of several tenants may mix on it,
+        #: and who owns its shares now (see share_owner / share_open)
+        self.open: tuple[bool, ...] = cross
+        if any(used):
+            self.owner: list[str | None] = [
+                None if w else share_owner(c, m, t)
+                for w, m, t, c in zip(whole, milli, tenant, cross, strict=True)
+            ]
+        else:
+            self.owner = [None] * n
         self.util: tuple[float, ...] = util
         self.idle_since: tuple[float | None, ...] = idle
         self.load = sum(util) / n if n else 0.0
@@ -175,7 +222,7 @@ class HostState:
         self.reserved_for: str | None = None
         self.pool: Pool | None = None
         #: weighted score totals by request shape, valid until the host changes
-        self.scores: dict[tuple[int, int, int, int], int] | None = None
+        self.scores: dict[tuple[int, int, int, int, str | None], int] | None = None
         #: FragModel.best_share's last answer for this host: (milli, model, answer)
         # (share key: milli, or (milli, vcpus) for FGD; the model that ranked it; its answer)
         self.share_memo: tuple[object, object, tuple[int, float] | None] | None = None
@@ -193,9 +240,10 @@ class HostState:
     def max_island_free(self) -> int:
         return max(self.island_free.values(), default=0)
 
-    def fits_share(self, milli: int) -> bool:
+    def fits_share(self, milli: int, tenant: str) -> bool:
+        owner = self.owner
         for i in range(self.total):
-            if not self.whole[i] and WHOLE - self.milli[i] >= milli:
+            if not self.whole[i] and WHOLE - self.milli[i] >= milli and share_open(owner[i], tenant):
                 return True
         return False
 
@@ -214,7 +262,14 @@ class Pool:
         self.max_gpus = max_gpus
         self.hosts: list[HostState] = []
         self.by_free: list[dict[HostState, None]] = [{} for _ in range(max_gpus + 1)]
-        self.shared: list[dict[tuple[HostState, int], None]] = [{} for _ in range(N_SHARE_BUCKETS)]
+        self.shared: dict[str | None, list[dict[tuple[HostState, int], None]]] = {}
+
+    def shared_of(self, owner: str | None) -> list[dict[tuple[HostState, int], None]]:
+        """The share buckets of GPUs whose shares ``owner`` owns (None: open ones)."""
+        got = self.shared.get(owner)
+        if got is None:
+            got = self.shared[owner] = [{} for _ in range(N_SHARE_BUCKETS)]
+        return got
 
     def add(self, hs: HostState) -> None:
         hs.pool = self
@@ -222,7 +277,7 @@ class Pool:
         self.by_free[hs.free][hs] = None
         for i in range(hs.total):
             if not hs.whole[i] and 0 < hs.milli[i] < WHOLE:
-                self.shared[(WHOLE - hs.milli[i]) // SHARE_BUCKET][(hs, i)] = None
+                self.shared_of(hs.owner[i])[(WHOLE - hs.milli[i]) // SHARE_BUCKET][(hs, i)] = None
 
     # -- consumption -----------------------------------------------------------------
 
@@ -238,8 +293,10 @@ class Pool:
             hs.island_free[hs.island[i]] -= 1
         self._move(hs, old)
 
-    def take_share(self, hs: HostState, i: int, milli: int) -> None:
+    def take_share(self, hs: HostState, i: int, milli: int, tenant: str) -> None:
         assert not hs.whole[i] and hs.milli[i] + milli <= WHOLE, "GPU share overbooked"
+        owner = hs.owner[i]
+        assert share_open(owner, tenant), "GPU shares of two tenants"
         self.touched.add(hs.host_id)
         hs.share_memo = None
         before = hs.milli[i]
@@ -249,10 +306,12 @@ class Pool:
             hs.island_free[hs.island[i]] -= 1
             self._move(hs, old)
         else:
-            self.shared[(WHOLE - before) // SHARE_BUCKET].pop((hs, i), None)
+            self.shared_of(owner)[(WHOLE - before) // SHARE_BUCKET].pop((hs, i), None)
+        if not hs.open[i]:
+            owner = hs.owner[i] = tenant
         hs.milli[i] = before + milli
         if hs.milli[i] < WHOLE:
-            self.shared[(WHOLE - hs.milli[i]) // SHARE_BUCKET][(hs, i)] = None
+            self.shared_of(owner)[(WHOLE - hs.milli[i]) // SHARE_BUCKET][(hs, i)] = None
 
     def _move(self, hs: HostState, old: int) -> None:
         if old != hs.free:

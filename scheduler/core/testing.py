@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from .model import (
+    SEVERAL_TENANTS,
     WHOLE,
     Allocation,
     ClusterSnapshot,
@@ -42,8 +43,12 @@ def make_host(
     shares: dict[int, int] | None = None,
     util: float = 0.0,
     idle_since: float | None = None,
+    share_tenant: str | None = "t1",
+    cross_tenant: bool = False,
 ) -> HostView:
-    """A host whose GPUs ``whole`` are held whole and ``shares`` {index: milli} shared."""
+    """A host whose GPUs ``whole`` are held whole and ``shares`` {index: milli} shared
+    (by ``share_tenant``, the default tenant of ``make_request``); ``cross_tenant``
+    opens all its GPUs to shares of several tenants."""
     held = set(whole)
     sh = shares or {}
     return HostView(
@@ -61,6 +66,8 @@ def make_host(
                 used_milli=sh.get(i, 0),
                 utilisation=util,
                 idle_since=idle_since,
+                share_tenant=share_tenant if sh.get(i, 0) else None,
+                cross_tenant=cross_tenant,
             )
             for i in range(gpus)
         ),
@@ -89,7 +96,10 @@ def occupy(snapshot: ClusterSnapshot, allocs: Sequence[Allocation]) -> ClusterSn
                     if p.milli >= WHOLE:
                         g = replace(g, whole=True, used_milli=0)
                     else:
-                        g = replace(g, used_milli=g.used_milli + p.milli)
+                        t: str | None = a.tenant_id
+                        if g.used_milli and g.share_tenant != a.tenant_id:
+                            t = SEVERAL_TENANTS  # a broken rule shows, verify() catches it
+                        g = replace(g, used_milli=g.used_milli + p.milli, share_tenant=t)
                 gpus.append(g)
             hosts[p.host_id] = replace(
                 h,
@@ -119,7 +129,10 @@ def release(snapshot: ClusterSnapshot, request_ids: Iterable[str]) -> ClusterSna
                     if p.milli >= WHOLE:
                         g = replace(g, whole=False, used_milli=0)
                     else:
-                        g = replace(g, used_milli=max(0, g.used_milli - p.milli))
+                        left = max(0, g.used_milli - p.milli)
+                        g = replace(
+                            g, used_milli=left, share_tenant=g.share_tenant if left else None
+                        )
                 gpus.append(g)
             hosts[p.host_id] = replace(
                 h,
@@ -198,10 +211,14 @@ def verify(
     hosts = {h.host_id: h for h in snapshot.hosts}
     whole: dict[str, bool] = {}
     milli: dict[str, int] = {}
+    owner: dict[str, str | None] = {}  # tenant isolation: whose shares a closed GPU carries
+    cross: dict[str, bool] = {}
     for h in snapshot.hosts:
         for g in h.gpus:
             whole[g.uuid] = g.whole
             milli[g.uuid] = g.used_milli
+            cross[g.uuid] = g.cross_tenant
+            owner[g.uuid] = (g.share_tenant or SEVERAL_TENANTS) if g.used_milli else None
     vcpus = {h.host_id: h.free_vcpus for h in snapshot.hosts}
     mem = {h.host_id: h.free_memory_mib for h in snapshot.hosts}
     seen: dict[str, int] = {}
@@ -240,6 +257,11 @@ def verify(
                 assert not whole[u], f"share on whole-held GPU {u}"
                 milli[u] += p.milli
                 assert milli[u] <= WHOLE, f"shares on {u} exceed 1000"
+                if not cross[u]:
+                    assert owner[u] in (None, r.tenant_id), (
+                        f"{u} carries shares of {owner[u]!r} and {r.tenant_id!r}"
+                    )
+                    owner[u] = r.tenant_id
             vcpus[p.host_id] -= r.vcpus
             mem[p.host_id] -= r.memory_mib
             assert vcpus[p.host_id] >= 0 and mem[p.host_id] >= 0, "host over CPU/memory"

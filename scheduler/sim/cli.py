@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--demand-marks",
         default="",
         help="allocation ratio when arrived GPU demand reaches these fractions, e.g. 1.0,1.3",
+    )
+    p.add_argument(
+        "--cross-tenant",
+        action="store_true",
+        help="let shares of several tenants mix on one GPU (MIG / operator-allowed models); "
+        "by default a GPU's shares go to one tenant at a time, as in the live loop",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -105,6 +112,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
         )
     else:
         raise TraceError("give --cluster or --partitions")
+    if getattr(args, "cross_tenant", False):
+        nodes = [replace(n, cross_tenant=True) for n in nodes]
     kw: dict[str, Any] = {}
     if args.format == "philly":
         kw = {

@@ -117,6 +117,8 @@ class _Host:
         "uuids",
         "gpu_views",
         "room",
+        "tenant",
+        "cross_tenant",
     )
 
     def __init__(self, n: Node) -> None:
@@ -130,6 +132,9 @@ class _Host:
         self.mem = n.memory_mib
         self.whole = [False] * n.num_gpus
         self.milli = [0] * n.num_gpus
+        #: whose shares each GPU carries (tenant isolation; None when none or cross_tenant)
+        self.tenant: list[str | None] = [None] * n.num_gpus
+        self.cross_tenant = n.cross_tenant
         self.free_vcpus = n.vcpus
         self.free_mem = n.memory_mib
         self.nfree = n.num_gpus
@@ -137,7 +142,7 @@ class _Host:
         self.view: HostView | None = None
         self.key = (n.region, n.gpu_model, n.num_gpus)
         self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
-        self.gpu_views: dict[tuple[int, bool, int], GpuView] = {}
+        self.gpu_views: dict[tuple[int, bool, int, str | None], GpuView] = {}
         #: the most milli free on one GPU not held whole (kept by Simulator._reindex)
         self.room = WHOLE if n.num_gpus else 0
 
@@ -159,7 +164,8 @@ class _Host:
         whole, carrying some milli), so the frozen views are made once per state."""
         whole = self.whole[i]
         milli = self.milli[i]
-        key = (i, whole, milli)
+        tenant = self.tenant[i]
+        key = (i, whole, milli, tenant)
         g = self.gpu_views.get(key)
         if g is None:
             g = self.gpu_views[key] = GpuView(
@@ -172,6 +178,8 @@ class _Host:
                 used_milli=0 if whole else milli,
                 # busy GPUs compute; nothing in the trace is ever idle-held
                 utilisation=1.0 if milli else 0.0,
+                share_tenant=tenant,
+                cross_tenant=self.cross_tenant,
             )
         return g
 
@@ -782,6 +790,9 @@ class Simulator:
                         h.nfree -= 1
                     h.milli[i] += p.milli
                     assert h.milli[i] <= WHOLE, f"{u} over 1000 milli"
+                    if not h.cross_tenant:
+                        assert h.tenant[i] in (None, j.tenant), f"{u} shared by two tenants"
+                        h.tenant[i] = j.tenant
                 milli += p.milli
             h.free_vcpus -= j.vcpus
             h.free_mem -= j.memory_mib
@@ -835,6 +846,7 @@ class Simulator:
                     h.milli[i] -= p.milli
                     if h.milli[i] == 0:
                         h.nfree += 1
+                        h.tenant[i] = None
             h.free_vcpus += j.vcpus
             h.free_mem += j.memory_mib
             del h.runs[j.job_id]

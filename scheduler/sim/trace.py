@@ -70,6 +70,9 @@ class Node:
     vcpus: int = 0
     memory_mib: int = 0
     region: str = "r1"
+    # shares of several tenants may mix on its GPUs (MIG, or the operator's choice per
+    # GPU model); otherwise a GPU's shares go to one tenant at a time, as in the live loop
+    cross_tenant: bool = False
 
 
 def _rows(path: str | Path) -> Iterable[tuple[int, dict[str, str]]]:
@@ -287,7 +290,7 @@ def parse_cluster_spec(spec: str, *, region: str = "r1", prefix: str = "h") -> l
 
 def read_cluster_csv(path: str | Path, *, single_model: str | None = None) -> list[Node]:
     """A node CSV: ours (``node_id, gpu_model, num_gpus, nvlink_groups``, optional
-    ``vcpus, memory_mib, region``) or the openb node list (``sn, cpu_milli,
+    ``vcpus, memory_mib, region, cross_tenant``) or the openb node list (``sn, cpu_milli,
     memory_mib, gpu, model``; vCPUs are kept in milli-cores). GPU-less nodes are
     skipped. ``single_model`` names every GPU one model (openb pods ask for none)."""
     nodes = []
@@ -313,6 +316,7 @@ def read_cluster_csv(path: str | Path, *, single_model: str | None = None) -> li
                     int(row.get("vcpus") or 0),
                     int(row.get("memory_mib") or 0),
                     row.get("region") or "r1",
+                    (row.get("cross_tenant") or "").strip().lower() in ("1", "true", "yes"),
                 )
         except ValueError as e:
             raise TraceError(f"{path}:{n}: {e}") from None

@@ -377,3 +377,22 @@ def test_static_runs_without_allocations_plan_the_same(policy, placement, foreve
     a, b = fast.run(), full.run()
     assert _rows(a) == _rows(b)
     assert a.plan_calls == b.plan_calls
+
+
+# --------------------------------------------------------------- tenant isolation
+
+
+@pytest.mark.parametrize(("cross_tenant", "x_starts"), [(False, 100.0), (True, 0.0)])
+def test_replay_keeps_tenants_off_each_others_shared_gpus(cross_tenant, x_starts):  # type: ignore[no-untyped-def]
+    # one GPU; two tenants' quarter shares: the second waits for the first to end
+    # unless the GPU is open to cross-tenant sharing (MIG / an operator's choice)
+    nodes = [Node("n0", "H100", 1, cross_tenant=cross_tenant)]
+    jobs = [
+        Job("a", 0.0, 100.0, 0, 250, tenant="t1", gpu_model="H100"),
+        Job("b", 0.0, 100.0, 0, 250, tenant="t1", gpu_model="H100"),
+        Job("x", 0.0, 100.0, 0, 250, tenant="t2", gpu_model="H100"),
+    ]
+    res, _ = sim(nodes, jobs, "fifo")
+    st = starts(res)
+    assert st["a"] == 0.0 and st["b"] == 0.0  # the same tenant shares its GPU
+    assert st["x"] == x_starts

@@ -51,8 +51,8 @@ def test_gradient_picks_the_node_that_fragments_least():
     b = state("b", gpus=4, vcpus=16)
     # a 300-milli share with 2 vCPUs: best fit would fill a's GPU0 exactly, but that
     # leaves a 7 vCPUs, too few for the whole-GPU half of the workload
-    assert m.best_share(a, 300, 2) == (0, pytest.approx(1200.0))  # 1500 - 300
-    assert m.best_share(b, 300, 2) == (0, pytest.approx(350.0))  # 350 - 0
+    assert m.best_share(a, 300, 2, "t1") == (0, pytest.approx(1200.0))  # 1500 - 300
+    assert m.best_share(b, 300, 2, "t1") == (0, pytest.approx(350.0))  # 350 - 0
     assert m.delta_whole(b, 1, 8) == pytest.approx(0.0)  # 1 whole, 8 left: all fit
     assert m.delta_whole(a, 1, 8) == pytest.approx(0.5 * 2300 + 0.5 * 2300 - 300)
 

@@ -185,7 +185,7 @@ def test_pick_whole_prefers_one_island_then_one_numa_node(host, g, expected):  #
     ],
 )
 def test_pick_share(how, shares, expected):  # type: ignore[no-untyped-def]
-    assert pick_share(state(gpus=4, shares=shares), 250, how, MIX) == expected
+    assert pick_share(state(gpus=4, shares=shares), 250, how, MIX, tenant="t1") == expected
 
 
 def test_everything_is_registered_by_name():

@@ -196,7 +196,13 @@ def fits_after(
         return False
     gpus = [g for g in h.gpus if g.model == req.gpu_model]
     if req.gpus_per_node == 0:
-        return any(not g.whole and WHOLE - g.used_milli >= req.gpu_milli for g in gpus)
+        # tenant isolation: a GPU carrying another tenant's shares takes none of req's
+        return any(
+            not g.whole
+            and WHOLE - g.used_milli >= req.gpu_milli
+            and (g.cross_tenant or g.used_milli == 0 or g.share_tenant == req.tenant_id)
+            for g in gpus
+        )
     return sum(1 for g in gpus if not g.whole and g.used_milli == 0) >= req.gpus_per_node
 
 
