@@ -16,11 +16,20 @@ no GPU was double-booked, every RUNNING second is billed exactly once (the ledge
 transition log, as tests/billing/test_crash.py checks), no request failed but those in
 flight on the killed web, and only one beat fired. Recovery times are printed.
 
+"In flight on the killed web" is haproxy's word, not a time window: every load request carries
+an X-Request-Id, haproxy logs each one (`option httplog`, the id captured) with the server it
+went to and its termination state, and each request the client saw fail must be logged as
+sent to web1 and broken there by the server side (state S...). Load requests go one per client
+connection (`Connection: close`): on a reused client connection, a server that resets a request
+it never answered makes haproxy close the client connection silently and log nothing (it
+expects the client to retry; http_ana.c, abort_keep_alive), which no log could attribute.
+
 Run with `make chaos` (CI runs it after `make test`). Bounded: about two minutes.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -81,13 +91,19 @@ class Proc:
         return self
 
     def kill(self) -> None:
-        """SIGKILL the process group: the process and whatever it forked (gunicorn's workers)."""
+        """SIGKILL the process group: the process and whatever it forked (gunicorn's workers).
+
+        Returns once no thread of the group runs any more: the master is reaped, and its
+        workers, reparented elsewhere, are gone or zombies. A thread exits its files before it
+        becomes a zombie, so the group's sockets (gunicorn's listening one) are closed by then.
+        """
         assert self.popen is not None
         try:
             os.killpg(self.popen.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.popen.wait(timeout=30)
+        wait_for(lambda: not _group_threads(self.popen.pid), 30, f"every process of {self.name} is gone", 0.01)
 
     def stop(self) -> None:
         if self.popen is None:
@@ -111,6 +127,7 @@ class Request:
     what: str
     ok: bool
     detail: str = ""
+    rid: str = ""  # its X-Request-Id, which haproxy's log captures
 
 
 @dataclass
@@ -125,17 +142,20 @@ class Load:
     inflight: int = 0
 
     def call(self, session: requests.Session, method: str, path: str, **kwargs) -> requests.Response | None:
+        rid = str(uuid.uuid4())
+        # One client connection per request: see the module's docstring.
+        headers = {"X-Request-Id": rid, "Connection": "close"}
         with self.lock:
             self.inflight += 1
             t0 = time.monotonic()
         try:
-            resp = session.request(method, self.base + path, timeout=30, **kwargs)
+            resp = session.request(method, self.base + path, headers=headers, timeout=30, **kwargs)
             ok, detail = resp.status_code < 500, str(resp.status_code)
         except requests.RequestException as exc:
             resp, ok, detail = None, False, repr(exc)
         with self.lock:
             self.inflight -= 1
-            self.requests.append(Request(t0, time.monotonic(), f"{method} {path}", ok, detail))
+            self.requests.append(Request(t0, time.monotonic(), f"{method} {path}", ok, detail, rid))
         return resp if ok else None
 
     def client(self, n: int) -> None:
@@ -230,7 +250,7 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
     cfg = cfg.replace("bind *:8000", f"bind 127.0.0.1:{proxy_port}")
     cfg = cfg.replace("server web1 web:8000", f"server web1 127.0.0.1:{webs['web1']}")
     cfg = cfg.replace("server web2 web2:8000", f"server web2 127.0.0.1:{webs['web2']}")
-    cfg = cfg.replace("    log stdout format raw local0\n", "")
+    assert "log stdout" in cfg and "capture request header X-Request-Id" in cfg  # the log the test reads
     (tmp_path / "haproxy.cfg").write_text(cfg)
     procs["proxy"] = Proc("proxy", [ha_binary(), "-db", "-f", str(tmp_path / "haproxy.cfg")], dict(os.environ),
                           tmp_path / "proxy.log")
@@ -243,7 +263,7 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
         ], {**os.environ, "GPUCLOUD_BOOTSTRAP_TOKEN": secret}, tmp_path / f"agent{i}.log")
 
     load = Load(url, load_actor.key)
-    t_web_kill = float("inf")
+    t_web_kill = t_web_gone = float("inf")
     threads: list[threading.Thread] = []
     report: list[str] = []
 
@@ -324,9 +344,13 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
 
         # 3. One web replica, under load: every request in flight on it may fail, no other.
         wait_for(lambda: load.inflight > 0, 30, "requests in flight", 0.002)
-        procs["web1"].kill()
         t_web_kill = time.monotonic()
-        served_after = wait_for(lambda: _first_ok_after(load, t_web_kill), 30, "a request served after the kill",
+        procs["web1"].kill()
+        t_web_gone = time.monotonic()
+        # Every process gone: its listening socket is closed, a connection to it is refused (and
+        # haproxy sends the request to web2 instead).
+        wait_for(lambda: not _up(webs["web1"]), 10, "web1's port refuses connections", 0.01)
+        served_after = wait_for(lambda: _first_ok_after(load, t_web_gone), 30, "a request served after the kill",
                                 0.05)
         n = load.cycles
         wait_for(lambda: load.cycles >= n + 2, 90, "the load goes on", 0.3)
@@ -344,13 +368,24 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
         # Stop everything; what the platform still owed (stopping instances) is finished below.
         for proc in procs.values():
             proc.stop()
+    # No platform process left a session behind (pytest-django drops this database at the end).
+    wait_for(lambda: not _sessions(connect), 30, "the platform's database sessions end", 0.1)
+    logs["proxy"] = procs["proxy"].log.read_text()  # read once haproxy is stopped: every line is in
 
-    # No request failed but those in flight on the killed web (started before, ended after).
+    # No request failed but those haproxy sent to the killed web1 and that web1 broke (the
+    # server side ended them: termination state S...), once it was killed.
+    dispatched = _haproxy_requests(logs["proxy"])
+    unlogged = [q for q in load.requests if q.rid not in dispatched]
+    assert not unlogged, ("requests haproxy never logged (lost before the proxy, or its log format changed)",
+                          [(q.what, q.detail, q.rid) for q in unlogged[:10]], logs["proxy"][-3000:])
     failed = [q for q in load.requests if not q.ok]
-    stray = [q for q in failed if not (q.started <= t_web_kill <= q.ended)]
-    assert not stray, [(q.what, q.detail, round(q.started - t_web_kill, 3)) for q in stray]
-    report.append(f"{len(load.requests)} requests through the proxy, {len(failed)} failed, all in flight "
-                  f"on the killed web")
+    stray = [(q.what, q.detail, round(q.started - t_web_kill, 3), dispatched[q.rid]) for q in failed
+             if dispatched[q.rid][0] != "web1" or not dispatched[q.rid][2].startswith("S") or q.ended < t_web_kill]
+    assert not stray, stray
+    states = sorted({f"{dispatched[q.rid][1]} {dispatched[q.rid][2]}" for q in failed})
+    report.append(f"{len(load.requests)} requests through the proxy, {len(failed)} failed, each sent to the killed "
+                  f"web1 by haproxy and broken there ({', '.join(states) or 'none'}); web1's processes all gone "
+                  f"{(t_web_gone - t_web_kill) * 1000:.0f} ms after the SIGKILL")
 
     # No GPU double-booked, now or at any point (the allocation log keeps every allocation).
     with connect(autocommit=True) as c:
@@ -398,6 +433,39 @@ def _up(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def _group_threads(pgid: int) -> list[str]:
+    """The threads of process group `pgid` not yet exited (neither zombie nor dead), as pid/tid."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it exited while we looked
+            continue
+        state, _ppid, pgrp = text[text.rindex(")") + 2:].split()[:3]
+        if int(pgrp) == pgid and state not in ("Z", "X", "x"):
+            alive.append(f"{stat.parts[2]}/{stat.parts[4]}")
+    return alive
+
+
+# haproxy's `option httplog` line: ... frontend backend/server Tq/Tw/Tc/Tr/Ta status bytes
+# cookie cookie termination-state conns queues {captured X-Request-Id} "request line".
+HTTPLOG = re.compile(r" (?P<backend>\S+)/(?P<server>\S+) \S+ (?P<status>-?\d+) \S+ \S+ \S+ (?P<state>\S{4}) "
+                     r"\S+ \S+ \{(?P<rid>[^|}]*)")
+
+
+def _haproxy_requests(log: str) -> dict[str, tuple[str, str, str]]:
+    """X-Request-Id -> (server, status, termination state), from haproxy's log."""
+    return {m["rid"]: (m["server"], m["status"], m["state"]) for m in map(HTTPLOG.search, log.splitlines())
+            if m and m["rid"]}
+
+
+def _sessions(connect) -> list[tuple]:
+    """The platform processes' sessions on the test database (their application_name is chaos-*)."""
+    with connect(autocommit=True) as c:
+        return c.execute("SELECT pid, application_name, state, left(query, 120) FROM pg_stat_activity"
+                         " WHERE datname = current_database() AND application_name LIKE 'chaos-%'").fetchall()
 
 
 def _first_ok_after(load: Load, t: float) -> float | None:
