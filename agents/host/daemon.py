@@ -137,6 +137,10 @@ class Agent:
         self.clock = clock
         self.resources = resources or host_resources()
         self.state: HostState | None = load_state(config.state_dir, config.server)
+        # The last host token this process held after it was dropped (a 401): sent as
+        # `previous_host_token` when registering again, the proof that this machine is the
+        # host of that name (the control plane refuses a known name without one).
+        self._previous_token: str | None = None
         self.interval_s = config.default_interval_s
         self.failures = 0  # consecutive iterations that did not reach the control plane
         self.seq = 0
@@ -245,6 +249,7 @@ class Agent:
                     "host token refused; will register again",
                     extra={"host_id": self.state.host_id, "error": str(e)},
                 )
+                self._previous_token = self.state.host_token
                 self.state = None
                 clear_state(self.config.state_dir)
             else:
@@ -332,8 +337,10 @@ class Agent:
                 cpu_count=cpus,
                 memory_mib=mem,
                 gpus=self._inventory,
+                previous_host_token=self._previous_token,
             )
         )
+        self._previous_token = None
         self.state = HostState(self.config.server, resp.host_id, resp.host_token)
         save_state(self.config.state_dir, self.state)
         self.interval_s = resp.heartbeat_interval_s
