@@ -11,7 +11,8 @@ One iteration::
 Failure policy: the control plane unreachable (refused, timeout, 5xx, 429) -> containers
 keep running untouched and the agent retries after ``backoff(attempt)``. 401/403 on a
 heartbeat -> the saved host token is dropped and the agent registers again (if it still
-has a bootstrap token), else keeps retrying. One failing probe or runtime call never
+has a bootstrap token), presenting the dropped token as ``previous_host_token``, else keeps
+retrying. One failing probe or runtime call never
 ends the loop. SIGTERM/SIGINT -> the current iteration finishes, the loop exits 0 and
 containers are left running (the agent may be restarted or upgraded under them).
 """
