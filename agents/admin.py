@@ -1,7 +1,8 @@
 """Hosts, GPUs and bootstrap tokens in the operators' panel.
 
 Host admin states change only through the actions (cordon, drain, uncordon), which call
-`agents.services`; GPU health only through "Clear unhealthy". Each action tells, host by
+`agents.services`; GPU health only through "Clear unhealthy". "Replace host" lets the next
+registration of a host's name take it over (a re-installed machine that lost its token). Each action tells, host by
 host, what happened: changed, already so, or waiting for a DOWN host to come back.
 """
 
@@ -19,6 +20,7 @@ from agents.services import (
     gpu_mark_healthy,
     host_cordon,
     host_drain,
+    host_replace_allow,
     host_uncordon,
 )
 from gpucloud.tenancy.admin import OperatorAdmin, Outcome, names
@@ -78,9 +80,10 @@ class HostAdmin(OperatorAdmin):
         "down_since",
         "used_vcpus",
         "used_memory_mib",
+        "replace_allowed_at",
     ]
     inlines = [GpuInline]
-    actions = ["cordon", "drain", "uncordon"]
+    actions = ["cordon", "drain", "uncordon", "replace"]
 
     def has_add_permission(self, request):
         # A host joins by registering with a bootstrap token; a row made by hand has no agent.
@@ -163,6 +166,23 @@ class HostAdmin(OperatorAdmin):
             already="taking new work",
             service=host_uncordon,
             done="Uncordoned {names}: new work may land there again.",
+        )
+
+
+    @admin.action(
+        description="Replace host: the next registration of its name with a bootstrap token "
+        "of its region takes it over"
+    )
+    def replace(self, request, queryset):
+        outcome = Outcome()
+        for host in queryset:
+            outcome.attempt(host.name, "allow replacing", lambda h=host: host_replace_allow(host=h))
+        outcome.tell(
+            self,
+            request,
+            "{names}: the next registration under this name with an unused bootstrap token of "
+            "its region takes the host over; the current agent's token is revoked then. Until "
+            "then nothing changes, and any other registration under this name is refused.",
         )
 
 

@@ -43,6 +43,11 @@ class Host(models.Model):
     last_seq = models.PositiveBigIntegerField(default=0)
     # When the liveness task marked it DOWN; its work is LOST HOST_LOST_GRACE_S later.
     down_since = models.DateTimeField(null=True, blank=True)
+    # Set by the operator's "Replace host" action: the next registration of this name with a
+    # valid bootstrap token of its region may take the host over (new token, the old one
+    # revoked), then it is cleared. Without it (or the previous host token as proof) a
+    # registration naming this host is refused: a bootstrap token never hands over a host.
+    replace_allowed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -625,9 +625,13 @@ class RegisterRequest:
     cpu_count: int
     memory_mib: int
     gpus: list[GpuInfo] = field(default_factory=list)
+    # The host token this machine held before (optional): its proof that it is the host
+    # already registered under ``hostname``. Without it (or an operator's "replace host")
+    # a registration naming an existing host is refused, whatever the bootstrap token.
+    previous_host_token: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "protocol_version": PROTOCOL_VERSION,
             "bootstrap_token": self.bootstrap_token,
             "hostname": self.hostname,
@@ -638,6 +642,9 @@ class RegisterRequest:
             "memory_mib": self.memory_mib,
             "gpus": [g.to_dict() for g in self.gpus],
         }
+        if self.previous_host_token:
+            out["previous_host_token"] = self.previous_host_token
+        return out
 
     @classmethod
     def from_dict(cls, data: object) -> RegisterRequest:
@@ -655,6 +662,7 @@ class RegisterRequest:
             cpu_count=r.int_("cpu_count", minimum=1),
             memory_mib=r.int_("memory_mib", minimum=1, maximum=INT64_MAX),
             gpus=gpus,
+            previous_host_token=r.opt_str("previous_host_token", max_len=200) or None,
         )
 
 

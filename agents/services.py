@@ -37,7 +37,7 @@ from typing import Final
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Avg, Count, F, Max, Min
+from django.db.models import Avg, Count, F, Max, Min, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -257,14 +257,52 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
     Gpu.objects.bulk_create(new)
 
 
-@transaction.atomic
+class HostExists(Conflict):
+    """A registration names a host that exists, without proof that it is that machine."""
+
+    code = "host_exists"
+    host_id: str = ""  # for the audit record; never in the answer
+
+
 def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple[Host, str]:
     """Consume a bootstrap token; create or refresh the host and its GPUs; a new host token.
 
-    Re-registering a known host name (a reinstalled agent, a lost state dir) rotates its
-    token and refreshes its inventory; its bookings and its work are left as they are.
+    A bootstrap token admits one host: a new name creates it. A name that exists is never
+    handed to a token alone (anyone holding an unused token of the region could otherwise
+    take the host over, its tenants' containers and `env` secrets included). Re-registering
+    an existing host needs proof that it is that machine: its current host token in
+    `previous_host_token`, or the operator's "Replace host" action (`host_replace_allow`),
+    which lets one registration take it over. Then the token rotates (the old one is
+    refused from now on) and the inventory is refreshed; bookings and work stay.
+    A refusal (409 `host_exists`) changes nothing and is audited.
     """
-    now = now or timezone.now()
+    try:
+        return _host_register(req=req, now=now or timezone.now())
+    except HostExists as e:
+        # Recorded after the rollback of the refused registration, in a transaction of its own.
+        audit_record(
+            tenant=None,
+            action="host.register_refused",
+            object_type="host",
+            object_id=e.host_id,
+            object_repr=req.hostname[:200],
+            data={"bootstrap": req.bootstrap_token[:12], "reason": e.message},
+        )
+        logger.warning(
+            "registration refused host=%s name=%s bootstrap=%s: %s",
+            e.host_id, req.hostname, req.bootstrap_token[:12], e.message,
+        )
+        raise
+
+
+def _host_exists(host: Host, message: str) -> HostExists:
+    e = HostExists(message, fields={"hostname": [message]})
+    e.host_id = str(host.pk)
+    return e
+
+
+@transaction.atomic
+def _host_register(*, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
     boot = (
         BootstrapToken.objects.select_for_update()
         .select_related("region")
@@ -303,6 +341,7 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
             raise Conflict(f"Host {req.hostname!r} is registering concurrently; retry.") from None
         _sync_gpus(host, req.gpus, models)
         action = "host.register"
+        proof = ""
     else:
         if host.region_id != boot.region_id:
             raise Conflict(
@@ -311,14 +350,33 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
                 code="host_in_other_region",
                 fields={"hostname": ["Registered in another region."]},
             )
+        # The proof, compared on hashes in constant time (the hash of a 256-bit secret).
+        proven = bool(req.previous_host_token) and bool(host.token_hash) and secrets.compare_digest(
+            hash_token(req.previous_host_token or ""), host.token_hash
+        )
+        if proven:
+            proof, action = "previous_host_token", "host.reregister"
+            guard = Q(token_hash=host.token_hash)
+        elif host.replace_allowed_at is not None:
+            proof, action = "replace_allowed", "host.replace"
+            guard = Q(replace_allowed_at=host.replace_allowed_at)
+        else:
+            raise _host_exists(
+                host,
+                f"Host {host.name!r} is already registered. A re-installed agent proves it is "
+                "that machine with its previous host token; otherwise an operator must allow "
+                "the replacement (admin: Hosts → Replace host).",
+            )
         _sync_gpus(host, req.gpus, models)
-        # Guarded: capacity may not drop below what running work has booked.
+        # Guarded: capacity may not drop below what running work has booked, and the proof
+        # must still hold (another registration may have taken the host meanwhile).
         updated = Host.objects.filter(
-            pk=host.pk, used_vcpus__lte=req.cpu_count, used_memory_mib__lte=req.memory_mib
+            guard, pk=host.pk, used_vcpus__lte=req.cpu_count, used_memory_mib__lte=req.memory_mib
         ).update(
             vcpus=req.cpu_count,
             memory_mib=req.memory_mib,
-            token_hash=hash_token(token),
+            token_hash=hash_token(token),  # the old token is refused from now on
+            replace_allowed_at=None,  # one replacement per operator's action
             agent_version=req.agent_version[:50],
             last_heartbeat_at=now,
             last_seq=0,  # a new agent process: its seq starts again at 1
@@ -327,19 +385,26 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
             down_since=None,
         )
         if not updated:
-            raise Conflict(
-                f"Host {host.name!r} reports less CPU or memory than its running work has booked.",
-                code="host_shrunk",
-            )
+            current = Host.objects.get(pk=host.pk)
+            if current.used_vcpus > req.cpu_count or current.used_memory_mib > req.memory_mib:
+                raise Conflict(
+                    f"Host {host.name!r} reports less CPU or memory than its running work has booked.",
+                    code="host_shrunk",
+                )
+            raise _host_exists(host, f"Host {host.name!r} was re-registered meanwhile.")
         host.refresh_from_db()
-        action = "host.reregister"
     BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(used_at=now, host=host)
     fastpath.hosts_changed(host_ids=[host.pk])  # the old token, inventory, seq: all re-read
     audit_record(
         tenant=None,
         action=action,
         obj=host,
-        data={"region": boot.region.code, "gpus": len(req.gpus), "bootstrap": boot.prefix},
+        data={
+            "region": boot.region.code,
+            "gpus": len(req.gpus),
+            "bootstrap": boot.prefix,
+            **({"proof": proof} if proof else {}),
+        },
     )
     _trigger_cycle_on_commit(host.region_id)
     logger.info(
@@ -351,6 +416,22 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
         len(req.gpus),
     )
     return host, token
+
+
+def host_replace_allow(*, host: Host, now: datetime | None = None) -> Host:
+    """The operator's "Replace host": the next registration of `host`'s name with a valid
+    bootstrap token of its region takes it over (a re-installed machine that lost its
+    state dir). Its current agent keeps working until then; the takeover revokes its token.
+    Audited with the current actor."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        updated = Host.objects.filter(pk=host.pk).update(replace_allowed_at=now)
+        if not updated:
+            raise Conflict(f"Host {host.name!r} no longer exists.")
+        audit_record(tenant=None, action="host.replace_allow", obj=host, data={"name": host.name})
+    host.replace_allowed_at = now
+    logger.info("host replace allowed host=%s name=%s", host.pk, host.name)
+    return host
 
 
 # --- heartbeats ---------------------------------------------------------------------

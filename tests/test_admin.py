@@ -145,6 +145,37 @@ def test_cordon_drain_and_uncordon_hosts_through_the_admin(admin_client, catalog
     assert_by_operator(last_audit("host.uncordon"))
 
 
+def test_replace_host_lets_one_registration_take_the_host_over(admin_client, catalog, client):
+    from agents.models import Host
+    from agents.services import bootstrap_token_create
+    from gpucloud.catalogue.models import Region
+
+    a = make_host("gpu-a", token_hash="0" * 64)
+    body = {
+        "protocol_version": 1, "hostname": "gpu-a", "agent_version": "t", "gpu_backend": "sim",
+        "runtime": "sim", "cpu_count": 224, "memory_mib": 2 * 1024 * 1024, "gpus": [],
+    }
+
+    def register():
+        token = bootstrap_token_create(region=Region.objects.get(code="us-east-1"))[1]
+        return client.post(
+            "/agent/v1/register", {**body, "bootstrap_token": token},
+            content_type="application/json",
+        )
+
+    assert register().status_code == 409  # not yet allowed
+    resp = act(admin_client, "agents_host", "replace", [a.pk])
+    [(level, text)] = said(resp)
+    assert level == "success" and text.startswith("gpu-a: the next registration")
+    assert_by_operator(last_audit("host.replace_allow"))
+    taken = register()
+    assert taken.status_code == 200 and taken.json()["host_id"] == str(a.pk)
+    a.refresh_from_db()
+    assert a.replace_allowed_at is None and a.token_hash != "0" * 64
+    assert register().status_code == 409  # one takeover per permission
+    assert Host.objects.count() == 1
+
+
 def test_an_action_with_nothing_to_do_says_so_per_host(admin_client, catalog):
     a, b = make_host("gpu-a"), make_host("gpu-b", state="down", down_since=timezone.now())
     act(admin_client, "agents_host", "cordon", [a.pk])

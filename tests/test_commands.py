@@ -45,3 +45,44 @@ def test_demo_setup_is_idempotent():
     call_command("demo_setup", stdout=io.StringIO())
     call_command("demo_setup", stdout=io.StringIO())
     assert Tenant.objects.filter(name="Demo Lab").count() == 1
+
+
+def test_create_bootstrap_token_prints_a_token_that_admits_one_host_as_its_last_line(client):
+    from agents.models import BootstrapToken, Host
+    from agents.selectors import hash_token
+    from gpucloud.catalogue.models import Region
+    from gpucloud.tenancy.models import AuditEvent
+
+    Region.objects.create(code="us-east-1", name="US East", country="US")
+    out = io.StringIO()
+    call_command(
+        "create_bootstrap_token", "--region", "us-east-1", "--note", "rack 7",
+        "--expires-in-hours", "2", stdout=out,
+    )
+    secret = out.getvalue().strip().splitlines()[-1]
+    token = BootstrapToken.objects.get(token_hash=hash_token(secret))  # only the hash is kept
+    assert (token.region.code, token.note, token.used_at) == ("us-east-1", "rack 7", None)
+    assert 1.9 * 3600 < (token.expires_at - token.created_at).total_seconds() <= 2 * 3600
+    assert AuditEvent.objects.filter(action="bootstrap_token.create").count() == 1
+    body = {
+        "protocol_version": 1, "bootstrap_token": secret, "hostname": "rack7-1",
+        "agent_version": "t", "gpu_backend": "sim", "runtime": "sim", "cpu_count": 8,
+        "memory_mib": 65536, "gpus": [],
+    }
+    resp = client.post("/agent/v1/register", body, content_type="application/json")
+    assert resp.status_code == 200 and Host.objects.get().name == "rack7-1"
+    token.refresh_from_db()
+    assert token.host == Host.objects.get()
+
+
+@pytest.mark.parametrize(
+    "args", [["--region", "mars-1"], ["--region", "us-east-1", "--expires-in-hours", "0"]]
+)
+def test_create_bootstrap_token_refuses_bad_input(args):
+    from agents.models import BootstrapToken
+    from gpucloud.catalogue.models import Region
+
+    Region.objects.create(code="us-east-1", name="US East", country="US")
+    with pytest.raises(CommandError):
+        call_command("create_bootstrap_token", *args, stdout=io.StringIO())
+    assert not BootstrapToken.objects.exists()

@@ -42,6 +42,8 @@ from agents.services import host_heartbeat, host_register
 from gpucloud.api.parsers import AgentJSONParser
 from gpucloud.api.throttling import AtomicRateThrottle
 from gpucloud.lib.errors import InvalidInput
+from gpucloud.lib.http import client_ip
+from gpucloud.tenancy.audit import Actor, acting_as
 
 
 class HostTokenAuthentication(BaseAuthentication):
@@ -135,7 +137,9 @@ class HostRegisterApi(_AgentApi):
 
     def post(self, request):
         req = _parse(RegisterRequest, request.data)
-        host, token = host_register(req=req)
+        # No user: the audit records (a refusal above all) carry the caller's address.
+        with acting_as(Actor(ip=client_ip(request))):
+            host, token = host_register(req=req)
         body = RegisterResponse(
             host_id=str(host.pk),
             host_token=token,

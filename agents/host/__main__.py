@@ -10,6 +10,7 @@ from types import FrameType
 
 from agents.host.config import AgentConfig, ConfigError, parse_args
 from agents.host.daemon import Agent
+from agents.host.egress import EgressRules
 from agents.host.gpu import GpuBackend
 from agents.host.logs import setup_logging
 from agents.host.runtime import Runtime
@@ -59,14 +60,33 @@ def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None
     if cfg.runtime == "sim":
         runtime = sim_runtime
     else:
-        from agents.host.docker import DockerRuntime, amd_device_nodes
+        from agents.host.docker import DockerRuntime, amd_device_nodes, nofile_within_host
 
         mode = docker_gpu_mode(cfg)
+        nodes = None
         if mode == "amd":
             nodes = {g.uuid: amd_device_nodes(g.pci_bus_id) for g in backend.inventory()}
-            runtime = DockerRuntime(gpu_vendor="amd", amd_devices=nodes, scope=cfg.docker_scope)
+        runtime = DockerRuntime(
+            gpu_vendor=mode,
+            amd_devices=nodes,
+            scope=cfg.docker_scope,
+            publish_address=cfg.docker_publish_address,
+            pids_limit=cfg.docker_pids_limit,
+            nofile=nofile_within_host(cfg.docker_nofile),
+            disk_gib=cfg.docker_disk_gib,
+        )
+        if cfg.docker_egress_block:
+            why = EgressRules().install()
+            if why:
+                logger.error(
+                    "egress rules NOT installed: tenant containers can reach this host's "
+                    "addresses and 169.254.0.0/16 (cloud metadata)",
+                    extra={"error": why},
+                )
+            else:
+                logger.info("egress rules installed for tenant bridges (gct+)")
         else:
-            runtime = DockerRuntime(gpu_vendor=mode, scope=cfg.docker_scope)
+            logger.warning("egress blocking is off (--docker-egress-block false)")
 
     # A simulated host advertises a plausible machine for its GPUs (DGX-like per GPU).
     resources = None

@@ -7,6 +7,7 @@ bad values fail loudly at start, naming the variable or flag.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,14 @@ class AgentConfig:
     # amdsmi, none (env variables only, no device request) with the sim backend.
     docker_gpu_mode: str = "auto"
     docker_scope: str = ""  # only manage containers labelled gpucloud.agent=<this>
+    # Host address published container ports bind to; loopback: only the agent (the connect
+    # path) reaches them. "" binds all addresses (reachable from the network: avoid).
+    docker_publish_address: str = "127.0.0.1"
+    docker_pids_limit: int = 4096  # the cap; a spec asking for more gets this
+    docker_nofile: int = 65536  # open-files ulimit (soft = hard)
+    docker_disk_gib: int = 100  # writable-layer size where the storage driver can; 0 = none
+    # iptables: tenant bridges reach neither this host's addresses nor 169.254.0.0/16.
+    docker_egress_block: bool = True
     sim_gpus: int = 8
     sim_model: str = "H100"
     sim_seed: int = 0
@@ -76,6 +85,19 @@ class AgentConfig:
             raise ConfigError(f"--docker-gpu-mode must be one of {DOCKER_GPU_MODES}")
         if cfg.gpu_backend == "sim" and cfg.sim_model not in MODELS:
             raise ConfigError(f"--sim-model must be one of {sorted(MODELS)}")
+        if cfg.docker_publish_address:
+            try:
+                ipaddress.ip_address(cfg.docker_publish_address)
+            except ValueError:
+                raise ConfigError(
+                    "--docker-publish-address must be an IP address (or empty for all)"
+                ) from None
+        if cfg.docker_pids_limit < 16:
+            raise ConfigError("--docker-pids-limit must be >= 16")
+        if not 1024 <= cfg.docker_nofile <= 1048576:
+            raise ConfigError("--docker-nofile must be between 1024 and 1048576")
+        if cfg.docker_disk_gib < 0:
+            raise ConfigError("--docker-disk-gib must be >= 0")
         if cfg.sim_gpus < 0:
             raise ConfigError("--sim-gpus must be >= 0")
         if cfg.gateway_url and not cfg.gateway_url.startswith(("ws://", "wss://")):
@@ -107,6 +129,12 @@ def _convert(key: str, raw: str, typ: object) -> object:
         raise ConfigError(f"{key}={raw!r} is not a valid {t}") from None
 
 
+def _flag_bool(raw: str) -> bool:
+    value = _convert("--docker-egress-block", raw, "bool")
+    assert isinstance(value, bool)
+    return value
+
+
 def parse_args(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> AgentConfig:
@@ -128,6 +156,20 @@ def parse_args(
         help="auto (default): nvidia with nvml, amd with amdsmi, none with sim",
     )
     p.add_argument("--docker-scope", help="manage only containers labelled gpucloud.agent=<it>")
+    p.add_argument(
+        "--docker-publish-address", help="host address published ports bind to (127.0.0.1)"
+    )
+    p.add_argument("--docker-pids-limit", type=int, help="most processes per container (4096)")
+    p.add_argument("--docker-nofile", type=int, help="open-files ulimit per container (65536)")
+    p.add_argument(
+        "--docker-disk-gib", type=int, help="writable-layer size limit, where supported (100)"
+    )
+    p.add_argument(
+        "--docker-egress-block",
+        type=_flag_bool,
+        metavar="BOOL",
+        help="block tenant traffic to this host and 169.254.0.0/16 with iptables (true)",
+    )
     p.add_argument("--sim-gpus", type=int)
     p.add_argument("--sim-model")
     p.add_argument("--sim-seed", type=int)

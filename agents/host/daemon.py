@@ -11,7 +11,8 @@ One iteration::
 Failure policy: the control plane unreachable (refused, timeout, 5xx, 429) -> containers
 keep running untouched and the agent retries after ``backoff(attempt)``. 401/403 on a
 heartbeat -> the saved host token is dropped and the agent registers again (if it still
-has a bootstrap token), else keeps retrying. One failing probe or runtime call never
+has a bootstrap token), presenting the dropped token as ``previous_host_token``, else keeps
+retrying. One failing probe or runtime call never
 ends the loop. SIGTERM/SIGINT -> the current iteration finishes, the loop exits 0 and
 containers are left running (the agent may be restarted or upgraded under them).
 """
@@ -137,6 +138,10 @@ class Agent:
         self.clock = clock
         self.resources = resources or host_resources()
         self.state: HostState | None = load_state(config.state_dir, config.server)
+        # The last host token this process held after it was dropped (a 401): sent as
+        # `previous_host_token` when registering again, the proof that this machine is the
+        # host of that name (the control plane refuses a known name without one).
+        self._previous_token: str | None = None
         self.interval_s = config.default_interval_s
         self.failures = 0  # consecutive iterations that did not reach the control plane
         self.seq = 0
@@ -253,6 +258,7 @@ class Agent:
                     "host token refused; will register again",
                     extra={"host_id": self.state.host_id, "error": str(e)},
                 )
+                self._previous_token = self.state.host_token
                 self.state = None
                 clear_state(self.config.state_dir)
             else:
@@ -340,8 +346,10 @@ class Agent:
                 cpu_count=cpus,
                 memory_mib=mem,
                 gpus=self._inventory,
+                previous_host_token=self._previous_token,
             )
         )
+        self._previous_token = None
         self.state = HostState(self.config.server, resp.host_id, resp.host_token)
         save_state(self.config.state_dir, self.state)
         self.interval_s = resp.heartbeat_interval_s

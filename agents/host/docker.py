@@ -14,17 +14,29 @@ Isolation of one tenant's container (see docs/agent.md for the why of each line)
 * Limits: ``nano_cpus``, ``mem_limit`` with no swap, ``pids_limit``.
 * Privileges: ``privileged=False``, ``cap_drop=["ALL"]`` plus ``CAP_ADD``,
   ``no-new-privileges``, an init process to reap zombies.
+* Limits: ``nofile`` ulimit; ``pids_limit`` capped by the agent's own setting; a size
+  limit on the writable layer (``storage_opt={"size": ...}``) where the storage driver
+  supports one (btrfs, zfs, devicemapper; overlay2 and vfs on xfs mounted with ``pquota``),
+  else logged once, plainly, and reported in ``disk_quota``.
 * Network: one bridge network per tenant (created on demand), so tenants cannot reach
-  each other's containers; published ports get random host ports.
+  each other's containers; a container without one goes on ``gpucloud-tenants``, where
+  inter-container traffic is off. Every such bridge is named ``gct<hash>`` so that the
+  egress rules (``egress.py``: nothing to the host's own addresses or to 169.254.0.0/16)
+  cover them all. Published ports bind to ``publish_address`` (loopback by default: the
+  connect path reaches them through the agent, never other tenants over the network) on
+  random host ports.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
+import resource
 from pathlib import Path
 from typing import Any, Final
 
+from agents.host.egress import BRIDGE_PREFIX
 from agents.host.runtime import (
     LABEL_INSTANCE,
     LABEL_KIND,
@@ -62,6 +74,44 @@ _NEVER: Final = "0001-01-01T00:00:00Z"  # Docker's zero time for "not yet"
 
 DOCKER_GPU_VENDORS: Final = ("nvidia", "amd", "none")
 LABEL_AGENT: Final = "gpucloud.agent"
+# Where a container without a tenant network goes: inter-container traffic off.
+FALLBACK_NETWORK: Final = "gpucloud-tenants"
+_BRIDGE_NAME_OPT: Final = "com.docker.network.bridge.name"
+_ICC_OPT: Final = "com.docker.network.bridge.enable_icc"
+# Drivers that take a writable-layer size; overlay2 and vfs only on xfs with pquota (the
+# engine refuses the option otherwise, and then the agent runs without it).
+_QUOTA_DRIVERS: Final = frozenset({"btrfs", "zfs", "devicemapper", "windowsfilter"})
+_QUOTA_ON_XFS: Final = frozenset({"overlay2", "vfs"})
+
+
+def nofile_within_host(wanted: int) -> int:
+    """``wanted``, lowered to this machine's hard open-files limit (the agent's own, which
+    on one host is dockerd's too): the runtime cannot raise a container above the engine's
+    limit without CAP_SYS_RESOURCE, and every start would fail ("error setting rlimit")."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or wanted <= hard:
+        return wanted
+    logger.warning(
+        "nofile lowered to this machine's limit", extra={"wanted": wanted, "limit": hard}
+    )
+    return int(hard)
+
+
+def bridge_name(network: str) -> str:
+    """The Linux bridge of a tenant network: ``gct`` + 12 hex (15 characters, the kernel's
+    limit), so the egress rules match every tenant bridge with ``-i gct+``."""
+    return BRIDGE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:12]
+
+
+def disk_quota_support(info: dict[str, Any]) -> str | None:
+    """None if the engine's storage driver can limit a writable layer, else why not (pure)."""
+    driver = str(info.get("Driver", ""))
+    status = {str(k): str(v) for k, v in (info.get("DriverStatus") or []) if k}
+    backing = status.get("Backing Filesystem", "")
+    if driver in _QUOTA_DRIVERS or (driver in _QUOTA_ON_XFS and backing == "xfs"):
+        return None
+    on = f" on {backing}" if backing else ""
+    return f"storage driver {driver or 'unknown'}{on} cannot limit a container's writable layer"
 
 _STATES: Final[dict[str, ContainerState]] = {
     "created": "created",
@@ -97,13 +147,27 @@ class DockerRuntime:
         amd_devices: dict[str, list[str]] | None = None,
         stop_timeout_s: int = STOP_TIMEOUT_S,
         scope: str = "",
+        publish_address: str = "127.0.0.1",
+        pids_limit: int = 4096,
+        nofile: int = 65536,
+        disk_gib: int = 0,
     ) -> None:
         """``gpu_vendor``: ``nvidia``, ``amd`` or ``none`` (env variables only, no devices).
         ``amd_devices``: GPU UUID -> its /dev/dri nodes (from ``amd_device_nodes``).
         ``scope``: when set, containers also carry ``gpucloud.agent=<scope>`` and ``list()``
-        sees only those, so several agents can share one engine (tests, simulations)."""
+        sees only those, so several agents can share one engine (tests, simulations).
+        ``publish_address``: the host address published ports bind to ("" = all).
+        ``pids_limit``: the most processes a container may have, whatever the spec asks.
+        ``nofile``: the open-files ulimit (soft = hard). ``disk_gib``: writable-layer size
+        limit where the storage driver supports one (0: none)."""
         if gpu_vendor not in DOCKER_GPU_VENDORS:
             raise ValueError(f"gpu_vendor must be one of {DOCKER_GPU_VENDORS}")
+        self._publish_address = publish_address
+        self._pids_limit = pids_limit
+        self._nofile = nofile
+        self._disk_gib = disk_gib
+        # "applied", "off", or why not (filled at the first start: it asks the engine).
+        self.disk_quota: str | None = None if disk_gib > 0 else "off"
         self._docker: Any = importlib.import_module("docker")
         self._scope = scope
         self._client = client if client is not None else self._docker.from_env()
@@ -118,19 +182,56 @@ class DockerRuntime:
             return None
 
     def _network(self, name: str, tenant_id: str) -> str:
+        bridge = bridge_name(name)
         for net in self._client.networks.list(names=[name]):
-            if net.name == name:  # the names filter matches substrings
+            if net.name != name:  # the names filter matches substrings
+                continue
+            if (net.attrs.get("Options") or {}).get(_BRIDGE_NAME_OPT) == bridge:
                 return name
+            # Made by an agent before the egress rules: its bridge escapes them. Recreate it
+            # once nothing uses it; until then say so.
+            try:
+                net.remove()
+                logger.info("tenant network recreated for the egress rules",
+                            extra={"network": name})
+            except self._docker.errors.APIError as e:
+                logger.warning(
+                    "tenant network predates the egress rules and is in use; its containers "
+                    "can reach the host until it is recreated",
+                    extra={"network": name, "error": str(e)},
+                )
+                return name
+        options = {_BRIDGE_NAME_OPT: bridge}
+        if name == FALLBACK_NETWORK:
+            options[_ICC_OPT] = "false"  # shared by tenants: containers cannot talk at all
         try:
             self._client.networks.create(
                 name,
                 driver="bridge",
-                labels={LABEL_MANAGED: "1", LABEL_TENANT: tenant_id},
+                options=options,
+                labels={LABEL_MANAGED: "1", LABEL_TENANT: tenant_id if name != FALLBACK_NETWORK
+                        else ""},
             )
         except self._docker.errors.APIError as e:
             if e.status_code != 409:  # 409: another create won the race; fine
                 raise
         return name
+
+    def _check_disk_quota(self) -> None:
+        """Ask the engine once whether its storage driver can limit the writable layer."""
+        if self.disk_quota is not None:
+            return
+        try:
+            why = disk_quota_support(self._client.info())
+        except self._docker.errors.DockerException as e:
+            logger.warning("docker info failed; disk quota unknown", extra={"error": str(e)})
+            return  # asked again at the next start
+        self.disk_quota = "applied" if why is None else f"not applied: {why}"
+        log = logger.info if why is None else logger.warning
+        log(
+            "container disk quota " + self.disk_quota,
+            extra={"disk_gib": self._disk_gib},
+        )
 
     def run_kwargs(self, spec: ContainerSpec) -> dict[str, Any]:
         """The ``containers.run`` arguments for ``spec`` (pure; separate for review and tests)."""
@@ -177,13 +278,22 @@ class DockerRuntime:
             detach=True,
             labels=labels,
             environment=env,
-            ports={f"{p}/tcp": None for p in spec.ports},
+            # Loopback by default: the connect path reaches them through the agent; nobody
+            # else on the network (other tenants' containers included) can.
+            ports={
+                f"{p}/tcp": (self._publish_address,) if self._publish_address else None
+                for p in spec.ports
+            },
             nano_cpus=int(spec.vcpus * 1e9),
             mem_limit=f"{spec.memory_mib}m",
             memswap_limit=f"{spec.memory_mib}m",  # equal to mem_limit: no swap
             # PyTorch data loaders live in /dev/shm; Docker's 64 MiB default breaks them.
             shm_size=f"{max(64, spec.memory_mib // 4)}m",
-            pids_limit=spec.pids_limit,
+            # The spec's limit, never above the host's own cap (0 in a spec: the cap).
+            pids_limit=min(spec.pids_limit, self._pids_limit)
+            if spec.pids_limit > 0
+            else self._pids_limit,
+            ulimits=[types.Ulimit(name="nofile", soft=self._nofile, hard=self._nofile)],
             cap_drop=["ALL"],
             cap_add=list(CAP_ADD),
             security_opt=list(SECURITY_OPT),
@@ -191,8 +301,9 @@ class DockerRuntime:
             init=True,
             restart_policy={"Name": "no"},  # restarts are the control plane's decision
         )
-        if spec.network:
-            kwargs["network"] = spec.network
+        kwargs["network"] = spec.network or FALLBACK_NETWORK
+        if self.disk_quota == "applied":
+            kwargs["storage_opt"] = {"size": f"{self._disk_gib}G"}
         return kwargs
 
     def run(self, spec: ContainerSpec) -> str:
@@ -201,11 +312,20 @@ class DockerRuntime:
             if existing.status == "running":
                 return str(existing.id)
             existing.remove(force=True)
+        self._check_disk_quota()
         kwargs = self.run_kwargs(spec)
         try:
-            if spec.network:
-                self._network(spec.network, spec.tenant_id)
-            container = self._client.containers.run(**kwargs)
+            self._network(kwargs["network"], spec.tenant_id)
+            try:
+                container = self._client.containers.run(**kwargs)
+            except self._docker.errors.APIError as e:
+                # overlay2 on xfs without pquota: the driver looked right, the engine says no.
+                if "storage_opt" not in kwargs or "storage" not in str(e).lower():
+                    raise
+                self.disk_quota = f"not applied: the engine refused it ({e.explanation or e})"
+                logger.warning("container disk quota " + self.disk_quota)
+                self.remove(spec.instance_id)  # in case the create got that far
+                container = self._client.containers.run(**self.run_kwargs(spec))
         except self._docker.errors.DockerException as e:
             raise RuntimeError_(str(e)) from e
         return str(container.id)

@@ -29,9 +29,10 @@ from agents.host.sim import SimGpuBackend, SimRuntime
 from agents.host.state import clear_state
 from agents.models import BootstrapToken, Gpu, Host
 from agents.selectors import hash_token, host_desired_containers
-from agents.services import bootstrap_token_create, hosts_check_liveness
+from agents.services import bootstrap_token_create, host_replace_allow, hosts_check_liveness
 from agents.tasks import hosts_liveness_task
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
+from gpucloud.tenancy.models import AuditEvent
 from scheduler.choices import State
 from scheduler.models import Allocation, Workload
 from scheduler.services import workload_requeue_or_end, workload_stop, workload_transition
@@ -263,28 +264,44 @@ def test_the_real_daemon_registers_and_heartbeats_once(live_server, region, tmp_
     assert Host.objects.count() == 1 and Host.objects.get().last_seq == 1
 
 
-def test_re_registering_rotates_the_token_and_keeps_bookings(make_sim_host, region, alice):
+def test_a_wiped_host_re_registers_only_once_an_operator_allows_the_replacement(
+    make_sim_host, region, alice
+):
     sim = make_sim_host()
     sim.beat()
     old_token = sim.agent.state.host_token
     w = place(sim.host, alice.tenant)
     sim.beat(2)
     assert state(w) == State.RUNNING
-    # The agent's disk was wiped: it registers again, with a fresh bootstrap token.
+    # The agent's disk was wiped: it registers again, with a fresh bootstrap token, and no
+    # proof that it is that machine: refused, and nothing changes.
     clear_state(sim.agent.config.state_dir)
     again = make_sim_host(token=new_token(region))
     again.runtime._containers = sim.runtime._containers  # the same machine's containers
+    again.agent.iterate()
+    assert not again.agent.last_ok and again.agent.state is None
+    sim.beat()  # the host's own agent is unaffected
+    # The operator allows the replacement: the next registration takes the host over.
+    host_replace_allow(host=sim.host)
     again.beat()
     assert again.agent.host_id == sim.agent.host_id and again.agent.state.host_token != old_token
-    assert (
-        Host.objects.count() == 1
-        and BootstrapToken.objects.filter(used_at__isnull=True).count() == 0
-    )
+    assert Host.objects.count() == 1 and Host.objects.get().replace_allowed_at is None
+    assert BootstrapToken.objects.filter(used_at__isnull=True).count() == 0
     gpu0 = again.gpus()[0]
     assert (gpu0.whole, gpu0.used_milli) == (True, 1000)
     assert state(w) == State.RUNNING and Allocation.objects.get(workload=w).active
     sim.agent.iterate()
-    assert not sim.agent.last_ok  # the old token is refused
+    assert not sim.agent.last_ok  # the old token is revoked
+    assert list(
+        AuditEvent.objects.filter(object_id=str(sim.host.pk))
+        .order_by("created_at", "pk")
+        .values_list("action", flat=True)
+    ) == ["host.register", "host.register_refused", "host.replace_allow", "host.replace"]
+    # One takeover per permission: the next token without proof is refused again.
+    clear_state(again.agent.config.state_dir)
+    third = make_sim_host(token=new_token(region))
+    third.agent.iterate()
+    assert not third.agent.last_ok
 
 
 # --- the lifecycle through heartbeats -------------------------------------------------
@@ -604,6 +621,44 @@ def test_a_host_name_of_another_region_is_refused(client, region, registered):
     )
 
 
+def test_an_unused_bootstrap_token_cannot_take_over_an_existing_host(
+    client, region, registered, alice, charlie
+):
+    """The takeover of the security issue, exactly: host A registers with token T1 and runs
+    two tenants' work (with secrets in `env`); anyone holding another unused token T2 of
+    the region registers as "h1". Before the fix they got A's id and a new token (A's own
+    token then got 401) and their heartbeats received the other tenants' containers."""
+    host_id, token = registered
+    host = Host.objects.get()
+    place(host, alice.tenant, env={"DB_PASSWORD": "alice-secret"})
+    place(host, charlie.tenant, env={"API_KEY": "charlie-secret"})
+    t2 = new_token(region)
+    resp = post(client, "/agent/v1/register", register_body(t2))  # same host name, no proof
+    err = assert_error(resp, 409, "host_exists")
+    assert host_id not in resp.content.decode() and "host_token" not in resp.content.decode()
+    assert "hostname" in err["fields"]
+    # Nothing changed: A keeps its token, T2 stays unused (it may still admit a new host).
+    host.refresh_from_db()
+    assert host.token_hash == hash_token(token) and Host.objects.count() == 1
+    assert BootstrapToken.objects.get(token_hash=hash_token(t2)).used_at is None
+    # A's own agent keeps working and keeps receiving its desired set.
+    desired = post(client, "/agent/v1/heartbeat", beat_body(host_id), token=token)
+    assert desired.status_code == 200, desired.content
+    assert len(desired.json()["desired"]) == 2
+    # The refusal is in the audit log, with the token that tried.
+    refused = AuditEvent.objects.get(action="host.register_refused")
+    assert refused.object_id == host_id and refused.data["bootstrap"] == t2[:12]
+    # T2 still admits a host of its own name, which sees none of A's work.
+    other = post(client, "/agent/v1/register", register_body(t2, "h2"))
+    assert other.status_code == 200 and other.json()["host_id"] != host_id
+    beat = post(
+        client, "/agent/v1/heartbeat", beat_body(other.json()["host_id"]),
+        token=other.json()["host_token"],
+    )
+    assert beat.status_code == 200 and beat.json()["desired"] == []
+    assert b"secret" not in beat.content
+
+
 @pytest.mark.parametrize("token", [None, "gph_wrong", "x y z"])
 def test_heartbeats_without_a_valid_host_token_get_401(client, registered, token):
     host_id, _ = registered
@@ -758,11 +813,13 @@ def test_re_registering_cannot_shrink_below_bookings_and_revives_a_down_host(
     Host.objects.update(used_vcpus=48, state=HostState.DOWN, down_since=timezone.now())
     smaller = register_body(new_token(region))
     smaller["cpu_count"] = 32
+    smaller["previous_host_token"] = token  # the proof that it is this host
     assert_error(post(client, "/agent/v1/register", smaller), 409, "host_shrunk")
     host = Host.objects.get()
     assert (host.vcpus, host.token_hash, host.state) == (64, hash_token(token), HostState.DOWN)
     assert BootstrapToken.objects.filter(used_at__isnull=True).count() == 1  # not spent
-    resp = post(client, "/agent/v1/register", register_body(new_token(region), gpus=1))
+    fewer = {**register_body(new_token(region), gpus=1), "previous_host_token": token}
+    resp = post(client, "/agent/v1/register", fewer)
     assert resp.status_code == 200 and resp.json()["host_id"] == host_id
     host.refresh_from_db()
     assert (host.state, host.down_since, host.used_vcpus) == (HostState.READY, None, 48)

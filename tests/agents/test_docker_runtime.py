@@ -12,7 +12,10 @@ from __future__ import annotations
 import hashlib
 import io
 import secrets
+import socket
+import subprocess
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +23,8 @@ from pathlib import Path
 import docker  # a requirement: missing, the module fails to import (no skipping)
 import pytest
 
-from agents.host.docker import CAP_ADD, DockerRuntime
+from agents.host.docker import CAP_ADD, FALLBACK_NETWORK, DockerRuntime, bridge_name
+from agents.host.egress import EgressRules
 from agents.host.runtime import LABEL_MANAGED, LABEL_TENANT, container_name
 from agents.protocol import DesiredContainer
 
@@ -81,12 +85,18 @@ def client() -> Iterator[object]:
             ctr.remove(force=True)
         for net in c.networks.list(names=[f"gpucloud-t-{tenant}"]):
             net.remove()
+    for net in c.networks.list(names=[FALLBACK_NETWORK]):
+        try:
+            net.remove()  # only when no one else's container is on it
+        except docker.errors.APIError:
+            pass
     c.close()
 
 
 @pytest.fixture(scope="module")
 def runtime(client) -> DockerRuntime:
-    return DockerRuntime(client, gpu_vendor="nvidia", stop_timeout_s=2)
+    # nofile below any engine's limit (this sandbox's dockerd has 20000; see nofile_within_host)
+    return DockerRuntime(client, gpu_vendor="nvidia", stop_timeout_s=2, disk_gib=1, nofile=4096)
 
 
 def spec(
@@ -148,6 +158,13 @@ def test_a_container_runs_with_labels_limits_and_no_privileges(client, runtime):
     assert code == 0 and status["NoNewPrivs"] == "1"
     cap_net_raw = 1 << 13
     assert int(status["CapEff"], 16) & cap_net_raw == 0
+    # Published on loopback only (the agent's connect path), nofile as the kernel sees it.
+    assert hc["PortBindings"] == {"8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
+    assert hc["Ulimits"] == [{"Name": "nofile", "Soft": 4096, "Hard": 4096}]
+    code, out = c.exec_run(["sh", "-c", "ulimit -n; ulimit -Hn"])
+    assert code == 0 and out.decode().split() == ["4096", "4096"]
+    binds = c.attrs["NetworkSettings"]["Ports"]["8080/tcp"]
+    assert binds and all(b["HostIp"] == "127.0.0.1" for b in binds)
     o = wait_for(lambda: observed(runtime, s.instance_id), "the container in list()")
     assert o.state == "running" and o.container_id == cid and o.started_at
     assert set(o.host_ports) == {"8080"} and o.host_ports["8080"] > 0
@@ -248,3 +265,109 @@ def test_tenants_cannot_reach_each_others_containers(client, runtime):
     refused = fetch(cli, b_ip)
     assert refused.exit_code != 0 and b"served" not in refused.output, refused
     assert b"not found" not in refused.output, refused  # it failed for the right reason
+
+
+def test_the_host_caps_pids_and_the_disk_limit_follows_the_storage_driver(client):
+    capped = DockerRuntime(client, stop_timeout_s=2, pids_limit=32, disk_gib=1, nofile=4096)
+    s = spec("capped")  # asks for 64
+    c = client.containers.get(capped.run(s))
+    assert c.attrs["HostConfig"]["PidsLimit"] == 32
+    info = client.info()
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+    if info["Driver"] in ("overlay2", "vfs") and backing != "xfs":
+        # This engine (vfs, as .ci/run starts it) cannot limit a writable layer: said plainly.
+        assert capped.disk_quota.startswith(f"not applied: storage driver {info['Driver']}")
+        assert not c.attrs["HostConfig"].get("StorageOpt")
+    else:
+        applied = capped.disk_quota == "applied"
+        assert applied == (c.attrs["HostConfig"].get("StorageOpt") == {"size": "1G"})
+
+
+def test_tenant_networks_use_gct_bridges_and_the_shared_one_has_no_icc(client, runtime):
+    s = spec("net-a")
+    runtime.run(s)
+    [net] = [n for n in client.networks.list(names=[s.network]) if n.name == s.network]
+    assert net.attrs["Options"]["com.docker.network.bridge.name"] == bridge_name(s.network)
+    loose = spec("no-net", network="")
+    c = client.containers.get(runtime.run(loose))
+    assert list(c.attrs["NetworkSettings"]["Networks"]) == [FALLBACK_NETWORK]
+    [shared] = [n for n in client.networks.list(names=[FALLBACK_NETWORK])
+                if n.name == FALLBACK_NETWORK]
+    assert shared.attrs["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+    assert shared.attrs["Options"]["com.docker.network.bridge.name"].startswith("gct")
+
+
+class Listener:
+    """A TCP listener on one host address that answers every connection with a word."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = socket.create_server((address, 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"host-secret\n")
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=5)
+        self.sock.close()
+
+
+def _rules_present(rules: EgressRules) -> bool:
+    return all(
+        subprocess.run([rules.iptables, "-w", "10", "-C", chain, *spec], capture_output=True)
+        .returncode == 0
+        for chain, spec in rules.rules()
+    )
+
+
+def test_tenant_containers_cannot_reach_the_host_but_the_connect_path_still_works(
+    client, runtime
+):
+    serve = ["sh", "-c", "mkdir -p /www && echo served > /www/index.html && httpd -f -p 8080 -h /www"]
+    s = spec("egress", command=serve, ports=[8080])
+    c = client.containers.get(runtime.run(s))
+    [net] = [n for n in client.networks.list(names=[s.network]) if n.name == s.network]
+    gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]  # an address of this host
+    listener = Listener(gateway)
+    rules = EgressRules()
+    ours = not _rules_present(rules)  # rules another agent installed stay as they are
+
+    def dial():  # nc gives up after 2 s: the bound on each try
+        probe = f"nc -w 2 {gateway} {listener.port} </dev/null"
+        return c.exec_run(["sh", "-c", probe])
+
+    try:
+        if ours:  # without the rules, the host's address is reachable: the test can fail
+            assert b"host-secret" in wait_for(lambda: dial().output or None, "the listener")
+        assert rules.install() is None, "iptables works here (root, as .ci/run runs)"
+        assert _rules_present(rules) and rules.install() is None  # idempotent
+        refused = dial()
+        assert b"host-secret" not in refused.output and refused.exit_code != 0, refused
+        # The connect path: the agent, on this host, reaches the published port on loopback.
+        c.reload()
+        port = int(c.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]["HostPort"])
+
+        def fetch() -> bytes:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+                    conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                    return conn.recv(4096)
+            except OSError:
+                return b""
+
+        assert b"served" in wait_for(lambda: (b := fetch()) and b"served" in b and b, "httpd")
+    finally:
+        listener.close()
+        if ours:
+            rules.remove()

@@ -15,6 +15,7 @@ on the same engine, and is removed at the end.
 from __future__ import annotations
 
 import secrets
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from agents.host.__main__ import build
 from agents.host.config import AgentConfig
 from agents.host.daemon import Agent
 from agents.host.docker import LABEL_AGENT
+from agents.host.egress import EgressRules
 from agents.host.runtime import LABEL_INSTANCE, LABEL_MANAGED, LABEL_TENANT, container_name
 from agents.models import Gpu, Host
 from agents.selectors import host_desired_containers
@@ -131,7 +133,24 @@ def start_agent(cfg: AgentConfig) -> DockerHost:
 
 
 @pytest.fixture
-def docker_host(live_server, us_east, engine, tmp_path, triggered) -> DockerHost:  # noqa: F811
+def egress_rules() -> Iterator[None]:
+    """The agent installs its egress rules (iptables, host-wide); take them out afterwards
+    if they were not there before (another agent's stay)."""
+    rules = EgressRules()
+    before = bool(rules.iptables) and all(
+        subprocess.run([rules.iptables, "-w", "10", "-C", chain, *spec], capture_output=True)
+        .returncode == 0
+        for chain, spec in rules.rules()
+    )
+    yield
+    if not before:
+        rules.remove()
+
+
+@pytest.fixture
+def docker_host(  # noqa: F811
+    live_server, us_east, engine, tmp_path, triggered, egress_rules
+) -> DockerHost:
     cfg = AgentConfig(
         server=live_server.url,
         bootstrap_token=bootstrap_token_create(region=us_east)[1],

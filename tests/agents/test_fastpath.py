@@ -139,7 +139,8 @@ def test_a_rotated_token_is_refused_at_once(client, registered, region):
     host_id, token = registered
     beat(client, host_id, token, 1)
     beat(client, host_id, token, 2)  # the token is in Redis now
-    resp = post(client, "/agent/v1/register", register_body(new_token(region)))
+    again = {**register_body(new_token(region)), "previous_host_token": token}
+    resp = post(client, "/agent/v1/register", again)
     assert resp.status_code == 200 and resp.json()["host_id"] == host_id
     assert_error(post(client, HB, beat_body(host_id, 3), token=token), 401, "authentication_failed")
     beat(client, host_id, resp.json()["host_token"], 1)

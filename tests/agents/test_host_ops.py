@@ -41,6 +41,7 @@ from agents.services import (
     gpu_samples_rollup,
     host_cordon,
     host_drain,
+    host_replace_allow,
     host_uncordon,
     hosts_check_liveness,
 )
@@ -112,7 +113,8 @@ def test_drain_requeues_jobs_keeps_instances_and_survives_an_outage(
     hosts_check_liveness(now=later + timedelta(seconds=settings.HOST_DOWN_AFTER_S + 1))
     host.refresh_from_db()
     assert host.state == HostState.DOWN
-    a.agent.state = None  # a lost state dir: the agent registers again
+    a.agent.state = None  # a lost state dir: the agent registers again, as the operator allows
+    host_replace_allow(host=host)
     a.agent.config = replace(a.agent.config, bootstrap_token=new_token(region))
     a.beat()
     host.refresh_from_db()

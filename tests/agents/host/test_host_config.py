@@ -24,6 +24,11 @@ def test_every_setting_comes_from_the_environment() -> None:
             "GPUCLOUD_HOSTNAME": "h7",
             "GPUCLOUD_ONCE": "true",
             "GPUCLOUD_BACKOFF_CAP_S": "5.5",
+            "GPUCLOUD_DOCKER_PUBLISH_ADDRESS": "10.1.2.3",
+            "GPUCLOUD_DOCKER_PIDS_LIMIT": "2048",
+            "GPUCLOUD_DOCKER_NOFILE": "4096",
+            "GPUCLOUD_DOCKER_DISK_GIB": "0",
+            "GPUCLOUD_DOCKER_EGRESS_BLOCK": "false",
         },
     )
     assert cfg == AgentConfig(
@@ -37,6 +42,26 @@ def test_every_setting_comes_from_the_environment() -> None:
         hostname="h7",
         once=True,
         backoff_cap_s=5.5,
+        docker_publish_address="10.1.2.3",
+        docker_pids_limit=2048,
+        docker_nofile=4096,
+        docker_disk_gib=0,
+        docker_egress_block=False,
+    )
+
+
+def test_container_hardening_defaults_and_flags() -> None:
+    cfg = parse_args([], {"GPUCLOUD_SERVER": "http://a"})
+    assert (cfg.docker_publish_address, cfg.docker_pids_limit, cfg.docker_nofile) == (
+        "127.0.0.1", 4096, 65536,
+    )
+    assert (cfg.docker_disk_gib, cfg.docker_egress_block) == (100, True)
+    cfg = parse_args(
+        ["--docker-egress-block", "off", "--docker-publish-address", "", "--docker-nofile", "2048"],
+        {"GPUCLOUD_SERVER": "http://a"},
+    )
+    assert (cfg.docker_egress_block, cfg.docker_publish_address, cfg.docker_nofile) == (
+        False, "", 2048,
     )
 
 
@@ -64,6 +89,12 @@ def test_flags_override_the_environment() -> None:
         ({}, "GPUCLOUD_SERVER"),
         ({"GPUCLOUD_SERVER": "http://a", "GPUCLOUD_GPU_BACKEND": "cuda"}, "gpu-backend"),
         ({"GPUCLOUD_SERVER": "http://a", "GPUCLOUD_BACKOFF_BASE_S": "0"}, "backoff_base_s"),
+        ({"GPUCLOUD_SERVER": "http://a", "GPUCLOUD_DOCKER_PUBLISH_ADDRESS": "localhost"},
+         "docker-publish-address"),
+        ({"GPUCLOUD_SERVER": "http://a", "GPUCLOUD_DOCKER_PIDS_LIMIT": "0"}, "docker-pids-limit"),
+        ({"GPUCLOUD_SERVER": "http://a", "GPUCLOUD_DOCKER_NOFILE": "10"}, "docker-nofile"),
+        ({"GPUCLOUD_SERVER": "http://a", "GPUCLOUD_DOCKER_EGRESS_BLOCK": "sometimes"},
+         "GPUCLOUD_DOCKER_EGRESS_BLOCK"),
         (
             {
                 "GPUCLOUD_SERVER": "http://a",

@@ -275,6 +275,8 @@ def test_refused_host_token_triggers_a_new_registration(
     assert agent.state is None and load_state(tmp_path, url) is None
     agent.iterate()
     assert len(cp.registrations) == 2 and agent.last_ok
+    # The second registration carries the token it held: its proof of being that host.
+    assert [r.previous_host_token for r in cp.registrations] == [None, "host-token-1"]
 
 
 def test_503_backs_off_keeps_containers_running_then_recovers(

@@ -7,8 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import docker  # noqa: F401  (pinned in requirements.txt: a missing SDK must fail, not skip)
+import pytest
 
-from agents.host.docker import CAP_ADD, DockerRuntime, amd_device_nodes  # noqa: E402
+from agents.host.docker import (  # noqa: E402
+    CAP_ADD,
+    FALLBACK_NETWORK,
+    DockerRuntime,
+    amd_device_nodes,
+    bridge_name,
+    disk_quota_support,
+)
 from agents.protocol import DesiredContainer  # noqa: E402
 
 SPEC = DesiredContainer(
@@ -53,7 +61,9 @@ def test_limits_and_no_privileges() -> None:
     assert not {"SYS_ADMIN", "NET_ADMIN", "NET_RAW", "MKNOD", "SYS_PTRACE"} & set(k["cap_add"])
     assert k["security_opt"] == ["no-new-privileges:true"]
     assert k["network"] == "gpucloud-t-7"
-    assert k["ports"] == {"22/tcp": None}
+    assert k["ports"] == {"22/tcp": ("127.0.0.1",)}  # loopback: only the agent reaches it
+    assert k["ulimits"] == [{"Name": "nofile", "Soft": 65536, "Hard": 65536}]
+    assert "storage_opt" not in k  # no disk limit asked for
     assert k["restart_policy"] == {"Name": "no"}
 
 
@@ -94,3 +104,55 @@ def test_amd_gpus_get_kfd_and_only_their_dri_nodes(tmp_path: Path) -> None:
     ]
     assert "device_requests" not in k
     assert amd_device_nodes("0000:ff:00.0", tmp_path) == []
+
+
+def test_the_host_caps_pids_and_sets_the_publish_address_and_nofile() -> None:
+    k = kwargs(pids_limit=512, nofile=4096, publish_address="10.0.0.5")
+    assert k["pids_limit"] == 512  # the spec asked for 1024: the host's cap wins
+    assert kwargs(pids_limit=8192)["pids_limit"] == 1024  # below the cap: the spec's
+    assert k["ports"] == {"22/tcp": ("10.0.0.5",)}
+    assert k["ulimits"] == [{"Name": "nofile", "Soft": 4096, "Hard": 4096}]
+    assert kwargs(publish_address="")["ports"] == {"22/tcp": None}  # all addresses, if told
+
+
+def test_a_container_without_a_network_goes_on_the_shared_tenant_network() -> None:
+    rt = DockerRuntime(client=object())
+    k = rt.run_kwargs(DesiredContainer(instance_id="c", tenant_id="t", kind="job", image="x"))
+    assert k["network"] == FALLBACK_NETWORK == "gpucloud-tenants"
+
+
+def test_tenant_bridges_share_the_prefix_the_egress_rules_match() -> None:
+    names = {bridge_name(f"gpucloud-t-{i}") for i in range(100)}
+    assert len(names) == 100
+    assert all(n.startswith("gct") and len(n) == 15 for n in names)  # the kernel's limit
+
+
+@pytest.mark.parametrize(
+    ("driver", "backing", "supported"),
+    [
+        ("overlay2", "xfs", True),
+        ("overlay2", "extfs", False),
+        ("vfs", "extfs", False),
+        ("vfs", "xfs", True),
+        ("btrfs", "btrfs", True),
+        ("zfs", "", True),
+        ("fuse-overlayfs", "", False),
+    ],
+)
+def test_which_storage_drivers_take_a_writable_layer_size(
+    driver: str, backing: str, supported: bool
+) -> None:
+    info = {"Driver": driver, "DriverStatus": [["Backing Filesystem", backing]] if backing else []}
+    why = disk_quota_support(info)
+    assert (why is None) == supported
+    if why:
+        assert driver in why
+
+
+def test_a_disk_limit_is_passed_only_once_the_engine_supports_it() -> None:
+    rt = DockerRuntime(client=object(), disk_gib=50)
+    assert rt.disk_quota is None  # not asked yet
+    rt.disk_quota = "applied"
+    assert rt.run_kwargs(SPEC)["storage_opt"] == {"size": "50G"}
+    rt.disk_quota = "not applied: storage driver vfs cannot limit a container's writable layer"
+    assert "storage_opt" not in rt.run_kwargs(SPEC)

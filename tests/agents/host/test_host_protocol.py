@@ -50,6 +50,7 @@ DESIRED = DesiredContainer(
 
 MESSAGES: list[Any] = [
     RegisterRequest("boot", "h1", "0.1.0", "nvml", "docker", 64, 512000, [GPU]),
+    RegisterRequest("boot", "h1", "0.1.0", "nvml", "docker", 64, 512000, [], "gph_previous"),
     RegisterResponse("host-1", "tok", 5.0),
     Heartbeat(
         "host-1",
