@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agents', '0003_host_admin_state_gpu_health_samples_logs'),
+        ('agents', '0004_gpu_mig_enabled'),
     ]
 
     operations = [
