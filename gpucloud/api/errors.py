@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -93,6 +94,7 @@ def handler404(request, exception=None):
     return page_not_found(request, exception)
 
 
+@csrf_exempt  # a POST to an unknown route is a 404, not Django's CSRF page (API clients send no cookie)
 def not_found(request, *args, **kwargs):
     return JsonResponse(error_body("not_found", f"No API route {request.path}."), status=404)
 

@@ -474,7 +474,7 @@ def _new_lines(old: list[str], new: list[str]) -> list[str]:
     return new
 
 
-def _logs(resource: Any, name: str, follow: bool, tail: int, wait_s: float = 10.0) -> None:
+def _logs(resource: Any, name: str, follow: bool, tail: int, wait_s: float = 5.0) -> None:
     with client() as gc:
         res = getattr(gc, resource)
         w = _find(res, name)

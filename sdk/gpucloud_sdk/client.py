@@ -215,7 +215,7 @@ class Client:
             try:
                 response = self._http.request(method, path, params=params or None, json=json, headers=headers)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                if method.upper() in _IDEMPOTENT and attempt < self.max_retries:
+                if method.upper() in _IDEMPOTENT and attempt < min(self.max_retries, 2):
                     self.sleep(self._delay(attempt, None))
                     attempt += 1
                     continue
@@ -228,7 +228,10 @@ class Client:
                 continue
             if response.status_code >= 400:
                 err = errors.ApiError.from_response(response)
-                if lacks and response.status_code == 404 and err.message.startswith("No API route"):
+                no_route = response.status_code == 404 and err.message.startswith("No API route")
+                # an older server may answer an unknown route's POST with its CSRF page (403 HTML)
+                not_api = response.status_code in (403, 404, 405) and err.code == "error"
+                if lacks and (no_route or not_api):
                     raise errors.ServerLacks(f"This server does not support {lacks} yet.", feature=lacks,
                                              status=404, code=err.code, response=response)
                 raise err
