@@ -94,7 +94,7 @@ def handler404(request, exception=None):
     return page_not_found(request, exception)
 
 
-@csrf_exempt  # a POST to an unknown route is a 404, not Django's CSRF page (API clients send no cookie)
+@csrf_exempt  # it changes nothing; a POST to an unknown path is a 404, not a CSRF refusal
 def not_found(request, *args, **kwargs):
     return JsonResponse(error_body("not_found", f"No API route {request.path}."), status=404)
 
@@ -120,6 +120,16 @@ def handler400(request, exception=None):
     from django.views.defaults import bad_request
 
     return bad_request(request, exception)
+
+
+def csrf_failure(request, reason=""):
+    """CSRF_FAILURE_VIEW: the API's error shape under /api/ and /agent/, Django's page elsewhere."""
+    if _is_api(request):
+        message = f"CSRF check failed: {reason} Send an API key (Authorization: Bearer) or the CSRF token."
+        return JsonResponse(error_body("permission_denied", message), status=403)
+    from django.views.csrf import csrf_failure as page
+
+    return page(request, reason)
 
 
 def handler403(request, exception=None):

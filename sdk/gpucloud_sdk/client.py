@@ -233,7 +233,7 @@ class Client:
                 not_api = response.status_code in (403, 404, 405) and err.code == "error"
                 if lacks and (no_route or not_api):
                     raise errors.ServerLacks(f"This server does not support {lacks} yet.", feature=lacks,
-                                             status=404, code=err.code, response=response)
+                                             status=response.status_code, code=err.code, response=response)
                 raise err
             return response
 
