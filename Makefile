@@ -15,10 +15,12 @@ help:
 	@echo "make vendor - refresh the console's browser libraries (htmx, uPlot) from npm"
 
 # The virtualenv is rebuilt whenever requirements.txt changes.
-$(BIN)/.installed: requirements.txt
+# The CLI and SDK (sdk/, a distribution of its own) go in too: $(BIN)/gpucloud.
+$(BIN)/.installed: requirements.txt sdk/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q -e ./sdk
 	touch $@
 
 demo: $(BIN)/.installed

@@ -1,0 +1,3 @@
+from gpucloud_sdk.cli import main
+
+main()
