@@ -45,6 +45,9 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys of your tenant.")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(volumes_app, name="volumes")
 app.add_typer(keys_app, name="keys")
+ssh_keys_app = typer.Typer(no_args_is_help=True,
+                           help="Your SSH public keys: the gateway lets them in to your instances.")
+app.add_typer(ssh_keys_app, name="ssh-keys")
 
 _state: dict[str, Any] = {"profile": None}
 
@@ -333,7 +336,7 @@ def launch(
             vol, sep, path = spec.partition(":")
             if not sep or not path.startswith("/"):
                 fail(EXIT_USAGE, f"--volume wants VOLUME:/path (got {spec!r}).")
-            mounts.append({"volume": gc.volumes.find(vol)["id"], "path": path})
+            mounts.append({"volume": gc.volumes.find(vol)["id"], "mount_path": path})
         region = region or _pick_region(gc, instance_type, spot)
         w = gc.instances.create(
             name=name or f"{instance_type.replace('.', '-')}-{secrets.token_hex(2)}", instance_type=instance_type,
@@ -896,6 +899,50 @@ def keys_rm(name: Annotated[str, typer.Argument(help="Key name, prefix or id.")]
         k = _key(gc, name)
         gc.api_keys.delete(k["id"])
     out.print(f"Deleted {k['name']} ({k['id']}).", highlight=False)
+
+
+# --- ssh keys -------------------------------------------------------------------------------------------
+
+@ssh_keys_app.command("ls")
+def ssh_keys_ls(as_json: JsonOpt = False) -> None:
+    """Your SSH keys in this tenant. Example: `gpucloud ssh-keys ls`"""
+    with client() as gc:
+        items = list(gc.ssh_keys.list())
+    if as_json:
+        emit_json(items)
+        return
+    table(["NAME", "FINGERPRINT", "CREATED", "ID"],
+          ([k["name"], k["fingerprint"], _short(k.get("created_at")), k["id"]] for k in items))
+
+
+@ssh_keys_app.command("add")
+def ssh_keys_add(file: Annotated[Path, typer.Argument(help="A public key file, e.g. ~/.ssh/id_ed25519.pub.")],
+                 name: Annotated[str | None, typer.Option(help="Defaults to the file's name.")] = None,
+                 as_json: JsonOpt = False) -> None:
+    """Add a public key. Example: `gpucloud ssh-keys add ~/.ssh/id_ed25519.pub`"""
+    try:
+        public_key = file.expanduser().read_text().strip()
+    except OSError as exc:
+        fail(EXIT_USAGE, f"Cannot read {file}: {exc.strerror}.")
+    with client() as gc:
+        k = gc.ssh_keys.create(name=name or file.name, public_key=public_key)
+    if as_json:
+        emit_json(k)
+        return
+    out.print(f"Added {k['name']} ({k['fingerprint']}).", highlight=False)
+
+
+@ssh_keys_app.command("rm")
+def ssh_keys_rm(name: Annotated[str, typer.Argument(help="Key name, fingerprint or id.")]) -> None:
+    """Remove a key. Example: `gpucloud ssh-keys rm laptop`"""
+    with client() as gc:
+        items = [k for k in gc.ssh_keys.list() if name in (k["id"], k["name"], k["fingerprint"])]
+        if not items:
+            fail(EXIT_NOT_FOUND, f"No SSH key named {name!r}.")
+        if len(items) > 1:
+            fail(EXIT_USAGE, f"{len(items)} SSH keys match {name!r}: {', '.join(k['id'] for k in items)}; give the id.")
+        gc.ssh_keys.delete(items[0]["id"])
+    out.print(f"Removed {items[0]['name']} ({items[0]['id']}).", highlight=False)
 
 
 # --- entry point ----------------------------------------------------------------------------------------

@@ -156,6 +156,7 @@ class Client:
         self.jobs = Jobs(self, "jobs")
         self.volumes = Volumes(self)
         self.api_keys = ApiKeys(self)
+        self.ssh_keys = SshKeys(self)
         self.members = Members(self)
         self.invitations = Invitations(self)
         self.audit_events = AuditEvents(self)
@@ -396,7 +397,7 @@ class Instances(_Workloads):
                priority: str | None = None, max_price: str | float | None = None,
                volumes: list[dict[str, str]] | None = None) -> Workload:
         """Launch an instance; it answers at once with state `pending`. `volumes` ([{"volume": id,
-        "path": "/data"}]) needs a server with volumes."""
+        "mount_path": "/workspace"}]) needs a server with volumes."""
         body = _body(name=name, instance_type=instance_type, region=region, image=image, command=command,
                      env=env, ports=ports, ssh_keys=ssh_keys, billing=billing, priority=priority,
                      max_price=None if max_price is None else str(max_price), volumes=volumes)
@@ -534,6 +535,29 @@ class ApiKeys(Resource):
     @operation("api_v1_api_keys_revoke_create")
     def revoke(self, id: str) -> Json:
         return self.client.post(f"/api/v1/api-keys/{id}/revoke")  # type: ignore[no-any-return]
+
+
+class SshKeys(Resource):
+    """Your SSH public keys in this tenant: the gateway lets them in to the tenant's instances."""
+
+    path = "ssh-keys"
+
+    @operation("api_v1_ssh_keys_list")
+    def list(self) -> Iterator[Json]:
+        return self._list()
+
+    @operation("api_v1_ssh_keys_retrieve")
+    def get(self, id: str) -> Json:
+        return self._get(id)
+
+    @operation("api_v1_ssh_keys_create")
+    def create(self, *, name: str, public_key: str) -> Json:
+        """Add a key (`ssh-ed25519 AAAA… comment`); the answer carries its `fingerprint`."""
+        return self._create(_body(name=name, public_key=public_key))
+
+    @operation("api_v1_ssh_keys_destroy")
+    def delete(self, id: str) -> None:
+        self._delete(id)
 
 
 class Members(Resource):

@@ -120,6 +120,10 @@ class UnsupportedMediaType(ApiError):
     status_code = 415
 
 
+class PayloadTooLarge(ApiError):
+    """The request body is over the server's limit (MAX_REQUEST_BODY_BYTES)."""
+
+
 class Throttled(ApiError):
     """Too many requests; `retry_after` says when to come back (the client retries by itself)."""
 
@@ -197,15 +201,23 @@ CODES: dict[str, type[ApiError]] = {
     "gpu_in_use": Conflict,
     "host_shrunk": Conflict,
     "host_in_other_region": Conflict,
+    "host_exists": Conflict,
+    "otp_invalid": ValidationError,
+    "verification_invalid": ValidationError,
+    "otp_required": PermissionDenied,
+    "signup_closed": PermissionDenied,
     "unsupported_media_type": UnsupportedMediaType,
+    "request_too_large": PayloadTooLarge,
     "throttled": Throttled,
+    "locked_out": Throttled,
     "server_error": ServerError,
     "service_unavailable": ServiceUnavailable,
 }
 
 _BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest, 401: AuthenticationError, 402: PaymentRequired, 403: PermissionDenied, 404: NotFound,
-    405: MethodNotAllowed, 406: NotAcceptable, 409: Conflict, 415: UnsupportedMediaType, 429: Throttled,
+    405: MethodNotAllowed, 406: NotAcceptable, 409: Conflict, 413: PayloadTooLarge, 415: UnsupportedMediaType,
+    429: Throttled,
     503: ServiceUnavailable,
 }
 

@@ -43,7 +43,7 @@ def cli(tmp_path, live_server):
     return run
 
 
-def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli, sim_host, alice):
+def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli, sim_host, alice, tmp_path):
     sim_host(name="sim-h100-1", model="H100", gpus=8)
 
     # a bad key: exit 1 with the API's message, nothing saved, the key not echoed
@@ -105,6 +105,17 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     assert created.returncode == 0 and created.stdout.strip().splitlines()[-1].startswith("gpc_")
     assert "ci" in [k["name"] for k in json.loads(cli("keys", "ls", "--json").stdout)]
     assert cli("keys", "revoke", "ci").returncode == 0
+
+    # SSH keys: the file's key is added with the fingerprint ssh-keygen gives it, then removed.
+    keyfile = tmp_path / "laptop"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keyfile)], check=True)
+    fingerprint = subprocess.run(["ssh-keygen", "-lf", f"{keyfile}.pub"], capture_output=True, text=True,
+                                 check=True).stdout.split()[1]
+    added = cli("ssh-keys", "add", f"{keyfile}.pub", "--name", "laptop", "--json")
+    assert added.returncode == 0 and json.loads(added.stdout)["fingerprint"] == fingerprint, added.both
+    assert [k["name"] for k in json.loads(cli("ssh-keys", "ls", "--json").stdout)] == ["laptop"]
+    assert cli("ssh-keys", "rm", fingerprint).returncode == 0
+    assert json.loads(cli("ssh-keys", "ls", "--json").stdout) == []
 
 
 def test_exit_codes_of_the_error_paths(cli, alice, catalog):
