@@ -116,7 +116,8 @@ def dcgm_sql() -> str:
     from scheduler.models import Allocation, Workload
 
     pg = connection.vendor == "postgresql"
-    agg = (lambda col: f"string_agg(DISTINCT {col}, ',')") if pg else (lambda col: f"group_concat(DISTINCT {col})")
+    # (no DISTINCT: a workload holds a GPU once; a tenant twice on one GPU is deduplicated in Python)
+    agg = (lambda col: f"string_agg({col}, ',')") if pg else (lambda col: f"group_concat({col})")
     wid = "a.workload_id::text" if pg else "a.workload_id"
     return (
         "SELECT g.uuid, g.index, h.name, m.name, g.memory_mib, g.memory_used_mib, g.utilisation, "
@@ -126,7 +127,7 @@ def dcgm_sql() -> str:
         f"LEFT JOIN (SELECT a.gpu_id, {agg('t.slug')} AS tenants, {agg(wid)} AS workloads "
         f"FROM {Allocation._meta.db_table} a JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
         f"JOIN {Tenant._meta.db_table} t ON t.id = w.tenant_id WHERE a.active GROUP BY a.gpu_id) o "
-        "ON o.gpu_id = g.uuid WHERE g.sampled_at IS NOT NULL ORDER BY h.name, g.index"
+        "ON o.gpu_id = g.uuid WHERE g.sampled_at IS NOT NULL"
     )
 
 
@@ -158,7 +159,7 @@ def dcgm_text(timings: dict[str, float] | None = None) -> str:
         if model not in esc:
             esc[model] = _esc(model)
         if tenants and "," in tenants:
-            tenants = ",".join(sorted(tenants.split(",")))
+            tenants = ",".join(sorted(set(tenants.split(","))))
         if workloads and "," in workloads:
             workloads = ",".join(sorted(workloads.split(",")))
         labels.append(f'{{gpu="{index}",UUID="{_esc(uuid)}",device="nvidia{index}",modelName="{esc[model]}",'
