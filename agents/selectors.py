@@ -323,7 +323,8 @@ _PG_STAT = {"avg": "AVG(v)", "max": "MAX(v)", "min": "MIN(v)",
 def _epoch_sql(col: str, vendor: str) -> str:
     if vendor == "postgresql":
         return f"EXTRACT(EPOCH FROM {col})::float8"
-    return f"((julianday({col}) - 2440587.5) * 86400.0)"
+    # rounded to the millisecond: julianday's float would put a sample on a step's edge in the step before
+    return f"ROUND((julianday({col}) - 2440587.5) * 86400.0, 3)"
 
 
 def _p95(values: list[float]) -> float:
@@ -407,8 +408,11 @@ def workload_series(
         union = (union.replace("gpu_id = ANY(%s)", f"gpu_id IN ({','.join(['%s'] * len(gpus))})")
                  .replace("minute + INTERVAL '59 seconds'", "datetime(minute, '+59 seconds')"))
         params = [*gpus, start - timedelta(seconds=59), cut, *gpus, cut, end]
+        # raw SQL: datetimes as the ORM stores them (naive UTC text), or comparisons go wrong
+        params = [connection.ops.adapt_datetimefield_value(p) if isinstance(p, datetime) else p
+                  for p in params + held_params]
         with connection.cursor() as cur:
-            cur.execute(f"SELECT {bucket} AS b, v FROM ({union}) s WHERE {where} ORDER BY b", params + held_params)
+            cur.execute(f"SELECT {bucket} AS b, v FROM ({union}) s WHERE {where} ORDER BY b", params)
             grouped: dict[float, list[float]] = defaultdict(list)
             for b, v in cur.fetchall():
                 grouped[b].append(v)

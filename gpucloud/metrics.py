@@ -120,7 +120,7 @@ def dcgm_sql() -> str:
     agg = (lambda col: f"string_agg({col}, ',')") if pg else (lambda col: f"group_concat({col})")
     wid = "a.workload_id::text" if pg else "a.workload_id"
     return (
-        "SELECT g.uuid, g.index, h.name, m.name, g.memory_mib, g.memory_used_mib, g.utilisation, "
+        "SELECT g.uuid, g.\"index\", h.name, m.name, g.memory_mib, g.memory_used_mib, g.utilisation, "
         "g.temperature_c, g.power_w, g.ecc_uncorrected, g.unhealthy_reason, o.tenants, o.workloads "
         f"FROM {Gpu._meta.db_table} g JOIN {Host._meta.db_table} h ON h.id = g.host_id "
         f"JOIN {GpuModel._meta.db_table} m ON m.id = g.gpu_model_id "
