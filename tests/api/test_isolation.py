@@ -108,9 +108,10 @@ TENANT_LIST_ROUTES = {
     "invoice-list": Invoice,
     "budget-list": Budget,
 }
-# route name -> (query parameter naming the object, factory): GET with another tenant's id is 404
+# route name -> (query parameter naming the object, factory, other parameters): GET with another
+# tenant's id is 404
 TENANT_QUERY_ROUTES = {
-    "metrics": ("workload", _workload("instance")),
+    "metrics": ("workload", _workload("instance"), {"metric": "gpu_util"}),
 }
 # routes whose answer is about the caller's own tenant, without an object id
 TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup", "balance", "usage"}
@@ -182,9 +183,9 @@ def test_other_tenants_object_answers_404_for_every_method(route, alice, charlie
 def test_another_tenants_object_named_in_the_query_answers_404(route, alice, charlie):
     from django.urls import reverse
 
-    param, factory = TENANT_QUERY_ROUTES[route]
+    param, factory, rest = TENANT_QUERY_ROUTES[route]
     obj = factory(charlie)
-    query = {param: str(obj.pk), "metric": "gpu_util"}
+    query = {param: str(obj.pk), **rest}
     resp = alice.client().get(reverse(route), query)
     assert resp.status_code == 404, resp.content
     assert resp.json()["error"]["code"] == "not_found"
