@@ -452,7 +452,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
         records.append((t, host.decode(), seq, samples))
     records.sort(key=lambda r: r[0])
     hosts: dict[str, list] = {}  # host -> [last seen, seq, time of that seq]
-    gpus: dict[str, list] = {}  # uuid -> [sampled_at, util, mem, idle mode, idle t]
+    gpus: dict[str, list] = {}  # uuid -> [sampled_at, util, mem, idle mode, idle t, temp, power]
     rows: list[tuple] = []
     for t, host, seq, samples in records:
         when = _ts(t)
@@ -464,10 +464,14 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
         for uuid, util, mem_util, mem, temp, power in samples:
             util, mem = _f(util), None if mem is None else max(0, int(mem))
             rows.append((uuid, iso, util, _f(mem_util), mem, _f(temp), _f(power)))
-            g = gpus.setdefault(uuid, [when, None, None, "k", None])
+            g = gpus.setdefault(uuid, [when, None, None, "k", None, None, None])
             g[0] = when
             if mem is not None:
                 g[2] = mem
+            if temp is not None:
+                g[5] = _f(temp)
+            if power is not None:
+                g[6] = _f(power)
             if util is not None:
                 u = min(1.0, max(0.0, util / 100))
                 g[1] = u
@@ -481,7 +485,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
                 else:
                     g[3], g[4] = "c", None
     order = sorted(gpus)
-    g_cols = [order, *([gpus[u][i] for u in order] for i in range(5))]
+    g_cols = [order, *([gpus[u][i] for u in order] for i in range(7))]
     h_order = sorted(hosts)
     h_cols = [h_order, *([hosts[h][i] for h in h_order] for i in range(3))]
     gt, st, ht = Gpu._meta.db_table, GpuSample._meta.db_table, Host._meta.db_table
@@ -525,9 +529,11 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
                     "utilisation = COALESCE(v.util, g.utilisation), "
                     "memory_used_mib = COALESCE(v.mem, g.memory_used_mib), "
                     "idle_since = CASE v.mode WHEN 'k' THEN COALESCE(g.idle_since, v.idle) "
-                    "WHEN 's' THEN v.idle ELSE NULL END "
+                    "WHEN 's' THEN v.idle ELSE NULL END, "
+                    "temperature_c = COALESCE(v.temp, g.temperature_c), power_w = COALESCE(v.power, g.power_w) "
                     "FROM unnest(%s::text[], %s::timestamptz[], %s::float8[], %s::int8[], "
-                    "%s::text[], %s::timestamptz[]) AS v(uuid, t, util, mem, mode, idle) "
+                    "%s::text[], %s::timestamptz[], %s::float8[], %s::float8[]) "
+                    "AS v(uuid, t, util, mem, mode, idle, temp, power) "
                     "WHERE g.uuid = v.uuid AND (g.sampled_at IS NULL OR g.sampled_at <= v.t)",
                     g_cols,
                 )

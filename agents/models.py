@@ -93,6 +93,9 @@ class Gpu(models.Model):
     memory_used_mib = models.PositiveIntegerField(default=0)
     idle_since = models.DateTimeField(null=True, blank=True)
     sampled_at = models.DateTimeField(null=True, blank=True)
+    # ...and its temperature and power, for /metrics (null: never reported).
+    temperature_c = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["host", "index"]

@@ -304,3 +304,145 @@ def regions_that_could_host(instance_type) -> set[str]:
         .values("host_id", "host__region__code").annotate(n=Count("uuid")).filter(n__gte=need)
         .values_list("host__region__code", flat=True)
     )
+
+
+# --- the tenant metrics API (GET /api/v1/metrics) ------------------------------------------
+
+# metric -> (column of GpuSample / GpuSampleMinute, unit); cost_rate comes from the prices.
+SERIES_METRICS: dict[str, tuple[str, str]] = {
+    "gpu_util": ("gpu_util", "percent"),
+    "gpu_mem_used": ("mem_used_mib", "MiB"),
+    "gpu_temp": ("temperature_c", "celsius"),
+    "power": ("power_w", "watts"),
+}
+SERIES_STATS = ("avg", "max", "min", "p95")
+_PG_STAT = {"avg": "AVG(v)", "max": "MAX(v)", "min": "MIN(v)",
+            "p95": "percentile_cont(0.95) WITHIN GROUP (ORDER BY v)"}
+
+
+def _epoch_sql(col: str, vendor: str) -> str:
+    if vendor == "postgresql":
+        return f"EXTRACT(EPOCH FROM {col})::float8"
+    # rounded to the millisecond: julianday's float would put a sample on a step's edge in the step before
+    return f"ROUND((julianday({col}) - 2440587.5) * 86400.0, 3)"
+
+
+def _p95(values: list[float]) -> float:
+    """percentile_cont(0.95): linear interpolation between the closest ranks."""
+    s = sorted(values)
+    pos = 0.95 * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def workload_series(
+    *, workload: Workload, metric: str, stat: str, start: datetime, end: datetime, step: int,
+    now: datetime | None = None,
+) -> dict:
+    """One series of `workload`: `metric` per `step` seconds from `start` to `end`, as `stat`.
+
+    GPU metrics: the statistic over every sample of the GPUs it held (each only while it
+    held it) in the step: the 1-minute roll-ups up to the last rolled-up minute, the raw
+    samples after it (the last minute or two, which the roll-up has not reached yet; all of
+    a range within the raw retention when `step` is under a minute). One query.
+    `cost_rate`: the hourly price (billing's, for its instance type, region and billing kind)
+    in force at each step while it held GPUs in that step, else 0; `stat` does not apply.
+    Precondition: `workload` was read through a tenant-scoped selector.
+    """
+    from django.db import connection
+
+    now = now or timezone.now()
+    end = min(end, now)
+    spans = list(
+        Allocation.objects.filter(workload=workload, created_at__lte=end)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gte=start))
+        .values_list("gpu_id", "created_at", "released_at").order_by("id")
+    )
+    out = {"workload": workload.pk, "metric": metric, "stat": stat, "from": start, "to": end, "step": step}
+    first = int(start.timestamp()) // step * step
+
+    def at(bucket: float) -> datetime:
+        return datetime.fromtimestamp(int(bucket), tz=timezone.get_current_timezone())
+
+    if metric == "cost_rate":
+        out["unit"] = f"{settings.BILLING_CURRENCY}/hour"
+        out["points"] = _cost_points(workload, spans, first, end, step, now, at)
+        return out
+    col, out["unit"] = SERIES_METRICS[metric]
+    if not spans:
+        out["points"] = []
+        return out
+    gpus = sorted({g for g, _, _ in spans})
+    vendor = connection.vendor
+    raw_from = now - timedelta(seconds=settings.GPU_SAMPLE_RAW_RETENTION_S)
+    if step < 60 and start >= raw_from - timedelta(seconds=60):
+        cut = start  # all raw
+    else:
+        last = (GpuSampleMinute.objects.filter(gpu_id__in=gpus, minute__gte=start - timedelta(seconds=59))
+                .order_by("-minute").values_list("minute", flat=True).first())
+        cut = max(start, last + timedelta(seconds=60)) if last else max(start, raw_from)
+    held_sql, held_params = [], []
+    for gpu, created, released in spans:
+        held_sql.append("(gpu_id = %s AND t >= %s" + (" AND at <= %s)" if released else ")"))
+        held_params += [gpu, created] + ([released] if released else [])
+    minute_t, raw_t = GpuSampleMinute._meta.db_table, GpuSample._meta.db_table
+    # A row covers [at, t]: a raw sample one instant, a minute row [minute, minute + 59 s]; it
+    # counts while it overlaps a hold of its GPU.
+    union = (
+        f"SELECT gpu_id, minute + INTERVAL '59 seconds' AS t, minute AS at, {col} AS v FROM {minute_t} "
+        f"WHERE gpu_id = ANY(%s) AND minute >= %s AND minute < %s AND {col} IS NOT NULL "
+        f"UNION ALL SELECT gpu_id, time AS t, time AS at, {col} AS v FROM {raw_t} "
+        f"WHERE gpu_id = ANY(%s) AND time >= %s AND time <= %s AND {col} IS NOT NULL"
+    )
+    params = [gpus, start - timedelta(seconds=59), cut, gpus, cut, end]
+    bucket = f"FLOOR({_epoch_sql('at', vendor)} / {int(step)}) * {int(step)}"
+    where = " OR ".join(held_sql)
+    if vendor == "postgresql":
+        sql = (f"SELECT {bucket} AS b, {_PG_STAT[stat]} FROM ({union}) s WHERE {where} "
+               "GROUP BY b ORDER BY b")
+        with connection.cursor() as cur:
+            cur.execute(sql, params + held_params)
+            rows = cur.fetchall()
+    else:  # SQLite (the demo): no arrays, intervals or percentiles; the demo's few rows in Python
+        union = (union.replace("gpu_id = ANY(%s)", f"gpu_id IN ({','.join(['%s'] * len(gpus))})")
+                 .replace("minute + INTERVAL '59 seconds'", "datetime(minute, '+59 seconds')"))
+        params = [*gpus, start - timedelta(seconds=59), cut, *gpus, cut, end]
+        # raw SQL: datetimes as the ORM stores them (naive UTC text), or comparisons go wrong
+        params = [connection.ops.adapt_datetimefield_value(p) if isinstance(p, datetime) else p
+                  for p in params + held_params]
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT {bucket} AS b, v FROM ({union}) s WHERE {where} ORDER BY b", params)
+            grouped: dict[float, list[float]] = defaultdict(list)
+            for b, v in cur.fetchall():
+                grouped[b].append(v)
+        agg = {"avg": lambda v: sum(v) / len(v), "max": max, "min": min, "p95": _p95}[stat]
+        rows = [(b, agg(v)) for b, v in sorted(grouped.items())]
+    out["points"] = [{"t": at(b), "value": _round(v)} for b, v in rows if b >= first]
+    return out
+
+
+def _cost_points(workload: Workload, spans: list, first: int, end: datetime, step: int, now: datetime,
+                 at) -> list[dict]:
+    from gpucloud.catalogue.models import Price
+
+    holds = [(c.timestamp(), (r or now).timestamp()) for _, c, r in spans]
+    prices = list(
+        Price.objects.filter(instance_type_id=workload.instance_type_id, region_id=workload.region_id,
+                             kind=workload.billing, effective_from__lte=end)
+        .order_by("effective_from").values_list("effective_from", "per_hour")
+    )
+    points = []
+    b = first
+    last = end.timestamp()
+    while b <= last:
+        lo, hi = b, b + step
+        overlap = [max(lo, s) for s, e in holds if s < hi and e >= lo]
+        value = 0.0
+        if overlap:
+            when = min(overlap)
+            in_force = [p for t, p in prices if t.timestamp() <= when]
+            value = float(in_force[-1]) if in_force else 0.0
+        points.append({"t": at(b), "value": round(value, 4)})
+        b += step
+    return points

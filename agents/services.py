@@ -514,6 +514,10 @@ def _apply_samples(
             g.idle_since = (g.idle_since or now) if g.utilisation < IDLE_BELOW else None
         if s.mem_used_mib is not None:
             g.memory_used_mib = max(0, s.mem_used_mib)
+        if s.temperature_c is not None:
+            g.temperature_c = s.temperature_c
+        if s.power_w is not None:
+            g.power_w = s.power_w
         fault = gpu_fault(s, g.ecc_uncorrected)
         if s.ecc_uncorrected is not None:
             g.ecc_uncorrected = max(0, s.ecc_uncorrected)
@@ -549,6 +553,8 @@ _MEASURED: Final = (
     ("utilisation", "float8"),
     ("idle_since", "timestamptz"),
     ("memory_used_mib", "int8"),
+    ("temperature_c", "float8"),
+    ("power_w", "float8"),
 )
 
 

@@ -20,7 +20,8 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import send_mail
 
-from gpucloud.lib.outbound import OutboundError, outbound_post
+from gpucloud.lib import promstore
+from gpucloud.lib.outbound import OutboundError, OutboundRefused, outbound_post
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import Membership, Tenant
 
@@ -54,14 +55,21 @@ def webhook_post(*, url: str, secret: str, payload: dict[str, Any]) -> None:
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", "User-Agent": "gpucloud-webhooks/1",
                SIGNATURE_HEADER: sign(secret=secret, timestamp=int(time.time()), body=body)}
+    outcome = "failed"
     try:
         resp = outbound_post(url, body=body, headers=headers, timeout_s=settings.BILLING_WEBHOOK_TIMEOUT_S)
+        if 300 <= resp.status < 400:
+            raise DeliveryError(f"{url} answered {resp.status} (redirects are not followed)")
+        if not 200 <= resp.status < 300:
+            raise DeliveryError(f"{url} answered {resp.status}")
+        outcome = "ok"
+    except OutboundRefused:
+        outcome = "refused"
+        raise
     except OutboundError as exc:
         raise DeliveryError(f"{url}: {exc}") from exc
-    if 300 <= resp.status < 400:
-        raise DeliveryError(f"{url} answered {resp.status} (redirects are not followed)")
-    if not 200 <= resp.status < 300:
-        raise DeliveryError(f"{url} answered {resp.status}")
+    finally:
+        promstore.Batch().inc("gpucloud_webhook_deliveries", (outcome,)).send()
 
 
 def tenant_admin_emails(*, tenant: Tenant) -> list[str]:

@@ -97,6 +97,9 @@ class LaunchForm(forms.Form):
                                      help_text="Batch jobs: how often a failed run starts again.")
     timeout_s = forms.IntegerField(label="Timeout (seconds)", required=False, min_value=1,
                                    help_text="Batch jobs: stop a run that takes longer.")
+    auto_stop_idle_minutes = forms.IntegerField(
+        label="Stop when idle for (minutes)", required=False, min_value=1,
+        help_text="Instances: stop it once every GPU has been under 5 % busy this long; empty: never.")
 
     # API field -> form field, for errors the serializer or the service reports.
     FIELD_MAP = {"billing": "spot"}
@@ -143,6 +146,8 @@ class LaunchForm(forms.Form):
         }
         if d.get("max_price") is not None:
             body["max_price"] = str(d["max_price"])
+        if d.get("kind") != "job" and d.get("auto_stop_idle_minutes"):
+            body["auto_stop_idle_minutes"] = d["auto_stop_idle_minutes"]
         if d.get("kind") == "job":
             body["max_retries"] = d.get("max_retries") or 0
             if d.get("timeout_s"):

@@ -22,6 +22,8 @@ app.conf.beat_schedule = {
     "allocations-audit": {"task": "scheduler.tasks.allocations_audit_task", "schedule": 60.0},
     # Host liveness: silent hosts go DOWN, work on hosts DOWN past the grace period is LOST.
     "hosts-liveness": {"task": "agents.tasks.hosts_liveness_task", "schedule": 5.0},
+    # Instances launched with auto_stop_idle_minutes stop once every GPU has idled that long.
+    "idle-autostop": {"task": "scheduler.tasks.idle_autostop_task", "schedule": 60.0},
     # Heartbeats answered from Redis (agents/fastpath.py): samples and liveness -> PostgreSQL.
     "heartbeats-flush": {"task": "agents.tasks.heartbeats_flush_task", "schedule": 1.0,
                          "options": {"expires": 10}},

@@ -20,6 +20,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F
 from django.utils import timezone
 
+from gpucloud.lib import promstore
 from scheduler import core, snapshot
 from scheduler.apply import ApplyResult, apply
 from scheduler.choices import HOLDING, State
@@ -150,6 +151,25 @@ def _apply_retrying(plan: core.Plan, cycle: snapshot.CycleInput, now: datetime,
     raise AssertionError("unreachable")
 
 
+def _record_metrics(stats: CycleStats, cycle: snapshot.CycleInput, plan: core.Plan | None,
+                    now: datetime) -> None:
+    """Phase durations, placements, preemptions and queue waits into Redis (`/metrics`)."""
+    region = str(stats.region_id)
+    batch = promstore.Batch()
+    for phase, seconds in (("load", stats.load_s), ("plan", stats.plan_s), ("apply", stats.apply_s)):
+        if phase == "load" or plan is not None:
+            batch.observe("gpucloud_scheduler_cycle_phase_seconds", (region, phase), seconds)
+    batch.inc("gpucloud_scheduler_placements", (region,), stats.apply.placed)
+    batch.inc("gpucloud_scheduler_preemptions", (region,), stats.apply.preempt_notices)
+    if plan is not None and stats.apply.placed:
+        placed = {d.request_id for d in plan.decisions if isinstance(d, core.Place)}
+        for r in cycle.queue:
+            if r.request_id in placed:
+                batch.observe("gpucloud_scheduler_queue_wait_seconds", (region, r.priority),
+                              max(0.0, now.timestamp() - r.submitted_at))
+    batch.send()
+
+
 def _cycle(region_id: int, now: datetime) -> CycleStats:
     stats = CycleStats(region_id=region_id, ran=True)
     t0 = time.perf_counter()
@@ -161,12 +181,14 @@ def _cycle(region_id: int, now: datetime) -> CycleStats:
     stats.gpus = sum(len(h.gpus) for h in cycle.snapshot.hosts)
     t1 = time.perf_counter()
     stats.load_s = t1 - t0
+    plan = None
     if cycle.queue or cycle.snapshot.allocations:
         plan = core.plan(cycle.snapshot, cycle.queue, policy_for(region_id), now=now.timestamp())
         t2 = time.perf_counter()
         stats.plan_s = t2 - t1
         stats.apply = _apply_retrying(plan, cycle, now, stats)
         stats.apply_s = time.perf_counter() - t2
+    _record_metrics(stats, cycle, plan, now)
     logger.info(
         "cycle region=%s pending=%d placed=%d conflicts=%d waiting=%d rejected=%d notices=%d "
         "load_ms=%.1f plan_ms=%.1f apply_ms=%.1f",

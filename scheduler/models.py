@@ -44,6 +44,8 @@ class Workload(models.Model):
     max_retries = models.PositiveSmallIntegerField(default=0)
     retries = models.PositiveSmallIntegerField(default=0)
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    # Instances: stopped after this many minutes with every GPU idle (agents.services.IDLE_BELOW).
+    auto_stop_idle_minutes = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     # lifecycle
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)

@@ -22,6 +22,17 @@ def workload_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
     )
 
 
+def workload_get(*, tenant: Tenant, pk) -> Workload:
+    """One of `tenant`'s own workloads (instance or job, not deleted), or NotFoundError: another
+    tenant's is as absent as one that never existed."""
+    from gpucloud.lib.errors import NotFoundError
+
+    workload = Workload.objects.for_tenant(tenant).filter(pk=pk, deleted_at__isnull=True).first()
+    if workload is None:
+        raise NotFoundError("No such workload.")
+    return workload
+
+
 def workload_detail_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
     return workload_list(tenant=tenant, kind=kind).prefetch_related(
         Prefetch("events", queryset=WorkloadEvent.objects.order_by("created_at", "id"))

@@ -54,6 +54,7 @@ class WorkloadSpec:
     max_retries: int = 0
     timeout_s: int | None = None
     max_price: Decimal | None = None  # spot only: preempted when the spot price passes it
+    auto_stop_idle_minutes: int | None = None  # instances only: stop after this long with idle GPUs
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
@@ -118,6 +119,7 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
         image=spec.image, command=spec.command, env=spec.env, ports=spec.ports, ssh_keys=spec.ssh_keys,
         billing=spec.billing, priority=spec.priority, queue=spec.queue, nodes=spec.nodes,
         max_retries=spec.max_retries, timeout_s=spec.timeout_s, max_price=spec.max_price, state=State.PENDING,
+        auto_stop_idle_minutes=spec.auto_stop_idle_minutes,
         reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
     )
     _record(workload, "", State.PENDING, "submitted", now).save()

@@ -36,3 +36,11 @@ def schedule_tick_task() -> None:
 @shared_task(ignore_result=True)
 def allocations_audit_task() -> dict:
     return allocations_audit()
+
+
+@shared_task(ignore_result=True)
+def idle_autostop_task() -> int:
+    """Stop instances idle longer than their `auto_stop_idle_minutes` (scheduler/autostop.py)."""
+    from scheduler.autostop import instances_idle_stop
+
+    return instances_idle_stop()

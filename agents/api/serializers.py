@@ -12,7 +12,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from agents.protocol import LOG_TAIL_MAX_LINES
-from agents.selectors import MAX_POINTS
+from agents.selectors import MAX_POINTS, SERIES_METRICS, SERIES_STATS
 from gpucloud.api.serializers import StrictSerializer
 
 
@@ -77,3 +77,56 @@ class LogsSerializer(serializers.Serializer):
     pending = serializers.BooleanField(
         help_text="a fresher tail was asked of the agent; ask again after its next heartbeat"
     )
+
+
+class SeriesQuerySerializer(StrictSerializer):
+    """GET /api/v1/metrics: one series of one of the tenant's workloads."""
+
+    workload = serializers.UUIDField(help_text="an instance's or a job's id")
+    metric = serializers.ChoiceField(choices=[*SERIES_METRICS, "cost_rate"])
+    stat = serializers.ChoiceField(choices=list(SERIES_STATS), required=False, default="avg",
+                                   help_text="per step, over the samples of the workload's GPUs")
+    # `from` is a Python keyword: the field is declared below under its query parameter name.
+    to = serializers.DateTimeField(required=False, help_text="ISO 8601; default: now")
+    step = serializers.IntegerField(required=False, default=60, min_value=5, max_value=86400,
+                                    help_text="seconds per point")
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.DateTimeField(required=False, help_text="ISO 8601; default: an hour before `to`")
+        return fields
+
+    def validate(self, data):
+        now = timezone.now()
+        end = data.get("to") or now
+        start = data.get("from") or end - timedelta(hours=1)
+        if start >= end:
+            raise serializers.ValidationError({"from": ["Must be before `to`."]})
+        if start > now:
+            raise serializers.ValidationError({"from": ["Must not be in the future."]})
+        if (end - start).total_seconds() / data["step"] > MAX_POINTS:
+            raise serializers.ValidationError(
+                {"step": [f"Too many points: at most {MAX_POINTS} per series; use a larger step."]}
+            )
+        data["from"], data["to"] = start, end
+        return data
+
+
+class SeriesPointSerializer(serializers.Serializer):
+    t = serializers.DateTimeField(help_text="start of the step")
+    value = serializers.FloatField(allow_null=True)
+
+
+class SeriesSerializer(serializers.Serializer):
+    workload = serializers.UUIDField()
+    metric = serializers.ChoiceField(choices=[*SERIES_METRICS, "cost_rate"])
+    stat = serializers.ChoiceField(choices=list(SERIES_STATS))
+    unit = serializers.CharField(help_text="percent, MiB, celsius, watts, or <currency>/hour")
+    step = serializers.IntegerField()
+    points = SeriesPointSerializer(many=True, help_text="steps with no samples are left out (cost_rate: 0)")
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.DateTimeField()
+        fields["to"] = serializers.DateTimeField()
+        return fields

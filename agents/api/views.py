@@ -13,6 +13,7 @@ view below, which is the synchronous path and the only one that writes errors.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -41,6 +42,7 @@ from agents.selectors import host_by_token, host_desired_containers, host_logs_r
 from agents.services import host_heartbeat, host_register
 from gpucloud.api.parsers import AgentJSONParser
 from gpucloud.api.throttling import AtomicRateThrottle
+from gpucloud.lib import promstore
 from gpucloud.lib.errors import InvalidInput
 from gpucloud.lib.http import client_ip
 from gpucloud.tenancy.audit import Actor, acting_as
@@ -198,6 +200,17 @@ _heartbeat_api = HostHeartbeatApi.as_view()
 
 @csrf_exempt
 def host_heartbeat_view(request):
+    """POST /agent/v1/heartbeat, counted and timed for `/metrics` (gpucloud.lib.promstore)."""
+    t0 = time.perf_counter()
+    response = _host_heartbeat(request)
+    if request.method == "POST" and response.status_code == 200:
+        path = getattr(request, "heartbeat_path", "slow")
+        (promstore.Batch().inc("gpucloud_heartbeats", (path,))
+         .observe("gpucloud_heartbeat_seconds", (path,), time.perf_counter() - t0).send())
+    return response
+
+
+def _host_heartbeat(request):
     """POST /agent/v1/heartbeat: the fast path, else the synchronous DRF view.
 
     Only a heartbeat the fast path fully accepts is answered here (200, the cached
@@ -217,6 +230,7 @@ def host_heartbeat_view(request):
             return _heartbeat_api(request)  # 401
         reply = fastpath.beat(parsed, host_id=str(host.pk))
     if int(reply[0]) == fastpath.FAST:
+        request.heartbeat_path = "fast"
         return HttpResponse(reply[1], content_type="application/json")
     claim = fastpath.claim_of(reply, parsed)
     claim.host = host

@@ -8,7 +8,8 @@ a run is reproducible.
   utilisation follows the containers the ``SimRuntime`` runs on them.
 * ``SimRuntime``: fake containers. A job labelled ``gpucloud.sim.duration_s`` exits after
   that many (clock) seconds with ``gpucloud.sim.exit_code`` (default 0); instances run
-  until stopped. It refuses a start that would over-book a GPU (shares above 1000 milli),
+  until stopped. A container's env ``GPUCLOUD_SIM_GPU_UTIL`` (0..100) sets its GPU load
+  (a random 55..100 % otherwise). It refuses a start that would over-book a GPU (shares above 1000 milli),
   which turns a scheduler bug into a visible start error in end-to-end simulations.
 """
 
@@ -28,6 +29,9 @@ from agents.protocol import GpuInfo, GpuSample, ObservedContainer
 
 LABEL_SIM_DURATION: Final = "gpucloud.sim.duration_s"
 LABEL_SIM_EXIT_CODE: Final = "gpucloud.sim.exit_code"
+# A container's env may set how hard it drives its GPUs, 0..100 (percent): tests and the demo
+# drive utilisation with it (0: idle, for idle auto-stop). Without it the load is random.
+ENV_SIM_GPU_UTIL: Final = "GPUCLOUD_SIM_GPU_UTIL"
 
 _NAMESPACE = uuidlib.UUID("6f1c9a52-3d7e-4b8a-9c0e-2f5d8e1a7b34")
 
@@ -57,6 +61,16 @@ def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _sim_load(given: str | None, rng: random.Random) -> float:
+    """A container's GPU load 0..1: its GPUCLOUD_SIM_GPU_UTIL percent, else random 0.55..1."""
+    if given is not None:
+        try:
+            return min(1.0, max(0.0, float(given) / 100))
+        except ValueError:
+            pass
+    return 0.55 + 0.45 * rng.random()
 
 
 # --- runtime ----------------------------------------------------------------------------
@@ -139,7 +153,7 @@ class SimRuntime:
             ends_at=now + float(duration) if duration is not None else None,
             exit_code_on_end=int(spec.labels.get(LABEL_SIM_EXIT_CODE, "0")),
             host_ports=ports,
-            load=0.55 + 0.45 * self._rng.random(),
+            load=_sim_load(spec.env.get(ENV_SIM_GPU_UTIL), self._rng),
         )
         c.log.append(f"started {spec.image} {' '.join(spec.command)}".rstrip())
         self._containers[spec.instance_id] = c

@@ -44,6 +44,7 @@ urlpatterns = [
     path("quotas", catalogue.QuotaApi.as_view(), name="quotas"),
     path("balance", billing.BalanceApi.as_view(), name="balance"),
     path("usage", billing.UsageApi.as_view(), name="usage"),
+    path("metrics", scheduler.SeriesApi.as_view(), name="metrics"),
     *router.urls,
     # Unknown API paths answer in the API's error shape, also with DEBUG on.
     re_path(r"^.*$", not_found, name="api-not-found"),

@@ -62,6 +62,11 @@ class WorkloadCreateSerializer(StrictSerializer):
                   "is preempted with the usual notice",
     )
 
+    auto_stop_idle_minutes = serializers.IntegerField(
+        min_value=5, max_value=7 * 24 * 60, required=False, allow_null=True,
+        help_text="stop the instance after this many minutes with every GPU idle (under 5 % utilisation)",
+    )
+
     def validate(self, attrs: dict) -> dict:
         if attrs.get("max_price") is not None and attrs.get("billing") != Billing.SPOT:
             raise serializers.ValidationError({"max_price": ["Only spot instances carry a max price."]})
@@ -93,6 +98,7 @@ class WorkloadCreateSerializer(StrictSerializer):
 
 
 class JobCreateSerializer(WorkloadCreateSerializer):
+    auto_stop_idle_minutes = None  # instances only: a job ends by itself
     queue = serializers.RegexField(r"^[a-z0-9][a-z0-9-]*$", max_length=64, default="default")
     nodes = serializers.IntegerField(min_value=1, max_value=64, default=1,
                                      help_text="hosts for a multi-node job, placed all or nothing")
@@ -133,8 +139,8 @@ class WorkloadSerializer(serializers.ModelSerializer):
         model = Workload
         fields = ["id", "name", "kind", "state", "reason", "queue_position", "instance_type", "region",
                   "image", "command", "env", "ports", "ssh_keys", "billing", "priority", "max_price", "host",
-                  "hosts", "gpus", "gpu_share_milli", "hourly_cost", "cost_so_far", "created_at", "started_at",
-                  "ended_at", "stop_by"]
+                  "hosts", "gpus", "gpu_share_milli", "hourly_cost", "cost_so_far", "auto_stop_idle_minutes",
+                  "created_at", "started_at", "ended_at", "stop_by"]
         read_only_fields = fields
         list_serializer_class = CostedListSerializer
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import django_filters
 from django.db import transaction
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status
 from rest_framework.decorators import action
@@ -11,7 +12,7 @@ from rest_framework.response import Response
 from agents import selectors as agent_selectors
 from agents import services as agent_services
 from agents.api import serializers as agent_s
-from gpucloud.api.views import TenantViewSet
+from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from scheduler import selectors, services
 from scheduler.api import serializers as s
@@ -133,3 +134,34 @@ class JobViewSet(_WorkloadViewSet):
     serializer_class = s.JobSerializer
     detail_serializer = s.JobDetailSerializer
     create_serializer = s.JobCreateSerializer
+
+
+class SeriesApi(TenantMixin, ApiView):
+    """One metric of one of your workloads over time, for charts (the console's, yours)."""
+
+    permission_map = {"get": perms.WORKLOADS_READ}
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("workload", OpenApiTypes.UUID, required=True,
+                             description="the id of one of your instances or jobs"),
+            OpenApiParameter("metric", str, required=True,
+                             enum=["gpu_util", "gpu_mem_used", "gpu_temp", "power", "cost_rate"]),
+            OpenApiParameter("stat", str, enum=["avg", "max", "min", "p95"],
+                             description="per step over its GPUs' samples (default avg); not for cost_rate"),
+            OpenApiParameter("from", OpenApiTypes.DATETIME,
+                             description="ISO 8601; default: an hour before `to`"),
+            OpenApiParameter("to", OpenApiTypes.DATETIME, description="ISO 8601; default: now"),
+            OpenApiParameter("step", int, description="seconds per point, 5..86400 (default 60); "
+                             "at most 1440 points"),
+        ],
+        responses=agent_s.SeriesSerializer, operation_id="metrics_retrieve",
+    )
+    def get(self, request):
+        q = agent_s.SeriesQuerySerializer(data=request.query_params.dict())
+        q.is_valid(raise_exception=True)
+        d = q.validated_data
+        workload = selectors.workload_get(tenant=self.tenant, pk=d["workload"])
+        data = agent_selectors.workload_series(workload=workload, metric=d["metric"], stat=d["stat"],
+                                               start=d["from"], end=d["to"], step=d["step"])
+        return Response(agent_s.SeriesSerializer(data).data)

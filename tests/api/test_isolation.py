@@ -120,6 +120,11 @@ TENANT_LIST_ROUTES = {
     "budget-list": Budget,
     "ssh-key-list": SshKey,
 }
+# route name -> (query parameter naming the object, factory, other parameters): GET with another
+# tenant's id is 404
+TENANT_QUERY_ROUTES = {
+    "metrics": ("workload", _workload("instance"), {"metric": "gpu_util"}),
+}
 # routes whose answer is about the caller's own tenant, without an object id
 TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup", "balance", "usage"}
 # the public catalogue, the same for everybody
@@ -145,7 +150,8 @@ def api_routes():
 
 def test_every_route_is_covered():
     names = {name for name, _ in api_routes()}
-    covered = set(TENANT_OBJECT_ROUTES) | set(TENANT_LIST_ROUTES) | TENANT_SELF_ROUTES | PUBLIC_ROUTES
+    covered = (set(TENANT_OBJECT_ROUTES) | set(TENANT_LIST_ROUTES) | set(TENANT_QUERY_ROUTES)
+               | TENANT_SELF_ROUTES | PUBLIC_ROUTES)
     assert names - covered == set(), "add the new routes to the isolation tables"
     assert covered - names == set(), "stale names in the isolation tables"
 
@@ -183,6 +189,19 @@ def test_other_tenants_object_answers_404_for_every_method(route, alice, charlie
     # ...and the owner still reaches it: the 404 was isolation, not a broken route.
     if "get" in actions:
         assert charlie.client().get(url).status_code == 200
+
+
+@pytest.mark.parametrize("route", sorted(TENANT_QUERY_ROUTES))
+def test_another_tenants_object_named_in_the_query_answers_404(route, alice, charlie):
+    from django.urls import reverse
+
+    param, factory, rest = TENANT_QUERY_ROUTES[route]
+    obj = factory(charlie)
+    query = {param: str(obj.pk), **rest}
+    resp = alice.client().get(reverse(route), query)
+    assert resp.status_code == 404, resp.content
+    assert resp.json()["error"]["code"] == "not_found"
+    assert charlie.client().get(reverse(route), query).status_code == 200
 
 
 @pytest.mark.parametrize("route", sorted(TENANT_LIST_ROUTES))

@@ -118,6 +118,11 @@ def test_launch_queues_an_instance_audited_as_the_user_with_their_address(alice,
     assert (event.actor_user, event.source_ip) == (alice.user, "203.0.113.7")
 
 
+def test_launch_carries_idle_auto_stop_for_instances(alice, catalog):
+    signed_in(alice).post("/console/launch/", {**LAUNCH, "auto_stop_idle_minutes": "45"})
+    assert Workload.objects.get().auto_stop_idle_minutes == 45
+
+
 BAD_LAUNCHES = [  # (change to a good form, the field to blame, the message: the API's own words)
     ({"image": "Not An Image!"}, "image", "Not a container image reference."),
     ({"ports": "22, http"}, "ports", "A valid integer is required."),
@@ -126,6 +131,7 @@ BAD_LAUNCHES = [  # (change to a good form, the field to blame, the message: the
     ({"env": "no equals sign"}, "env", "Line 1 is not KEY=value."),
     ({"ssh_keys": "not a key"}, "ssh_keys", "Not an OpenSSH public key"),
     ({"name": ""}, "name", "This field is required."),
+    ({"auto_stop_idle_minutes": "2"}, "auto_stop_idle_minutes", "greater than or equal to 5"),
     ({"instance_type": "h100.1x", "region": "ap-northeast-1", "spot": "on", "max_price": "0.0001"},
      "max_price", "Below the current spot price"),
 ]

@@ -42,6 +42,7 @@
       const job = form.querySelector("input[name=kind]:checked");
       const isJob = job && job.value === "job";
       show("#field-max_retries", isJob); show("#field-timeout_s", isJob);
+      show("#field-auto_stop_idle_minutes", !isJob);
       const spot = form.querySelector("input[name=spot]");
       show("#field-max_price", spot && spot.checked);
     };

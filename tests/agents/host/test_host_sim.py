@@ -122,3 +122,16 @@ def test_lost_gpu_and_fatal_xid_are_unhealthy() -> None:
     assert not s[0].healthy and s[0].error == "GPU is lost"
     assert not s[1].healthy and s[1].xid_events == [79]
     assert s[2].healthy
+
+
+def test_a_containers_env_sets_its_gpu_utilisation() -> None:
+    rt = SimRuntime(clock=Clock())
+    gpus = SimGpuBackend(model="H100", count=3, hostname="u", runtime=rt)
+    idle, busy, _ = gpus.uuids
+    for iid, uuid, util in (("idle", idle, "0"), ("busy", busy, "40")):
+        s = spec(iid, [uuid])
+        s.env["GPUCLOUD_SIM_GPU_UTIL"] = util
+        rt.run(s)
+    by = {s.uuid: s.gpu_util for s in gpus.sample()}
+    assert by[idle] is not None and by[idle] < 5
+    assert by[busy] is not None and 37 <= by[busy] <= 43
