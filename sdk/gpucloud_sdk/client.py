@@ -171,6 +171,7 @@ class Client:
         self.invoices = Invoices(self)
         self.budgets = Budgets(self)
         self.spot_prices = SpotPrices(self)
+        self.metrics = Metrics(self)
 
     # context manager
     def __enter__(self) -> Client:
@@ -778,6 +779,18 @@ class SpotPrices(Resource):
     def list(self, *, instance_type: str | None = None, region: str | None = None,
              since: str | None = None) -> Iterator[Json]:
         return self._list(instance_type=instance_type, region=region, since=since)
+
+
+class Metrics(Resource):
+    """Time series of one of your workloads (minute roll-ups plus the raw recent samples)."""
+
+    @operation("metrics_retrieve")
+    def series(self, workload: str, metric: str, *, stat: str | None = None, start: str | None = None,
+               end: str | None = None, step: int | None = None) -> Json:
+        """`metric`: gpu_util, gpu_mem_used, gpu_temp, power or cost_rate; `stat`: avg, max, min or p95;
+        `start`/`end` ISO 8601 (the API's `from`/`to`), `step` seconds per point."""
+        params = {"workload": workload, "metric": metric, "stat": stat, "from": start, "to": end, "step": step}
+        return self.client.get("/api/v1/metrics", **{k: v for k, v in params.items() if v is not None})
 
 
 def _body(**fields: Any) -> Json:
