@@ -21,6 +21,7 @@ from gpucloud.tenancy.models import AuditEvent, Membership
 from scheduler.choices import State
 from scheduler.services import workload_transition
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
+from tests.aio import run_in_own_loop
 from tests.conftest import make_actor
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -184,4 +185,4 @@ def test_pty_resize_and_port_forwarding_through_the_ssh_protocol(running, alice,
             assert await reader.readexactly(10) == b"through -L"  # the sim's echo server
             writer.close()
 
-    asyncio.run(asyncio.wait_for(main(), 20))
+    run_in_own_loop(main(), 20)

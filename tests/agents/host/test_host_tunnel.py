@@ -13,10 +13,11 @@ from agents.host import mux as m
 from agents.host.sim import SimRuntime
 from agents.host.tunnel import AgentTunnel, FakeShell, SimConnector, _Demux
 from agents.protocol import DesiredContainer
+from tests.aio import run_in_own_loop
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 20))
+    return run_in_own_loop(coro, 20)
 
 
 def pair(on_open=None):
