@@ -11,6 +11,7 @@ an expiry (`routes.py`), refreshed while the tunnel is up.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import time
@@ -104,7 +105,7 @@ class Gateway:
     async def serve(self, stop: asyncio.Event) -> None:
         ssh = await asyncssh.create_server(
             lambda: _SshServer(self), self.config.bind, self.config.ssh_port,
-            server_host_keys=[self.host_key], process_factory=self._process,
+            server_host_keys=[self.host_key],
             encoding=None, line_editor=False, allow_scp=False, agent_forwarding=False,
             x11_forwarding=False, keepalive_interval=15,
         )
@@ -337,6 +338,31 @@ class Gateway:
             await self.finish_session(session)
 
 
+class _Process(asyncssh.SSHServerProcess[bytes]):
+    """A session whose `sftp` subsystem is ours to run, not asyncssh's own SFTP server.
+
+    Given a `process_factory`, asyncssh accepts the sftp subsystem only with an
+    `sftp_factory` (its SFTP server on the gateway's own disk): clients got "subsystem
+    request failed". Here it reaches `Gateway._process` like any session, which runs the
+    image's sftp-server (or says there is none).
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(gateway._process, None, 3, False)
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return subsystem == "sftp"
+
+    def session_started(self) -> None:
+        assert self._chan is not None and self._conn is not None
+        stdin = asyncssh.SSHReader[bytes](self, self._chan)
+        stdout = asyncssh.SSHWriter[bytes](self, self._chan)
+        stderr = asyncssh.SSHWriter[bytes](self, self._chan, asyncssh.constants.EXTENDED_DATA_STDERR)
+        handler = self._start_process(stdin, stdout, stderr)
+        if inspect.isawaitable(handler):
+            self._conn.create_task(handler, stdin.logger)
+
+
 class _SshServer(asyncssh.SSHServer):
     """Authentication: public keys only, checked against the control plane's rules."""
 
@@ -378,6 +404,9 @@ class _SshServer(asyncssh.SSHServer):
             await self.gateway.forward(grant, dest_port, source, reader, writer)
 
         return handler
+
+    def session_requested(self) -> asyncssh.SSHServerSession[bytes]:
+        return _Process(self.gateway)
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no -R: nothing listens on the gateway for a tenant
