@@ -46,6 +46,7 @@ from frontend.forms import (
     SignUpForm,
     SshKeyForm,
 )
+from gateway.public import connect_hints
 from gpucloud.catalogue.selectors import (
     gpu_model_list,
     instance_type_list,
@@ -423,7 +424,8 @@ def _live_context(request, workload) -> dict:
     return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations,
             "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
             "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
-            and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1]}
+            and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1],
+            "connect": connect_hints(workload)}
 
 
 @console_view(read=perms.WORKLOADS_READ)
