@@ -99,6 +99,7 @@ class Gateway:
         self.tunnel_port = config.tunnel_port
         self.host_key = load_host_key(config.host_key_path)
         self.ready = asyncio.Event()
+        self.wakes_sent = 0
 
     # ------------------------------------------------------------------ running
 
@@ -118,11 +119,13 @@ class Gateway:
                         self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port,
                         self.host_key.get_fingerprint())
             recheck = asyncio.ensure_future(self._recheck_loop())
+            wakes = asyncio.ensure_future(self.routes.listen_wakes(self.wake))
             self.ready.set()
             try:
                 await stop.wait()
             finally:
                 recheck.cancel()
+                wakes.cancel()
                 ssh.close()
                 for session in list(self.sessions.values()):
                     self._end(session, "gateway shutting down")
@@ -153,6 +156,7 @@ class Gateway:
             old.shutdown("replaced by a newer tunnel")
         self.tunnels[host_id] = mux
         await self.routes.claim(host_id)
+        await self.routes.watch(host_id, True)
         self.tunnel_changed.set()
         logger.info("tunnel up: host %s", host_id)
         refresh = asyncio.ensure_future(self._refresh_route(host_id, mux))
@@ -166,6 +170,7 @@ class Gateway:
             if self.tunnels.get(host_id) is mux:
                 del self.tunnels[host_id]
                 await self.routes.release(host_id)
+                await self.routes.watch(host_id, False)
             logger.info("tunnel down: host %s", host_id)
 
     async def _refresh_route(self, host_id: str, mux: m.Mux) -> None:
@@ -174,10 +179,15 @@ class Gateway:
             await self.routes.claim(host_id)
 
     async def wake(self, host_id: str) -> bool:
+        """Tell the host's agent to heartbeat now (its desired state changed)."""
         mux = self.tunnels.get(host_id)
         if mux is None:
             return False
-        await mux.wake()
+        try:
+            await mux.wake()
+        except Exception:  # the tunnel is going down: its agent heartbeats on reconnect anyway
+            return False
+        self.wakes_sent += 1
         return True
 
     # ------------------------------------------------------------------ sessions

@@ -33,12 +33,13 @@ def keypair(tmp_path, name):
 
 
 class GatewayThread:
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, **config):
         self.loop = asyncio.new_event_loop()
         self.gw = None
         self._stop = None
         self._started = threading.Event()
-        self.config = GatewayConfig(ssh_port=0, tunnel_port=0, host_key_path=tmp_path / "gw_key", recheck_s=0.5)
+        self.config = GatewayConfig(ssh_port=0, tunnel_port=0, host_key_path=tmp_path / "gw_key", recheck_s=0.5,
+                                    **config)
         self.thread = threading.Thread(target=self._main, daemon=True)
         self.thread.start()
         assert self._started.wait(10)
