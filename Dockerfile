@@ -6,7 +6,7 @@ COPY requirements.txt .
 RUN pip install -r requirements.txt
 COPY . .
 RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
-RUN useradd --system --home /app gpucloud && mkdir -p /app/var && chown gpucloud /app/var
+RUN useradd --system --home /app gpucloud && mkdir -p /app/var/gateway && chown -R gpucloud /app/var
 USER gpucloud
 EXPOSE 8000
 # Threaded workers: a heartbeat on the fast path waits on Redis, not the CPU (docs/benchmarks.md).

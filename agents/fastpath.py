@@ -24,6 +24,8 @@ a stale answer. Callers: scheduler.services workload_transition / workloads_tran
 (any move of work that holds GPUs: placement, start, stop, release), host registration
 (token rotation, inventory), going DOWN, a GPU marked healthy, a log request. Entries
 also expire after FASTPATH_MAX_AGE_S, a backstop for a change made behind these hooks.
+After commit the same hook publishes a wake-up per host (`gateway:wake:<host>`), which the
+gateway replica holding the host's tunnel forwards as a WAKE frame (docs/connect.md).
 
 Buffered heartbeats (`buf`) are written to PostgreSQL by `heartbeats_flush` (the beat
 task `agents.tasks.heartbeats_flush_task`, every second, and before the liveness check
@@ -205,7 +207,8 @@ def hosts_changed(*, host_ids: Iterable[UUID | str]) -> None:
     """
     if not enabled():
         return
-    keys = sorted({f"{_prefix()}v:{h}" for h in host_ids})
+    hosts = sorted({str(h) for h in host_ids})
+    keys = [f"{_prefix()}v:{h}" for h in hosts]
     if not keys:
         return
 
@@ -219,9 +222,31 @@ def hosts_changed(*, host_ids: Iterable[UUID | str]) -> None:
             # Entries expire after FASTPATH_MAX_AGE_S: stale at worst until then.
             logger.exception("heartbeat cache invalidation failed keys=%s", keys)
 
+    def bump_and_wake() -> None:
+        bump()
+        _wake(host_ids=hosts)
+
     bump()
     if transaction.get_connection().in_atomic_block:
-        transaction.on_commit(bump)
+        transaction.on_commit(bump_and_wake)
+    else:
+        _wake(host_ids=hosts)
+
+
+def _wake(*, host_ids: list[str]) -> None:
+    """Publish a wake-up per host (after commit): the gateway replica holding a host's
+    tunnel sends its agent a WAKE frame, and the agent heartbeats at once instead of at
+    its next interval (placements start, stops stop, log requests are answered sooner).
+    Best effort: a host without a tunnel, or a lost message, waits for its interval."""
+    from gateway.routes import wake_channel
+
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        for h in host_ids:
+            pipe.publish(wake_channel(h), b"1")
+        pipe.execute()
+    except redis.RedisError:
+        logger.exception("wake-up publish failed hosts=%d", len(host_ids))
 
 
 def workloads_changed(*, workload_ids: Iterable[UUID | str]) -> None:

@@ -43,6 +43,7 @@ from frontend.forms import (
     RoleForm,
     SshKeyForm,
 )
+from gateway.public import connect_hints
 from gpucloud.catalogue.selectors import (
     gpu_model_list,
     instance_type_list,
@@ -386,7 +387,8 @@ def _live_context(request, workload) -> dict:
     return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations,
             "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
             "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
-            and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1]}
+            and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1],
+            "connect": connect_hints(workload)}
 
 
 @console_view(read=perms.WORKLOADS_READ)

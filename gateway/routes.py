@@ -1,4 +1,4 @@
-"""The tunnel routing table: which gateway replica holds each host's tunnel.
+"""The tunnel routing table (which gateway replica holds each host's tunnel) and wake-ups.
 
 In Redis (`gateway:route:<host id>` → replica name) with an expiry, refreshed while the
 tunnel is up, so a replica that dies stops being named within `ttl_s`. Without Redis (the
@@ -6,7 +6,22 @@ demo's single gateway) the table is this process's own dict.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
 import redis.asyncio as aioredis
+
+logger = logging.getLogger(__name__)
+
+WAKE_PREFIX = "gateway:wake:"
+
+
+def wake_channel(host_id: str) -> str:
+    """The Redis pub/sub channel on which the control plane says "this host's desired state
+    changed" (agents.fastpath.hosts_changed, after commit); the replica holding the host's
+    tunnel listens on it and sends the agent a WAKE frame, so it heartbeats at once."""
+    return f"{WAKE_PREFIX}{host_id}"
 
 
 class Routes:
@@ -16,6 +31,8 @@ class Routes:
         self.replica = replica
         self._redis = aioredis.from_url(redis_url) if redis_url else None
         self._local: dict[str, str] = {}
+        self._pubsub: aioredis.client.PubSub | None = None
+        self._watched: set[str] = set()
 
     @staticmethod
     def key(host_id: str) -> str:
@@ -43,5 +60,49 @@ class Routes:
         return value.decode() if value else None
 
     async def close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None  # tunnels closing after this unsubscribe nothing
+        if pubsub is not None:
+            await pubsub.aclose()
         if self._redis is not None:
             await self._redis.aclose()
+
+    # ------------------------------------------------------------------ wake-ups
+
+    async def listen_wakes(self, wake: Callable[[str], Awaitable[object]]) -> None:
+        """Forward wake-ups for the hosts this replica holds (subscribed in `watch`) to
+        `wake(host id)`, until cancelled. Redis errors: logged, then retried."""
+        if self._redis is None:
+            return
+        while True:
+            try:
+                if self._pubsub is None:
+                    self._pubsub = self._redis.pubsub()
+                    # Always one subscription (the replica's own), so reading never fails
+                    # for want of one; the hosts' channels come and go with their tunnels.
+                    await self._pubsub.subscribe(f"{WAKE_PREFIX}replica:{self.replica}",
+                                                 *(wake_channel(h) for h in self._watched))
+                msg = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is not None and msg.get("type") == "message":
+                    channel = msg["channel"].decode()
+                    await wake(channel[len(WAKE_PREFIX):])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("wake-up listener failed; resubscribing")
+                pubsub, self._pubsub = self._pubsub, None
+                if pubsub is not None:
+                    await pubsub.aclose()
+                await asyncio.sleep(1.0)
+
+    async def watch(self, host_id: str, on: bool) -> None:
+        """Listen (or stop listening) for `host_id`'s wake-ups: while its tunnel is here."""
+        self._watched = self._watched | {host_id} if on else self._watched - {host_id}
+        if self._pubsub is None:
+            return  # subscribed when the listener (re)connects
+        try:
+            if on:
+                await self._pubsub.subscribe(wake_channel(host_id))
+            else:
+                await self._pubsub.unsubscribe(wake_channel(host_id))
+        except Exception:
+            logger.exception("wake-up subscription for host %s failed", host_id)

@@ -11,6 +11,7 @@ an expiry (`routes.py`), refreshed while the tunnel is up.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import time
@@ -98,13 +99,14 @@ class Gateway:
         self.tunnel_port = config.tunnel_port
         self.host_key = load_host_key(config.host_key_path)
         self.ready = asyncio.Event()
+        self.wakes_sent = 0
 
     # ------------------------------------------------------------------ running
 
     async def serve(self, stop: asyncio.Event) -> None:
         ssh = await asyncssh.create_server(
             lambda: _SshServer(self), self.config.bind, self.config.ssh_port,
-            server_host_keys=[self.host_key], process_factory=self._process,
+            server_host_keys=[self.host_key],
             encoding=None, line_editor=False, allow_scp=False, agent_forwarding=False,
             x11_forwarding=False, keepalive_interval=15,
         )
@@ -117,11 +119,13 @@ class Gateway:
                         self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port,
                         self.host_key.get_fingerprint())
             recheck = asyncio.ensure_future(self._recheck_loop())
+            wakes = asyncio.ensure_future(self.routes.listen_wakes(self.wake))
             self.ready.set()
             try:
                 await stop.wait()
             finally:
                 recheck.cancel()
+                wakes.cancel()
                 ssh.close()
                 for session in list(self.sessions.values()):
                     self._end(session, "gateway shutting down")
@@ -152,6 +156,7 @@ class Gateway:
             old.shutdown("replaced by a newer tunnel")
         self.tunnels[host_id] = mux
         await self.routes.claim(host_id)
+        await self.routes.watch(host_id, True)
         self.tunnel_changed.set()
         logger.info("tunnel up: host %s", host_id)
         refresh = asyncio.ensure_future(self._refresh_route(host_id, mux))
@@ -165,6 +170,7 @@ class Gateway:
             if self.tunnels.get(host_id) is mux:
                 del self.tunnels[host_id]
                 await self.routes.release(host_id)
+                await self.routes.watch(host_id, False)
             logger.info("tunnel down: host %s", host_id)
 
     async def _refresh_route(self, host_id: str, mux: m.Mux) -> None:
@@ -173,10 +179,15 @@ class Gateway:
             await self.routes.claim(host_id)
 
     async def wake(self, host_id: str) -> bool:
+        """Tell the host's agent to heartbeat now (its desired state changed)."""
         mux = self.tunnels.get(host_id)
         if mux is None:
             return False
-        await mux.wake()
+        try:
+            await mux.wake()
+        except Exception:  # the tunnel is going down: its agent heartbeats on reconnect anyway
+            return False
+        self.wakes_sent += 1
         return True
 
     # ------------------------------------------------------------------ sessions
@@ -337,6 +348,31 @@ class Gateway:
             await self.finish_session(session)
 
 
+class _Process(asyncssh.SSHServerProcess[bytes]):
+    """A session whose `sftp` subsystem is ours to run, not asyncssh's own SFTP server.
+
+    Given a `process_factory`, asyncssh accepts the sftp subsystem only with an
+    `sftp_factory` (its SFTP server on the gateway's own disk): clients got "subsystem
+    request failed". Here it reaches `Gateway._process` like any session, which runs the
+    image's sftp-server (or says there is none).
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(gateway._process, None, 3, False)
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return subsystem == "sftp"
+
+    def session_started(self) -> None:
+        assert self._chan is not None and self._conn is not None
+        stdin = asyncssh.SSHReader[bytes](self, self._chan)
+        stdout = asyncssh.SSHWriter[bytes](self, self._chan)
+        stderr = asyncssh.SSHWriter[bytes](self, self._chan, asyncssh.constants.EXTENDED_DATA_STDERR)
+        handler = self._start_process(stdin, stdout, stderr)
+        if inspect.isawaitable(handler):
+            self._conn.create_task(handler, stdin.logger)
+
+
 class _SshServer(asyncssh.SSHServer):
     """Authentication: public keys only, checked against the control plane's rules."""
 
@@ -378,6 +414,9 @@ class _SshServer(asyncssh.SSHServer):
             await self.gateway.forward(grant, dest_port, source, reader, writer)
 
         return handler
+
+    def session_requested(self) -> asyncssh.SSHServerSession[bytes]:
+        return _Process(self.gateway)
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # no -R: nothing listens on the gateway for a tenant

@@ -90,7 +90,7 @@ def test_demo_stays_up_under_load_and_restarts_a_killed_worker(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
     env.update(DJANGO_SETTINGS_MODULE="gpucloud.settings", DEBUG="1", GPUCLOUD_VAR_DIR=str(tmp_path),
                PORT=str(port), API_RATE_LIMIT="100000/min", AGENT_HEARTBEAT_INTERVAL_S="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", GATEWAY_SSH_PORT=str(free_port()), GATEWAY_TUNNEL_PORT=str(free_port()))
     manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
     t0 = time.monotonic()
     log = tmp_path / "demo.log"
@@ -106,10 +106,29 @@ def test_demo_stays_up_under_load_and_restarts_a_killed_worker(tmp_path: Path):
         assert made.returncode == 0, made.stderr
         api = Api(f"http://127.0.0.1:{port}", made.stdout.strip().splitlines()[-1])
         print(f"\nsoak: the demo is up after {time.monotonic() - t0:.1f} s")
-        procs = wait_for(lambda: c if len(c := children(demo.pid)) == 6 else None, 60, "six children")
+        # worker, beat, web, gateway and three agents
+        procs = wait_for(lambda: c if len(c := children(demo.pid)) == 7 else None, 60, "seven children")
         # Warm up: one instance through the whole path (API -> broker -> worker -> agent).
         first = api.launch("warm-up", "h100.1x")
         wait_for(lambda: api.state(first) == "running", 120, "the first instance runs", 0.5)
+        # The demo's gateway: the printed ssh line works (OpenSSH into the sim's fake shell).
+        assert f"ssh -p {env['GATEWAY_SSH_PORT']} <instance id>@127.0.0.1" in log.read_text()
+        key = tmp_path / "id_demo"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
+        resp = api.call("POST", "/api/v1/ssh-keys", json={"name": "soak", "public_key": Path(f"{key}.pub").read_text()})
+        assert resp.status_code == 201, resp.text
+        assert api.call("GET", f"/api/v1/instances/{first}").json()["connect"]["ssh"] == \
+            f"ssh -p {env['GATEWAY_SSH_PORT']} {first}@127.0.0.1"
+
+        def ssh_hello():
+            out = subprocess.run(
+                ["ssh", "-p", env["GATEWAY_SSH_PORT"], "-i", str(key), "-o", "IdentitiesOnly=yes",
+                 "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                 "-o", "LogLevel=ERROR",
+                 f"{first}@127.0.0.1", "echo hello-$((6*7)); exit 3"], capture_output=True, text=True, timeout=30)
+            return out if out.returncode != 255 else None  # 255: the agent's tunnel not up yet
+        out = wait_for(ssh_hello, 60, "ssh through the demo's gateway", 0.5)
+        assert (out.stdout, out.returncode) == ("hello-42\n", 3), out.stderr
         assert api.call("POST", f"/api/v1/instances/{first}/stop").status_code == 200
 
         # Load: each client launches an instance, waits until it runs, stops it, waits until it

@@ -130,16 +130,25 @@ class DockerConnector:
         raw: socket.socket = getattr(sock_io, "_sock", sock_io)
         raw.setblocking(False)
 
+        # Resizes are applied in order with the input: keystrokes that follow a window
+        # change (`stty size`) reach the process only once the change is applied, and the
+        # first size before anything is typed (fire-and-forget lost that race: 0 0).
+        resizing: list[asyncio.Future[None]] = []
+
         def resize(cols: int, rows: int) -> None:
-            loop.run_in_executor(None, lambda: _quiet(api.exec_resize, exec_id, height=rows, width=cols))
+            resizing.append(loop.run_in_executor(
+                None, lambda: _quiet(api.exec_resize, exec_id, height=rows, width=cols)))
 
         if tty:
             stream.on_resize = resize
             resize(int(p.get("cols") or 80), int(p.get("rows") or 24))
+            await resizing.pop()
         await stream.mux.accept(stream)
 
         async def to_container() -> None:
             while data := await stream.read():
+                while resizing:
+                    await resizing.pop(0)
                 await loop.sock_sendall(raw, data)
             try:
                 raw.shutdown(socket.SHUT_WR)  # stdin EOF for `ssh host cmd < file`

@@ -181,6 +181,36 @@ class WorkloadDetailSerializer(WorkloadSerializer):
         read_only_fields = fields
 
 
+class ConnectSerializer(serializers.Serializer):
+    """How to reach a RUNNING instance through the gateway (docs/connect.md); every field is
+    null (and `urls` empty) before it runs and after it ends."""
+
+    ssh = serializers.CharField(allow_null=True, help_text="the command to run, e.g. `ssh -p 2222 <id>@<host>`")
+    ssh_host = serializers.CharField(allow_null=True, help_text="the gateway's public host name")
+    ssh_port = serializers.IntegerField(allow_null=True, help_text="the gateway's public SSH port")
+    ssh_user = serializers.CharField(allow_null=True, help_text="the user name: the instance id")
+    host_key_fingerprint = serializers.CharField(
+        allow_null=True, help_text="the gateway's SSH host key, `SHA256:…` as `ssh` prints it; null until "
+                                   "the gateway has started once")
+    urls = serializers.DictField(child=serializers.CharField(),
+                                 help_text="published port → URL through the gateway's HTTP proxy "
+                                           "(empty: the proxy is not built yet)")
+
+
+class InstanceDetailSerializer(WorkloadDetailSerializer):
+    connect = serializers.SerializerMethodField()
+
+    class Meta(WorkloadDetailSerializer.Meta):
+        fields = [*WorkloadDetailSerializer.Meta.fields, "connect"]
+        read_only_fields = fields
+
+    @extend_schema_field(ConnectSerializer)
+    def get_connect(self, obj) -> dict:
+        from gateway.public import connect_hints
+
+        return connect_hints(obj)
+
+
 _JOB_FIELDS = ["queue", "nodes", "max_retries", "retries", "timeout_s", "exit_code"]
 
 

@@ -111,7 +111,7 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
 
 
 @extend_schema_view(create=extend_schema(
-    request=s.WorkloadCreateSerializer, responses={201: s.WorkloadDetailSerializer},
+    request=s.WorkloadCreateSerializer, responses={201: s.InstanceDetailSerializer},
     description="Launch an instance. It answers at once with state `pending`; the scheduler places it.",
 ))
 class InstanceViewSet(_WorkloadViewSet):
@@ -119,7 +119,7 @@ class InstanceViewSet(_WorkloadViewSet):
 
     kind = WorkloadKind.INSTANCE
     serializer_class = s.WorkloadSerializer
-    detail_serializer = s.WorkloadDetailSerializer
+    detail_serializer = s.InstanceDetailSerializer
     create_serializer = s.WorkloadCreateSerializer
 
 

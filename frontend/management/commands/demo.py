@@ -1,7 +1,8 @@
 """`make demo`: the whole platform on one laptop, on embedded defaults.
 
 Migrates, seeds the catalogue and demo accounts, starts a Celery worker and beat
-on the embedded SQLite broker (gpucloud/lib/broker.py), serves the web app, starts
+on the embedded SQLite broker (gpucloud/lib/broker.py), serves the web app, starts the
+SSH gateway (`python -m gateway`, docs/connect.md; the agents tunnel to it), starts
 simulated GPU hosts (real agents with the sim GPU backend and sim runtime, each with its
 own state dir under var/agents/ and a fresh one-time bootstrap token), restarts any of
 them that dies (gpucloud/lib/supervisor.py: exponential backoff, capped), and stops
@@ -47,8 +48,11 @@ def _sim_hosts(port: int) -> list[tuple[str, list[str], dict[str, str]]]:
                 "--gpu-backend", "sim", "--runtime", "sim", "--sim-model", model,
                 "--sim-gpus", str(count), "--sim-seed", str(seed), "--hostname", name,
                 "--state-dir", str(settings.VAR_DIR / "agents" / name), "--log-level", "WARNING"]
-        # Through the environment, so the token does not show in `ps`.
-        out.append((f"agent {name}", argv, {"GPUCLOUD_BOOTSTRAP_TOKEN": secret}))
+        # Through the environment, so the token does not show in `ps`. Each agent keeps a
+        # tunnel to the demo's gateway: `ssh` into its instances reaches the sim's fake shell.
+        out.append((f"agent {name}", argv, {
+            "GPUCLOUD_BOOTSTRAP_TOKEN": secret,
+            "GPUCLOUD_GATEWAY_URL": f"ws://127.0.0.1:{settings.GATEWAY_TUNNEL_PORT}/tunnel"}))
     return out
 
 
@@ -72,6 +76,8 @@ def _processes(port: int) -> list[tuple[str, list[str]]]:
         ("beat", [py, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel=WARNING",
                   "--schedule", beat_schedule]),
         ("web", [py, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"]),
+        # SSH into instances (GATEWAY_SSH_PORT) and the agents' tunnels (GATEWAY_TUNNEL_PORT).
+        ("gateway", [py, "-m", "gateway"]),
     ]
 
 
@@ -112,6 +118,9 @@ class Command(BaseCommand):
             self.stdout.write(f"API docs:       {url}/api/docs/")
             hosts = ", ".join(f"{name} ({count}x {model})" for name, model, count in SIM_HOSTS)
             self.stdout.write(f"GPU hosts:      {hosts} in {SIM_REGION} (simulated)")
+            self.stdout.write(f"ssh:            ssh -p {settings.GATEWAY_PUBLIC_SSH_PORT} <instance id>@"
+                              f"{settings.GATEWAY_PUBLIC_HOST}  (a key saved under Settings > SSH keys; "
+                              "a simulated instance answers with a fake shell)")
             call_command("demo_setup")  # prints the logins again, below the URL
             self.stdout.write("Ctrl-C stops everything; a process that dies is restarted.\n")
             self.stdout.flush()

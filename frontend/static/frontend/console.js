@@ -141,6 +141,17 @@
     }
   }
 
+  // Copy buttons (the connection hints): delegated, so buttons swapped in by htmx work too.
+  document.addEventListener("click", (e) => {
+    const button = e.target.closest && e.target.closest("button[data-copy]");
+    if (!button || !navigator.clipboard) return;
+    navigator.clipboard.writeText(button.dataset.copy).then(() => {
+      const label = button.textContent;
+      button.textContent = "Copied";
+      setTimeout(() => { button.textContent = label; }, 1500);
+    }, () => { /* clipboard refused: the text stays selectable */ });
+  });
+
   function setup(root) { setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); }
   document.addEventListener("DOMContentLoaded", () => { setupInvitation(); setup(document); });
   document.addEventListener("htmx:load", (e) => setup(e.target));
