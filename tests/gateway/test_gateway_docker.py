@@ -42,6 +42,7 @@ from gpucloud.catalogue.services import price_set
 from scheduler.choices import State
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload
+from tests.aio import run_in_own_loop
 from tests.agents.test_agent_api import triggered  # noqa: F401 - a fixture, used by name
 from tests.agents.test_docker_runtime import BUSYBOX
 from tests.gateway.test_gateway_ssh import GatewayThread, keypair, ssh
@@ -191,7 +192,7 @@ def test_ssh_pty_resize_forwarding_and_sftp_into_a_busybox_container(connected, 
             proc.stdin.write(b"exit 4\r")
             assert (await proc.wait()).exit_status == 4
     try:
-        asyncio.run(asyncio.wait_for(interactive(), 15))
+        run_in_own_loop(interactive(), 15)
     except TimeoutError:
         raise AssertionError(seen) from None
 
