@@ -14,7 +14,6 @@ Every wait is bounded.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
 import secrets
@@ -42,9 +41,9 @@ from gpucloud.catalogue.services import price_set
 from scheduler.choices import State
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload
-from tests.aio import run_in_own_loop
 from tests.agents.test_agent_api import triggered  # noqa: F401 - a fixture, used by name
 from tests.agents.test_docker_runtime import BUSYBOX
+from tests.aio import run_in_own_loop
 from tests.gateway.test_gateway_ssh import GatewayThread, keypair, ssh
 
 pytestmark = pytest.mark.django_db(transaction=True)
