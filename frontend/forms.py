@@ -55,6 +55,14 @@ class SignUpForm(forms.Form):
         return {k: v for k, v in self.cleaned_data.items() if v or k != "name"}
 
 
+def _as_int(text: str) -> int | str:
+    """A number typed into a text box, as the API's JSON wants it; other text is left for it to refuse."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
@@ -130,7 +138,7 @@ class LaunchForm(forms.Form):
         body = {
             "name": d["name"], "instance_type": d["instance_type"], "region": d["region"],
             "image": d["image"], "command": d.get("command") or "", "env": d["env_dict"],
-            "ports": [p.strip() for p in (d.get("ports") or "").replace(" ", ",").split(",") if p.strip()],
+            "ports": [_as_int(p.strip()) for p in (d.get("ports") or "").replace(" ", ",").split(",") if p.strip()],
             "ssh_keys": keys, "billing": "spot" if d.get("spot") else "on_demand",
         }
         if d.get("max_price") is not None:
@@ -192,7 +200,7 @@ class BudgetForm(forms.Form):
     def api_data(self) -> dict:
         d = dict(self.cleaned_data)
         d["monthly_amount"] = str(d["monthly_amount"])
-        thresholds = [t.strip() for t in (d.pop("thresholds") or "").split(",") if t.strip()]
+        thresholds = [_as_int(t.strip()) for t in (d.pop("thresholds") or "").split(",") if t.strip()]
         if thresholds:
             d["thresholds"] = thresholds
         return d

@@ -149,13 +149,17 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "gpucloud.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "gpucloud.api.filters.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_THROTTLE_CLASSES": ["gpucloud.api.throttling.PerKeyThrottle"],
     "DEFAULT_THROTTLE_RATES": {"per_key": env_str("API_RATE_LIMIT", "600/min")},
     "EXCEPTION_HANDLER": "gpucloud.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The API speaks JSON only, as its schema says: a form or multipart body is a 415, not a
+    # second dialect in which "" means null and a list is one repeated field.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

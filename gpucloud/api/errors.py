@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -25,28 +26,52 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
-def _flatten(detail: Any) -> Any:
-    """DRF's ErrorDetail trees -> plain lists of strings, nested dicts kept."""
+def _messages(detail: Any) -> list[str]:
+    return [str(d) for d in detail] if isinstance(detail, list) else [str(detail)]
+
+
+def _field_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's ErrorDetail trees -> {field path: [messages]}, always one level deep.
+
+    A nested field is named by its path, as the agent protocol names them: a list item
+    `ssh_keys[0]`, a dict key or a nested serializer's field `env.HOME`, `items[1].name`.
+    So `fields` has one shape whatever the serializer, and the schema can say it.
+    """
     if isinstance(detail, dict):
-        return {str(k): _flatten(v) for k, v in detail.items()}
-    if isinstance(detail, list):
-        if all(not isinstance(d, (dict, list)) for d in detail):
-            return [str(d) for d in detail]
-        return [_flatten(d) for d in detail]
-    return [str(detail)]
+        out: dict[str, list[str]] = {}
+        for key, value in detail.items():
+            if isinstance(key, int):  # ListField errors are keyed by the item's index
+                name = f"{prefix}[{key}]"
+            else:
+                name = f"{prefix}.{key}" if prefix else str(key)
+            out.update(_field_errors(value, name))
+        return out
+    if isinstance(detail, list) and any(isinstance(d, (dict, list)) for d in detail):
+        # a list serializer's errors: one entry per item, empty for the items that are fine
+        out = {}
+        for index, item in enumerate(detail):
+            if isinstance(item, (dict, list)):
+                out.update(_field_errors(item, f"{prefix}[{index}]"))
+            elif item:
+                out.setdefault(prefix, []).append(str(item))
+        return out
+    return {prefix: _messages(detail)}
 
 
 def _validation_response(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any]]:
     detail = exc.detail
     if isinstance(detail, dict):
-        fields = _flatten(detail)
+        fields = _field_errors(detail)
         general = fields.pop("non_field_errors", None)
         if general:
             return "; ".join(general), fields
         names = ", ".join(sorted(fields))
         return f"Invalid input in: {names}.", fields
-    messages = _flatten(detail)
-    return "; ".join(m if isinstance(m, str) else str(m) for m in messages), {}
+    if isinstance(detail, list) and all(not isinstance(d, (dict, list)) for d in detail):
+        return "; ".join(_messages(detail)), {}
+    fields = _field_errors(detail)
+    general = fields.pop("", [])
+    return "; ".join(general) or f"Invalid input in: {', '.join(sorted(fields))}.", fields
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -93,6 +118,7 @@ def handler404(request, exception=None):
     return page_not_found(request, exception)
 
 
+@csrf_exempt  # an unknown route is a 404 for every method, not the CSRF failure page
 def not_found(request, *args, **kwargs):
     return JsonResponse(error_body("not_found", f"No API route {request.path}."), status=404)
 
