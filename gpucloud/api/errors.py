@@ -26,52 +26,40 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
-def _messages(detail: Any) -> list[str]:
-    return [str(d) for d in detail] if isinstance(detail, list) else [str(detail)]
+def _messages(detail: Any, path: str, field: str) -> list[str]:
+    """The messages under `detail`, each one below the field itself led by its path.
 
-
-def _field_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
-    """DRF's ErrorDetail trees -> {field path: [messages]}, always one level deep.
-
-    A nested field is named by its path, as the agent protocol names them: a list item
-    `ssh_keys[0]`, a dict key or a nested serializer's field `env.HOME`, `items[1].name`.
-    So `fields` has one shape whatever the serializer, and the schema can say it.
+    `fields` keeps one shape, {input field: [strings]}, whatever the serializer: a nested
+    problem stays under its top-level field and says where it is, as the agent protocol
+    names places: `ssh_keys[0]: Ensure this field...`, `env.HOME: Not a valid string.`
     """
     if isinstance(detail, dict):
-        out: dict[str, list[str]] = {}
+        out: list[str] = []
         for key, value in detail.items():
-            if isinstance(key, int):  # ListField errors are keyed by the item's index
-                name = f"{prefix}[{key}]"
-            else:
-                name = f"{prefix}.{key}" if prefix else str(key)
-            out.update(_field_errors(value, name))
+            # ListField errors are keyed by the item's index, a nested serializer's by field name
+            out += _messages(value, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}", field)
         return out
     if isinstance(detail, list) and any(isinstance(d, (dict, list)) for d in detail):
         # a list serializer's errors: one entry per item, empty for the items that are fine
-        out = {}
+        out = []
         for index, item in enumerate(detail):
-            if isinstance(item, (dict, list)):
-                out.update(_field_errors(item, f"{prefix}[{index}]"))
-            elif item:
-                out.setdefault(prefix, []).append(str(item))
+            if item:
+                out += _messages(item, f"{path}[{index}]", field)
         return out
-    return {prefix: _messages(detail)}
+    said = [str(d) for d in detail] if isinstance(detail, list) else [str(detail)]
+    return said if path == field else [f"{path}: {m}" for m in said]
 
 
 def _validation_response(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any]]:
     detail = exc.detail
     if isinstance(detail, dict):
-        fields = _field_errors(detail)
+        fields = {str(name): _messages(value, str(name), str(name)) for name, value in detail.items()}
         general = fields.pop("non_field_errors", None)
         if general:
             return "; ".join(general), fields
         names = ", ".join(sorted(fields))
         return f"Invalid input in: {names}.", fields
-    if isinstance(detail, list) and all(not isinstance(d, (dict, list)) for d in detail):
-        return "; ".join(_messages(detail)), {}
-    fields = _field_errors(detail)
-    general = fields.pop("", [])
-    return "; ".join(general) or f"Invalid input in: {', '.join(sorted(fields))}.", fields
+    return "; ".join(_messages(detail, "", "")), {}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -63,8 +63,8 @@ def add_error_responses(result, generator, request, public):
             "fields": {
                 "type": "object",
                 "additionalProperties": {"type": "array", "items": {"type": "string"}},
-                "description": "Per input field, its problems. A nested field is named by its path: "
-                               "`ssh_keys[0]`, `env.HOME`.",
+                "description": "Per input field, its problems. A problem inside a field (a list "
+                               "item, a key) begins with its path: `ssh_keys[0]: ...`, `env.HOME: ...`.",
             },
         },
         "required": ["code", "message", "fields"],
