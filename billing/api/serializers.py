@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from billing.choices import UsageGroup
 from billing.models import Budget, Invoice, InvoiceLine, LedgerEntry
-from gpucloud.api.serializers import StrictModelSerializer, StrictSerializer
+from gpucloud.api.serializers import StrictModelSerializer, StrictQuerySerializer
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
 
@@ -85,8 +85,7 @@ class SpotPriceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SpotPriceQuerySerializer(StrictSerializer):
-    json_body = False  # reads a query string
+class SpotPriceQuerySerializer(StrictQuerySerializer):
     instance_type = serializers.CharField(max_length=48, required=False)
     region = serializers.CharField(max_length=32, required=False)
     since = serializers.DateTimeField(required=False)
@@ -94,8 +93,7 @@ class SpotPriceQuerySerializer(StrictSerializer):
     page_size = serializers.IntegerField(required=False)
 
 
-class UsageQuerySerializer(StrictSerializer):
-    json_body = False  # reads a query string
+class UsageQuerySerializer(StrictQuerySerializer):
     # "from" is a Python keyword: the query parameters are read into this by name.
     to = serializers.DateTimeField(required=False, help_text="exclusive; default now")
     group_by = serializers.ChoiceField(choices=UsageGroup.choices, default=UsageGroup.INSTANCE_TYPE)

@@ -42,7 +42,7 @@ def _json_type_errors(field: serializers.Field, value: Any) -> Any:
 
 
 class StrictMixin:
-    # False on serializers that read a query string, where every value is a string
+    # False on serializers that read a query string (StrictQuerySerializer): every value is a string
     json_body: ClassVar[bool] = True
 
     def to_internal_value(self, data):
@@ -65,6 +65,12 @@ class StrictSerializer(StrictMixin, serializers.Serializer):
 
 class StrictModelSerializer(StrictMixin, serializers.ModelSerializer):
     pass
+
+
+class StrictQuerySerializer(StrictSerializer):
+    """Reads `request.query_params.dict()`: unknown parameters are refused, and "10" is a number."""
+
+    json_body = False
 
 
 class StrictSerializerScheme(OpenApiSerializerExtension):
