@@ -55,16 +55,16 @@ class SignUpForm(forms.Form):
         return {k: v for k, v in self.cleaned_data.items() if v or k != "name"}
 
 
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def _as_int(text: str) -> int | str:
     """A number typed into a text box, as the API's JSON wants it; other text is left for it to refuse."""
     try:
         return int(text)
     except ValueError:
         return text
-
-
-def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 class LaunchForm(forms.Form):

@@ -106,7 +106,7 @@ def handler404(request, exception=None):
     return page_not_found(request, exception)
 
 
-@csrf_exempt  # an unknown route is a 404 for every method, not the CSRF failure page
+@csrf_exempt  # it changes nothing; a POST to an unknown path is a 404, not a CSRF refusal
 def not_found(request, *args, **kwargs):
     return JsonResponse(error_body("not_found", f"No API route {request.path}."), status=404)
 
