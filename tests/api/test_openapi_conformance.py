@@ -44,6 +44,7 @@ def schemathesis(live_server, *args: str, **env: str) -> str:
     # st exits non-zero on any failure (a check that failed, or an error reaching the server)
     assert proc.returncode == 0, out[-12000:]
     assert re.search(r"\b0 unique failures|\d+ passed", out), out[-4000:]
+    print(*re.findall(r"^\s*(\d+ generated.*|Tested: \d+|=+ .* in [\d.]+s =+)$", out, re.M), sep="\n")  # with -s
     return out
 
 
