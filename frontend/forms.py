@@ -67,6 +67,14 @@ def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+def _as_int(text: str) -> int | str:
+    """A number typed into a text box, as the API's JSON wants it; other text is left for it to refuse."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 class LaunchForm(forms.Form):
     kind = forms.ChoiceField(label="What", choices=[("instance", "Instance (runs until you stop it)"),
                                                     ("job", "Batch job (runs to completion)")],
@@ -141,7 +149,7 @@ class LaunchForm(forms.Form):
         body = {
             "name": d["name"], "instance_type": d["instance_type"], "region": d["region"],
             "image": d["image"], "command": d.get("command") or "", "env": d["env_dict"],
-            "ports": [p.strip() for p in (d.get("ports") or "").replace(" ", ",").split(",") if p.strip()],
+            "ports": [_as_int(p.strip()) for p in (d.get("ports") or "").replace(" ", ",").split(",") if p.strip()],
             "ssh_keys": keys, "billing": "spot" if d.get("spot") else "on_demand",
         }
         if d.get("max_price") is not None:
@@ -205,7 +213,7 @@ class BudgetForm(forms.Form):
     def api_data(self) -> dict:
         d = dict(self.cleaned_data)
         d["monthly_amount"] = str(d["monthly_amount"])
-        thresholds = [t.strip() for t in (d.pop("thresholds") or "").split(",") if t.strip()]
+        thresholds = [_as_int(t.strip()) for t in (d.pop("thresholds") or "").split(",") if t.strip()]
         if thresholds:
             d["thresholds"] = thresholds
         return d

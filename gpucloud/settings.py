@@ -238,7 +238,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "gpucloud.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "gpucloud.api.filters.StrictFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
     "DEFAULT_THROTTLE_CLASSES": ["gpucloud.api.throttling.PerKeyThrottle"],
@@ -249,13 +249,12 @@ REST_FRAMEWORK = {
         "signup": env_str("SIGNUP_RATE_LIMIT", "10/hour"),
     },
     "EXCEPTION_HANDLER": "gpucloud.api.errors.exception_handler",
-    # JSON nested past a sane depth, or text that is not Unicode, is a 400 (gpucloud.api.parsers).
-    "DEFAULT_PARSER_CLASSES": [
-        "gpucloud.api.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # The API speaks JSON only, as its schema says: a form or multipart body is a 415, not a
+    # second dialect in which "" means null and a list is one repeated field. JSON nested past a
+    # sane depth, or text that is not Unicode, is a 400 (gpucloud.api.parsers).
+    "DEFAULT_PARSER_CLASSES": ["gpucloud.api.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

@@ -13,10 +13,10 @@ from rest_framework import serializers
 
 from agents.protocol import LOG_TAIL_MAX_LINES
 from agents.selectors import MAX_POINTS, SERIES_METRICS, SERIES_STATS
-from gpucloud.api.serializers import StrictSerializer
+from gpucloud.api.serializers import StrictQuerySerializer, StrictSerializer
 
 
-class MetricsQuerySerializer(StrictSerializer):
+class MetricsQuerySerializer(StrictQuerySerializer):
     since = serializers.DateTimeField(
         required=False, help_text="start of the range (ISO 8601); default: an hour ago"
     )
@@ -66,7 +66,7 @@ class MetricsSerializer(serializers.Serializer):
     average = AveragePointSerializer(many=True, help_text="the mean over the workload's GPUs")
 
 
-class LogsQuerySerializer(StrictSerializer):
+class LogsQuerySerializer(StrictQuerySerializer):
     tail = serializers.IntegerField(required=False, default=100, min_value=1,
                                     max_value=LOG_TAIL_MAX_LINES)
 

@@ -6,7 +6,8 @@ from rest_framework import serializers
 
 from billing.choices import UsageGroup
 from billing.models import Budget, Invoice, InvoiceLine, LedgerEntry
-from gpucloud.api.serializers import StrictModelSerializer, StrictSerializer
+from gpucloud.api.serializers import StrictModelSerializer, StrictQuerySerializer
+from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
 from gpucloud.lib.outbound import outbound_url_validator
 
@@ -14,6 +15,8 @@ from gpucloud.lib.outbound import outbound_url_validator
 class LedgerEntrySerializer(serializers.ModelSerializer):
     instance_type = serializers.CharField(source="instance_type.code", default=None, allow_null=True)
     region = serializers.CharField(source="region.code", default=None, allow_null=True)
+    # "" on entries that price nothing (credits, adjustments): the schema must say so
+    price_kind = serializers.ChoiceField(choices=PriceKind.choices, allow_blank=True, read_only=True)
 
     class Meta:
         model = LedgerEntry
@@ -44,6 +47,9 @@ class InvoiceSerializer(serializers.ModelSerializer):
 
 
 class BudgetSerializer(serializers.ModelSerializer):
+    # "" when the budget has no webhook: declared, so the schema can say "a URI or empty"
+    webhook_url = serializers.URLField(read_only=True, allow_blank=True)
+
     class Meta:
         model = Budget
         fields = ["id", "name", "monthly_amount", "thresholds", "notify_email", "webhook_url", "hard_stop",
@@ -83,7 +89,7 @@ class SpotPriceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SpotPriceQuerySerializer(StrictSerializer):
+class SpotPriceQuerySerializer(StrictQuerySerializer):
     instance_type = serializers.CharField(max_length=48, required=False)
     region = serializers.CharField(max_length=32, required=False)
     since = serializers.DateTimeField(required=False)
@@ -91,7 +97,7 @@ class SpotPriceQuerySerializer(StrictSerializer):
     page_size = serializers.IntegerField(required=False)
 
 
-class UsageQuerySerializer(StrictSerializer):
+class UsageQuerySerializer(StrictQuerySerializer):
     # "from" is a Python keyword: the query parameters are read into this by name.
     to = serializers.DateTimeField(required=False, help_text="exclusive; default now")
     group_by = serializers.ChoiceField(choices=UsageGroup.choices, default=UsageGroup.INSTANCE_TYPE)

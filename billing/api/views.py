@@ -14,6 +14,7 @@ from billing import selectors, services
 from billing.api import serializers as s
 from billing.choices import EntryKind
 from billing.models import Invoice, LedgerEntry
+from gpucloud.api.filters import UtcIsoDateTimeFilter
 from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.catalogue.models import Price
 from gpucloud.tenancy import permissions as perms
@@ -177,7 +178,7 @@ class UsageApi(TenantMixin, ApiView):
 class SpotPriceFilter(django_filters.FilterSet):
     instance_type = django_filters.CharFilter(field_name="instance_type__code", max_length=48)
     region = django_filters.CharFilter(field_name="region__code", max_length=32)
-    since = django_filters.IsoDateTimeFilter(field_name="effective_from", lookup_expr="gte")
+    since = UtcIsoDateTimeFilter(field_name="effective_from", lookup_expr="gte")
 
     class Meta:
         model = Price

@@ -26,28 +26,40 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
-def _flatten(detail: Any) -> Any:
-    """DRF's ErrorDetail trees -> plain lists of strings, nested dicts kept."""
+def _messages(detail: Any, path: str, field: str) -> list[str]:
+    """The messages under `detail`, each one below the field itself led by its path.
+
+    `fields` keeps one shape, {input field: [strings]}, whatever the serializer: a nested
+    problem stays under its top-level field and says where it is, as the agent protocol
+    names places: `ssh_keys[0]: Ensure this field...`, `env.HOME: Not a valid string.`
+    """
     if isinstance(detail, dict):
-        return {str(k): _flatten(v) for k, v in detail.items()}
-    if isinstance(detail, list):
-        if all(not isinstance(d, (dict, list)) for d in detail):
-            return [str(d) for d in detail]
-        return [_flatten(d) for d in detail]
-    return [str(detail)]
+        out: list[str] = []
+        for key, value in detail.items():
+            # ListField errors are keyed by the item's index, a nested serializer's by field name
+            out += _messages(value, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}", field)
+        return out
+    if isinstance(detail, list) and any(isinstance(d, (dict, list)) for d in detail):
+        # a list serializer's errors: one entry per item, empty for the items that are fine
+        out = []
+        for index, item in enumerate(detail):
+            if item:
+                out += _messages(item, f"{path}[{index}]", field)
+        return out
+    said = [str(d) for d in detail] if isinstance(detail, list) else [str(detail)]
+    return said if path == field else [f"{path}: {m}" for m in said]
 
 
 def _validation_response(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any]]:
     detail = exc.detail
     if isinstance(detail, dict):
-        fields = _flatten(detail)
+        fields = {str(name): _messages(value, str(name), str(name)) for name, value in detail.items()}
         general = fields.pop("non_field_errors", None)
         if general:
             return "; ".join(general), fields
         names = ", ".join(sorted(fields))
         return f"Invalid input in: {names}.", fields
-    messages = _flatten(detail)
-    return "; ".join(m if isinstance(m, str) else str(m) for m in messages), {}
+    return "; ".join(_messages(detail, "", "")), {}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

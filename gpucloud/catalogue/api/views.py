@@ -5,6 +5,7 @@ import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
+from gpucloud.api.filters import UtcIsoDateTimeFilter
 from gpucloud.api.views import ApiView, PublicReadViewSet, TenantMixin
 from gpucloud.catalogue import selectors
 from gpucloud.catalogue.api import serializers as s
@@ -89,8 +90,8 @@ class PriceFilter(django_filters.FilterSet):
     region = django_filters.ModelChoiceFilter(field_name="region", to_field_name="code",
                                               queryset=Region.objects.all())
     kind = django_filters.ChoiceFilter(choices=PriceKind.choices)
-    at = django_filters.IsoDateTimeFilter(field_name="effective_from", lookup_expr="lte",
-                                          label="Only prices announced to start by this time")
+    at = UtcIsoDateTimeFilter(field_name="effective_from", lookup_expr="lte",
+                              label="Only prices announced to start by this time")
 
     class Meta:
         model = Price

@@ -9,6 +9,7 @@ from rest_framework import mixins, permissions, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from gpucloud.api.filters import UtcIsoDateTimeFilter
 from gpucloud.api.throttling import PerKeyThrottle, SignupThrottle
 from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.tenancy import permissions as perms
@@ -157,8 +158,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
 
 
 class AuditEventFilter(django_filters.FilterSet):
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     action = django_filters.CharFilter(lookup_expr="startswith", max_length=64)
     actor = django_filters.CharFilter(lookup_expr="icontains", max_length=200)
 
