@@ -30,7 +30,8 @@ def test_create_tenant_without_key_and_with_password():
     assert not ApiKey.objects.exists()
     client = APIClient()
     # A real sign-in, through the form django-axes watches (it refuses authenticate() without a request).
-    signed_in = client.post("/console/signin/", {"username": "gavin@hooli.test", "password": "pw-123-hooli"})
+    signed_in = client.post("/console/signin/", {"username": "gavin@hooli.test", "password": "pw-123-hooli"},
+                            format="multipart")
     assert signed_in.status_code == 302
     assert client.get("/api/v1/tenant").json()["name"] == "Hooli"
 

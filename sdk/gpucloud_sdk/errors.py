@@ -204,6 +204,7 @@ CODES: dict[str, type[ApiError]] = {
     "host_exists": Conflict,
     "otp_invalid": ValidationError,
     "verification_invalid": ValidationError,
+    "overflow": ValidationError,
     "otp_required": PermissionDenied,
     "signup_closed": PermissionDenied,
     "unsupported_media_type": UnsupportedMediaType,
