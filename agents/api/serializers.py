@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from agents.protocol import LOG_TAIL_MAX_LINES
 from agents.selectors import MAX_POINTS, SERIES_METRICS, SERIES_STATS
-from gpucloud.api.serializers import StrictQuerySerializer, StrictSerializer
+from gpucloud.api.serializers import StrictQuerySerializer
 
 
 class MetricsQuerySerializer(StrictQuerySerializer):
@@ -79,7 +79,7 @@ class LogsSerializer(serializers.Serializer):
     )
 
 
-class SeriesQuerySerializer(StrictSerializer):
+class SeriesQuerySerializer(StrictQuerySerializer):
     """GET /api/v1/metrics: one series of one of the tenant's workloads."""
 
     workload = serializers.UUIDField(help_text="an instance's or a job's id")
