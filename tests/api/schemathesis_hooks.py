@@ -6,12 +6,30 @@ GPUCLOUD_API_KEY_ID: the run must not revoke or delete the key it runs on. It li
   id that does not exist instead (a 404, as documented).
 GPUCLOUD_ST_ANONYMOUS=1: only the operations that need no key (the catalogue, signup), for a
   run without one.
+
+`ast.parse` is serialised: with `workers` > 1, hypothesis describes filter lambdas from several
+threads at once, and CPython 3.11.7's AST validator keeps its recursion depth in state shared by
+threads, so two parses at once can fail with "SystemError: AST constructor recursion depth
+mismatch" (CPython gh-106905; a crash of the run, not a finding about the API).
 """
 from __future__ import annotations
 
+import ast
 import os
+import threading
 
 import schemathesis
+
+_parse = ast.parse
+_parse_lock = threading.Lock()
+
+
+def _serialised_parse(*args, **kwargs):
+    with _parse_lock:
+        return _parse(*args, **kwargs)
+
+
+ast.parse = _serialised_parse
 
 _NO_SUCH_ID = "00000000-0000-0000-0000-000000000000"
 
