@@ -61,10 +61,10 @@ from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
 from scheduler.choices import HOLDING, State, WorkloadKind
 from scheduler.cycle import policy_for
+from scheduler.hooks import cycle_wanted
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload
 from scheduler.services import workload_requeue_or_end, workload_stopped, workload_transition
-from scheduler.tasks import trigger_cycle
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +158,8 @@ def gpu_model_code(name: str, codes: Iterable[str]) -> str | None:
 
 
 def _trigger_cycle_on_commit(region_id: int) -> None:
-    """New or returning capacity: ask the scheduler to look at the queue again."""
-    transaction.on_commit(lambda: trigger_cycle(region_id))
+    """New or returning capacity: ask the scheduler to look at the queue again (after commit)."""
+    cycle_wanted(region_id)
 
 
 def _resolve_models(gpus: list[GpuInfo]) -> dict[str, GpuModel]:

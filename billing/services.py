@@ -76,6 +76,11 @@ def _midnight(d: date) -> datetime:
     return datetime(d.year, d.month, d.day, tzinfo=UTC)
 
 
+def month_began(at: datetime) -> datetime:
+    """Where "this month" begins (midnight UTC on the 1st): for budgets, usage and the console alike."""
+    return _midnight(month_start(at))
+
+
 # ---------------------------------------------------------------- accounts and the ledger
 
 
@@ -147,7 +152,7 @@ def signup_credit_grant(*, tenant: Tenant) -> LedgerEntry | None:
 
 def month_spend(*, tenant_id: Any, at: datetime) -> Decimal:
     """What the tenant's usage cost this calendar month (UTC) so far, in cents."""
-    start = _midnight(month_start(at))
+    start = month_began(at)
     total = (LedgerEntry.objects.filter(tenant_id=tenant_id, kind=EntryKind.USAGE, period_start__gte=start)
              .aggregate(s=Sum("amount"))["s"]) or Decimal(0)
     return pricing.cents(-total)

@@ -12,5 +12,6 @@ class SchedulerConfig(AppConfig):
         from gpucloud.catalogue import hooks as catalogue_hooks
         from scheduler import hooks, selectors, tasks
 
-        hooks.on_cycle_wanted(tasks.trigger_cycle)  # the Celery side: a cycle after commit (scheduler/hooks.py)
+        # the Celery side: a cycle after commit (scheduler/hooks.py), looked up at each call
+        hooks.on_cycle_wanted(lambda region_id: tasks.trigger_cycle(region_id))
         catalogue_hooks.on_usage(selectors.usage_by_scope)  # quotas beside what the tenant holds
