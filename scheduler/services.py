@@ -27,6 +27,7 @@ from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, hooks
 from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
+from scheduler.core.quota import quota_applies, quota_never_fits_gpus
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
 from scheduler.snapshot import tenant_views
@@ -93,9 +94,9 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
     need = it.gpu_milli_total * spec.nodes
     for view in tenant_views({str(tenant.pk)}):
         for q in view.quotas:
-            if q.gpu_model not in (None, it.gpu_model.code) or q.region not in (None, region.code):
+            if not quota_applies(q, it.gpu_model.code, region.code):
                 continue
-            if q.max_gpus is not None and need > q.max_gpus * 1000:
+            if quota_never_fits_gpus(q, need):
                 scope = " ".join(x for x in (q.gpu_model, "GPUs", f"in {q.region}" if q.region else "") if x)
                 raise InvalidInput(
                     f"This asks for {need / 1000:g} GPUs but your quota allows {q.max_gpus} {scope}.",
