@@ -10,7 +10,7 @@ help:
 	@echo "make demo   - the platform on embedded defaults (SQLite, filesystem broker) at http://127.0.0.1:$(PORT)"
 	@echo "make test   - the whole test suite against PostgreSQL and Redis on 127.0.0.1"
 	@echo "make chaos  - the HA topology (haproxy, 2 webs, 2 workers, 2 beats) with processes killed under load"
-	@echo "make lint   - ruff and mypy"
+	@echo "make lint   - ruff, mypy and lint-imports (the app layers, docs/architecture.md)"
 	@echo "make schema - write the OpenAPI schema to var/openapi.yml"
 	@echo "make vendor - refresh the console's browser libraries (htmx, uPlot) from npm"
 
@@ -37,6 +37,7 @@ lint: $(BIN)/.installed
 	$(BIN)/python -m pip install -q ruff==0.14.5 mypy==1.18.2
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 schema: $(BIN)/.installed
 	mkdir -p var && DEBUG=1 $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yml

@@ -23,6 +23,7 @@ from agents.services import (
     host_replace_allow,
     host_uncordon,
 )
+from gpucloud.catalogue.admin import RegionAdmin
 from gpucloud.tenancy.admin import OperatorAdmin, Outcome, names
 
 
@@ -336,3 +337,16 @@ class ContainerLogAdmin(_ReadOnlyAdmin):
     list_display = ["workload", "host", "attempt_id", "captured_at", "requested_at"]
     search_fields = ["attempt_id"]
     list_select_related = ["workload", "host"]
+
+
+# The agents add their action to the regions' admin: the catalogue sits below them and imports nothing of them.
+@admin.action(description="Create a bootstrap token (one new host joins the region)")
+def create_bootstrap_token(modeladmin, request, queryset):
+    for region in queryset:
+        token, secret = bootstrap_token_create(
+            region=region, note=f"by {request.user.email}", created_by=request.user
+        )
+        bootstrap_secret_message(request, token, secret)
+
+
+RegionAdmin.actions = [*RegionAdmin.actions, create_bootstrap_token]

@@ -7,3 +7,10 @@ class AgentsConfig(AppConfig):
     """The control-plane side of host agents: registration, heartbeats, desired state."""
 
     name = "agents"
+
+    def ready(self) -> None:
+        from agents import fastpath
+        from scheduler import hooks
+
+        # a workload's hosts answer heartbeats differently now: drop their cached answers, wake them
+        hooks.on_holding_changed(lambda ids: fastpath.workloads_changed(workload_ids=ids))

@@ -51,14 +51,16 @@ from typing import Any, Final
 from uuid import UUID
 
 import orjson
+import psycopg
 import redis
 from django.conf import settings
 from django.db import DataError, IntegrityError, connection, transaction
 
-from agents.host.gpu import FATAL_XIDS
 from agents.models import Gpu, GpuSample, Host
-from agents.protocol import Heartbeat, ProtocolError
+from agents.protocol import FATAL_XIDS, IDLE_BELOW, Heartbeat, ProtocolError, wake_channel
 from gpucloud.api.parsers import json_depth_ok
+from gpucloud.lib.db import copy_text, pg_cursor, redis_client
+from scheduler.models import Allocation
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +162,7 @@ def enabled() -> bool:
     return bool(settings.REDIS_URL) and connection.vendor == "postgresql"
 
 
-@cache
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url)
+_client = redis_client
 
 
 def _redis() -> redis.Redis:
@@ -238,8 +238,6 @@ def _wake(*, host_ids: list[str]) -> None:
     tunnel sends its agent a WAKE frame, and the agent heartbeats at once instead of at
     its next interval (placements start, stops stop, log requests are answered sooner).
     Best effort: a host without a tunnel, or a lost message, waits for its interval."""
-    from gateway.routes import wake_channel
-
     try:
         pipe = _redis().pipeline(transaction=False)
         for h in host_ids:
@@ -254,15 +252,12 @@ def workloads_changed(*, workload_ids: Iterable[UUID | str]) -> None:
     query). Call before the allocations are released."""
     if not enabled():
         return
-    from scheduler.models import Allocation
 
     ids = [str(i) for i in workload_ids]
     if not ids:
         return
     # One array parameter bound on the server: a cycle placing 13,000 workloads sends one
-    # value, not 13,000 quoted literals (scheduler.bulk.pg_cursor).
-    from scheduler.bulk import pg_cursor
-
+    # value, not 13,000 quoted literals (gpucloud.lib.db.pg_cursor).
     with pg_cursor() as cur:
         cur.execute(f"SELECT DISTINCT host_id FROM {Allocation._meta.db_table} "
                     "WHERE workload_id = ANY(%s::uuid[]) AND active", [ids])
@@ -424,8 +419,6 @@ def heartbeats_flush() -> FlushOutcome:
 
 def _refused(exc: BaseException) -> bool:
     """Did the database refuse the data itself (class 22 or 23), as opposed to failing?"""
-    import psycopg
-
     return isinstance(exc, DataError | IntegrityError | psycopg.DataError | psycopg.IntegrityError)
 
 
@@ -453,8 +446,6 @@ def _f(v: Any) -> float | None:
 def _copy_text(rows: list[tuple]) -> bytes:
     """Sample rows (uuid, ISO time, then numbers or None) in COPY's text format, built in
     one pass: psycopg's write_row per row cost more than the rest of the flush."""
-    from scheduler.bulk import copy_text
-
     def n(v: float | int | None) -> str:
         return "\\N" if v is None else repr(v)
 
@@ -466,10 +457,6 @@ def _copy_text(rows: list[tuple]) -> bytes:
 
 
 def _write(raw: list[bytes], out: FlushOutcome) -> None:
-    import psycopg
-
-    from agents.services import IDLE_BELOW
-
     records = []
     for item in raw:
         host, _, body = item.partition(b"|")
@@ -515,7 +502,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
     h_cols = [h_order, *([hosts[h][i] for h in h_order] for i in range(3))]
     gt, st, ht = Gpu._meta.db_table, GpuSample._meta.db_table, Host._meta.db_table
     with transaction.atomic():
-        # Binding on the server (scheduler.bulk.pg_cursor): an array is one parameter, not
+        # Binding on the server (gpucloud.lib.db.pg_cursor): an array is one parameter, not
         # thousands of literals spliced into the SQL text.
         connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cur:

@@ -35,6 +35,23 @@ CONTAINER_STATES: Final[frozenset[str]] = frozenset({"running", "exited", "creat
 WorkloadKind = Literal["instance", "job"]
 WORKLOAD_KINDS: Final[frozenset[str]] = frozenset({"instance", "job"})
 
+# Rules both sides of the protocol (the agent, the control plane's slow and fast paths, the
+# scheduler's auto-stop) read from this one place.
+# XIDs after which the GPU needs a reset or is gone, so new work must not land on it:
+# 48 double-bit ECC, 62 internal micro-controller halt, 64 row-remap/page-retirement
+# failure, 74 NVLink error, 79 fallen off the bus, 95 uncontained ECC error, 119/120 GSP
+# timeout/error. (43, 13, 31... are application faults: the GPU itself is fine.)
+FATAL_XIDS: Final[frozenset[int]] = frozenset({48, 62, 64, 74, 79, 95, 119, 120})
+IDLE_BELOW: Final = 0.05  # utilisation under 5 % counts as idle (the reclaimer and auto-stop read idle_since)
+WAKE_PREFIX: Final = "gateway:wake:"
+
+
+def wake_channel(host_id: str) -> str:
+    """The Redis pub/sub channel on which the control plane says "this host's desired state
+    changed" (agents.fastpath.hosts_changed, after commit); the gateway replica holding the
+    host's tunnel listens on it and sends the agent a WAKE frame, so it heartbeats at once."""
+    return f"{WAKE_PREFIX}{host_id}"
+
 # Names of the PCIe/NVLink distance between two GPUs, closest first. NVML's
 # nvmlGpuTopologyLevel_t and AMD SMI link types both map onto these.
 TOPOLOGY_LEVELS: Final[tuple[str, ...]] = (

@@ -15,12 +15,16 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Avg, Count, Q
 from django.db.models.functions import Floor
 from django.utils import timezone
 
-from agents.models import ContainerLog, GpuSample, GpuSampleMinute, Host
+from agents.choices import HostState
+from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest
+from gpucloud.catalogue.models import Price
+from gpucloud.lib.db import Epoch
 from scheduler.choices import State
 from scheduler.models import Allocation, Workload
 
@@ -175,7 +179,6 @@ def workload_metrics(
     a step under a minute; otherwise the 1-minute averages. One query per source.
     Precondition: `workload` was read through a tenant-scoped selector.
     """
-    from scheduler.snapshot import Epoch  # seconds since 1970, computed by the database
 
     now = now or timezone.now()
     raw_from = now - timedelta(seconds=settings.GPU_SAMPLE_RAW_RETENTION_S)
@@ -253,9 +256,6 @@ def launchable_counts(
     unshared-or-shared GPUs for fractional ones) and free vCPUs and memory; NVLink islands
     and the queue ahead are the scheduler's business. Two queries whatever the fleet size.
     """
-    from agents.choices import HostState
-    from agents.models import Gpu
-
     hosts = Host.objects.filter(state=HostState.READY)
     if region_codes:
         hosts = hosts.filter(region__code__in=region_codes)
@@ -294,8 +294,6 @@ def regions_that_could_host(instance_type) -> set[str]:
     Elsewhere the scheduler refuses the type outright ("the fleet has no … GPUs in …"), so the
     console warns before launch.
     """
-    from agents.models import Gpu
-
     need = instance_type.gpu_count if instance_type.gpu_share_milli >= 1000 else 1
     # the GPUs the scheduler's snapshot counts: a broken GPU only while it still holds a booking
     counted = Q(healthy=True) | Q(whole=True) | Q(used_milli__gt=0)
@@ -350,8 +348,6 @@ def workload_series(
     in force at each step while it held GPUs in that step, else 0; `stat` does not apply.
     Precondition: `workload` was read through a tenant-scoped selector.
     """
-    from django.db import connection
-
     now = now or timezone.now()
     end = min(end, now)
     spans = list(
@@ -424,8 +420,6 @@ def workload_series(
 
 def _cost_points(workload: Workload, spans: list, first: int, end: datetime, step: int, now: datetime,
                  at) -> list[dict]:
-    from gpucloud.catalogue.models import Price
-
     holds = [(c.timestamp(), (r or now).timestamp()) for _, c, r in spans]
     prices = list(
         Price.objects.filter(instance_type_id=workload.instance_type_id, region_id=workload.region_id,

@@ -43,10 +43,11 @@ from django.utils import timezone
 
 from agents import fastpath
 from agents.choices import AdminState, HostState
-from agents.host.gpu import FATAL_XIDS
 from agents.liveness import is_lost
 from agents.models import BootstrapToken, ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import (
+    FATAL_XIDS,
+    IDLE_BELOW,
     ContainerLogTail,
     GpuInfo,
     Heartbeat,
@@ -54,13 +55,15 @@ from agents.protocol import (
     RegisterRequest,
 )
 from agents.protocol import GpuSample as GpuSampleMsg
-from agents.selectors import hash_token, host_allocations, host_attempts
+from agents.selectors import hash_token, host_allocations, host_attempts, workload_attempt
 from gpucloud.catalogue.models import GpuModel, Region
 from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
 from scheduler.choices import HOLDING, State, WorkloadKind
+from scheduler.cycle import policy_for
+from scheduler.hooks import cycle_wanted
 from scheduler.lifecycle import can_transition
-from scheduler.models import Workload
+from scheduler.models import Allocation, Workload
 from scheduler.services import workload_requeue_or_end, workload_stopped, workload_transition
 
 logger = logging.getLogger(__name__)
@@ -68,7 +71,6 @@ logger = logging.getLogger(__name__)
 BOOTSTRAP_PREFIX: Final = "gpb_"
 HOST_TOKEN_PREFIX: Final = "gph_"
 _SECRET_BYTES: Final = 32  # 256 bits
-IDLE_BELOW: Final = 0.05  # utilisation under 5 % counts as idle (the reclaimer reads idle_since)
 # Heartbeats at most this many behind the newest applied one are late duplicates; a seq
 # further back can only be an agent that restarted (seq counts from 1 per agent start).
 SEQ_REORDER_WINDOW: Final = 16
@@ -156,10 +158,8 @@ def gpu_model_code(name: str, codes: Iterable[str]) -> str | None:
 
 
 def _trigger_cycle_on_commit(region_id: int) -> None:
-    """New or returning capacity: ask the scheduler to look at the queue again."""
-    from scheduler.tasks import trigger_cycle
-
-    transaction.on_commit(lambda: trigger_cycle(region_id))
+    """New or returning capacity: ask the scheduler to look at the queue again (after commit)."""
+    cycle_wanted(region_id)
 
 
 def _resolve_models(gpus: list[GpuInfo]) -> dict[str, GpuModel]:
@@ -475,7 +475,7 @@ def seq_is_fresh(seq: int, last_seq: int) -> bool:
 def gpu_fault(sample: GpuSampleMsg, ecc_before: int | None) -> str | None:
     """Why this sample takes its GPU out of service, or None (pure).
 
-    A lost GPU (the agent says unhealthy), a fatal XID (agents.host.gpu.FATAL_XIDS: the
+    A lost GPU (the agent says unhealthy), a fatal XID (agents.protocol.FATAL_XIDS: the
     GPU needs a reset; application XIDs such as 13 or 43 are the program's fault), or an
     uncorrectable ECC count above the last one seen (counts are volatile: they reset with
     the driver, which is also what repairs the GPU).
@@ -581,8 +581,6 @@ def _write_measurements(gpus: list[Gpu]) -> None:
 
 def _fail_work_on(gpus: list[Gpu], outcome: HeartbeatOutcome) -> None:
     """Fail the work holding a GPU that just became unhealthy (jobs retry if they may)."""
-    from scheduler.models import Allocation
-
     reasons = {g.uuid: f"GPU {g.uuid} failed: {g.unhealthy_reason}" for g in gpus}
     victims = (
         Allocation.objects.filter(
@@ -887,8 +885,6 @@ def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[s
     exactly as a preempted job; instances run until their owners stop them. The host stays
     DRAINING (also across an outage) until uncordoned.
     Returns the host and the ids of the jobs given notice now."""
-    from scheduler.cycle import policy_for  # the scheduler owns the notice length
-
     now = now or timezone.now()
     host = _host_set_admin_state(host=host, to=AdminState.DRAINING)
     stop_by = now + timedelta(seconds=policy_for(host.region_id).notice_s)
@@ -1009,8 +1005,6 @@ def workload_logs_request(
     Returns the latest stored tail (maybe none yet). Only work holding GPUs has a
     container to ask about; for other work the stored tail is all there is.
     """
-    from agents.selectors import workload_attempt
-
     now = now or timezone.now()
     log, _ = ContainerLog.objects.get_or_create(workload=workload)
     where = workload_attempt(workload=workload) if workload.state in HOLDING else None

@@ -5,7 +5,8 @@ import time
 
 from celery import shared_task
 
-from agents.services import hosts_check_liveness
+from agents.fastpath import heartbeats_flush
+from agents.services import gpu_samples_rollup, hosts_check_liveness
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +31,6 @@ def hosts_liveness_task() -> dict[str, int]:
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
 def gpu_samples_rollup_task() -> dict[str, int]:
     """Every minute (beat): raw GPU samples -> 1-minute averages; both pruned."""
-    from agents.services import gpu_samples_rollup
-
     t0 = time.perf_counter()
     out = gpu_samples_rollup()
     logger.info(
@@ -48,8 +47,6 @@ def gpu_samples_rollup_task() -> dict[str, int]:
 @shared_task(ignore_result=True, soft_time_limit=20, time_limit=30)
 def heartbeats_flush_task() -> dict[str, int]:
     """Every second (beat): heartbeats the fast path answered -> samples, GPUs, hosts."""
-    from agents.fastpath import heartbeats_flush
-
     t0 = time.perf_counter()
     out = heartbeats_flush()
     if out.heartbeats:

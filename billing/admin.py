@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin import helpers
+from django.template.response import TemplateResponse
 
 from billing import services
 from billing.choices import EntryKind, InvoiceStatus
@@ -17,7 +19,7 @@ from billing.models import (
     SpotFloor,
 )
 from gpucloud.lib.outbound import outbound_url_validator
-from gpucloud.tenancy.admin import OperatorAdmin, Outcome
+from gpucloud.tenancy.admin import GrantCreditForm, OperatorAdmin, Outcome, TenantAdmin
 
 
 class _ReadOnly(admin.ModelAdmin):
@@ -238,3 +240,33 @@ class SpotFloorAdmin(OperatorAdmin):
     list_filter = ["region", "gpu_model"]
     search_fields = ["region__code", "gpu_model__code"]
     list_select_related = ["region", "gpu_model"]
+
+
+# Billing adds its action to the tenants' admin: tenancy sits below billing and imports nothing of it.
+@admin.action(description="Grant credit…")
+def grant_credit(modeladmin, request, queryset):
+    """Two steps: the action renders the form; its submit posts the action again + `apply`."""
+    form = GrantCreditForm(request.POST if "apply" in request.POST else None)
+    if form.is_valid():
+        amount, memo = form.cleaned_data["amount"], form.cleaned_data["memo"]
+        outcome = Outcome()
+        for tenant in queryset:
+            outcome.attempt(
+                tenant.name,
+                "credit",
+                lambda t=tenant: services.credit_grant(tenant=t, amount=amount, memo=memo),
+            )
+        outcome.tell(modeladmin, request, f"Granted {amount:.2f} of credit to {{names}}.")
+        return None  # back to the list, where the messages show
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": "Grant credit",
+        "opts": modeladmin.model._meta,
+        "tenants": list(queryset),
+        "form": form,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, "admin/tenancy/tenant/grant_credit.html", context)
+
+
+TenantAdmin.actions = [*TenantAdmin.actions, grant_credit]

@@ -7,3 +7,11 @@ class BillingConfig(AppConfig):
     """Per-second metering, ledger, invoices and budgets."""
 
     name = "billing"
+
+    def ready(self) -> None:
+        from billing import receivers
+        from gpucloud.tenancy import hooks
+
+        # tenancy sits below billing: it announces, billing opens the account and grants the credit
+        hooks.on_tenant_created(receivers.tenant_created)
+        hooks.on_email_verified(receivers.email_verified)

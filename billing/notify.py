@@ -22,8 +22,8 @@ from django.core.mail import send_mail
 
 from gpucloud.lib import promstore
 from gpucloud.lib.outbound import OutboundError, OutboundRefused, outbound_post
-from gpucloud.tenancy.choices import Role
-from gpucloud.tenancy.models import Membership, Tenant
+from gpucloud.tenancy.models import Tenant
+from gpucloud.tenancy.selectors import tenant_admin_emails
 
 SIGNATURE_HEADER = "X-Gpucloud-Signature"
 
@@ -70,11 +70,6 @@ def webhook_post(*, url: str, secret: str, payload: dict[str, Any]) -> None:
         raise DeliveryError(f"{url}: {exc}") from exc
     finally:
         promstore.Batch().inc("gpucloud_webhook_deliveries", (outcome,)).send()
-
-
-def tenant_admin_emails(*, tenant: Tenant) -> list[str]:
-    return sorted({e for e in Membership.objects.filter(tenant=tenant, role__in=[Role.OWNER, Role.ADMIN])
-                   .values_list("user__email", flat=True) if e})
 
 
 def email_tenant_admins(*, tenant: Tenant, subject: str, body: str) -> int:

@@ -16,6 +16,7 @@ from django.utils import timezone
 from billing import pricing
 from billing.choices import EntryKind, UsageGroup
 from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter
+from billing.services import epoch_floor, month_spend
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
 from gpucloud.tenancy.models import Tenant
@@ -67,8 +68,6 @@ class BalanceView:
 
 
 def balance_get(*, tenant: Tenant, now: datetime | None = None) -> BalanceView:
-    from billing.services import month_spend
-
     now = now or timezone.now()
     account = Account.objects.filter(tenant=tenant).first()
     balance = account.balance if account else Decimal(0)
@@ -128,8 +127,6 @@ def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> 
     watermark (not posted yet) at today's price. An estimate until metered; the ledger
     is the bill.
     """
-    from billing.services import epoch_floor
-
     now = now or timezone.now()
     if not workloads:
         return {}

@@ -17,10 +17,11 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q, Sum
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 
-from billing import metering, pricing
+from agents.models import Gpu
+from billing import metering, notify, pricing
 from billing.choices import EntryKind, InvoiceStatus
 from billing.models import (
     Account,
@@ -33,14 +34,16 @@ from billing.models import (
     MeteringCursor,
     SpotFloor,
 )
+from billing.payments import get_provider
 from gpucloud.catalogue.choices import PriceKind
-from gpucloud.catalogue.models import InstanceType, Price, Region
-from gpucloud.lib.errors import InvalidInput, PaymentRequired
+from gpucloud.catalogue.models import InstanceType, Price
+from gpucloud.lib.errors import InvalidInput
 from gpucloud.lib.outbound import OutboundRefused
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import Billing, State
 from scheduler.models import RegionSchedulerSettings, Workload, WorkloadEvent
+from scheduler.services import workload_stop
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,11 @@ def _midnight(d: date) -> datetime:
     return datetime(d.year, d.month, d.day, tzinfo=UTC)
 
 
+def month_began(at: datetime) -> datetime:
+    """Where "this month" begins (midnight UTC on the 1st): for budgets, usage and the console alike."""
+    return _midnight(month_start(at))
+
+
 # ---------------------------------------------------------------- accounts and the ledger
 
 
@@ -87,7 +95,35 @@ def _post(*, tenant_id: Any, kind: str, amount: Decimal, memo: str = "", **usage
     account_for(tenant_id=tenant_id)
     entry = LedgerEntry.objects.create(tenant_id=tenant_id, kind=kind, amount=amount, memo=memo[:300], **usage)
     Account.objects.filter(tenant_id=tenant_id).update(balance=F("balance") + amount)
+    launch_blocks_refresh(tenant_ids=[tenant_id])
     return entry
+
+
+def launch_block(*, balance: Decimal, budget_blocked: bool) -> str:
+    """The one admission rule of billing: why nothing new of the tenant may launch ("" if it may).
+
+    No credit left, or a hard-stop budget spent this month (`Account.budget_blocked`, kept by
+    `budgets_check` and the budget services). The codes are the API's 402 error codes.
+    """
+    if balance <= 0:
+        return "insufficient_credit"
+    if budget_blocked:
+        return "budget_exceeded"
+    return ""
+
+
+def launch_blocks_refresh(*, tenant_ids: Any) -> None:
+    """Push the rule's verdict down to `Tenant.launch_blocked` (the row the launch service and
+    the scheduler read), for these tenants. Writes only the rows whose verdict changed.
+
+    A tenant without an account was made outside `tenant_create` (fixtures, benchmarks, or
+    before billing existed): nothing is metered for it yet, so nothing gates it.
+    """
+    for tenant_id, balance, budget_blocked in Account.objects.filter(tenant_id__in=list(tenant_ids)).values_list(
+            "tenant_id", "balance", "budget_blocked"):
+        reason = launch_block(balance=balance, budget_blocked=budget_blocked)
+        (Tenant.objects.filter(pk=tenant_id).exclude(launch_blocked=bool(reason), launch_blocked_reason=reason)
+         .update(launch_blocked=bool(reason), launch_blocked_reason=reason))
 
 
 @transaction.atomic
@@ -116,51 +152,10 @@ def signup_credit_grant(*, tenant: Tenant) -> LedgerEntry | None:
 
 def month_spend(*, tenant_id: Any, at: datetime) -> Decimal:
     """What the tenant's usage cost this calendar month (UTC) so far, in cents."""
-    start = _midnight(month_start(at))
+    start = month_began(at)
     total = (LedgerEntry.objects.filter(tenant_id=tenant_id, kind=EntryKind.USAGE, period_start__gte=start)
              .aggregate(s=Sum("amount"))["s"]) or Decimal(0)
     return pricing.cents(-total)
-
-
-def launch_check(*, tenant: Tenant, instance_type: InstanceType, region: Region, billing: str,
-                 max_price: Decimal | None = None) -> None:
-    """Raise 402 when nothing new may launch: no credit left, or a hard-stop budget is spent.
-
-    Called by `scheduler.services.workload_launch` before it creates anything.
-    """
-    # A tenant without an account was made outside `tenant_create` (fixtures, benchmarks, or
-    # before billing existed): nothing is metered for it yet, so nothing gates it; its first
-    # metered second opens the account. The scheduler's snapshot reads it the same way.
-    balance = Account.objects.filter(tenant_id=tenant.pk).values_list("balance", flat=True).first()
-    if balance is not None and balance <= 0:
-        raise PaymentRequired(
-            f"Your balance is {pricing.cents(balance)} {settings.BILLING_CURRENCY}: add credit "
-            "to launch. Running on-demand work stops after a grace period, spot work at once.",
-            code="insufficient_credit",
-        )
-    now = timezone.now()
-    for budget in Budget.objects.filter(tenant=tenant, hard_stop=True):
-        spend = month_spend(tenant_id=tenant.pk, at=now)
-        if spend >= budget.monthly_amount:
-            raise PaymentRequired(
-                f"The budget {budget.name!r} ({budget.monthly_amount} {settings.BILLING_CURRENCY} a month) is "
-                f"spent ({spend}) and stops new launches until next month or until it is raised.",
-                code="budget_exceeded",
-            )
-    if max_price is not None and billing == Billing.SPOT:
-        current = _price_now(instance_type.pk, region.pk, PriceKind.SPOT, now)
-        if current is not None and current > max_price:
-            raise InvalidInput(
-                f"The spot price of {instance_type.code} in {region.code} is {current}/h, above your max "
-                f"price {max_price}/h.", code="max_price_below_spot",
-                fields={"max_price": [f"Below the current spot price {current}."]},
-            )
-
-
-def _price_now(instance_type_id: int, region_id: int, kind: str, at: datetime) -> Decimal | None:
-    return (Price.objects.filter(instance_type_id=instance_type_id, region_id=region_id, kind=kind,
-                                 effective_from__lte=at)
-            .order_by("-effective_from").values_list("per_hour", flat=True).first())
 
 
 # ---------------------------------------------------------------- metering
@@ -303,7 +298,6 @@ def balances_enforce(*, now: datetime) -> list[str]:
     Returns the ids of the workloads it stopped.
     """
     from billing.tasks import low_balance_notify_task
-    from scheduler.services import workload_stop
 
     low = settings.BILLING_LOW_BALANCE
     with transaction.atomic():
@@ -330,14 +324,6 @@ def balances_enforce(*, now: datetime) -> list[str]:
     return stopped
 
 
-def blocked_tenants(*, tenant_ids: set[str]) -> set[str]:
-    """Tenants whose pending work must not be admitted: no credit, or a spent hard-stop budget."""
-    if not tenant_ids:
-        return set()
-    return {str(t) for t in Account.objects.filter(tenant_id__in=tenant_ids)
-            .filter(Q(balance__lte=0) | Q(budget_blocked=True)).values_list("tenant_id", flat=True)}
-
-
 # ---------------------------------------------------------------- budgets
 
 
@@ -361,7 +347,7 @@ def budgets_check(*, now: datetime) -> int:
         for budget in budgets:
             spend = spends.get(budget.tenant_id, Decimal(0))
             percent = spend * 100 / budget.monthly_amount
-            if budget.hard_stop and spend >= budget.monthly_amount:
+            if budget_spent(budget=budget, spend=spend):
                 blocked.add(budget.tenant_id)
             for threshold in sorted(set(budget.thresholds)):
                 if percent < threshold:
@@ -371,12 +357,32 @@ def budgets_check(*, now: datetime) -> int:
                 if new:
                     created += 1
                     transaction.on_commit(lambda a=alert.pk: budget_alert_deliver_task.delay(a))
-        Account.objects.filter(budget_blocked=True).exclude(tenant_id__in=blocked).update(budget_blocked=False)
+        lifted = list(Account.objects.filter(budget_blocked=True).exclude(tenant_id__in=blocked)
+                      .values_list("tenant_id", flat=True))
+        Account.objects.filter(tenant_id__in=lifted).update(budget_blocked=False)
         if blocked:
             for tenant_id in blocked:
                 account_for(tenant_id=tenant_id)
             Account.objects.filter(tenant_id__in=blocked, budget_blocked=False).update(budget_blocked=True)
+        launch_blocks_refresh(tenant_ids={*lifted, *blocked})
     return created
+
+
+def budget_spent(*, budget: Budget, spend: Decimal) -> bool:
+    """The budget rule: a hard-stop budget whose month's spend reached its amount stops launches."""
+    return budget.hard_stop and spend >= budget.monthly_amount
+
+
+def _budget_block_refresh(*, tenant_id: Any) -> None:
+    """Decide `Account.budget_blocked` for one tenant now (after its budgets changed), and push
+    the verdict down: the API and the scheduler agree at once, not after the next metering."""
+    budgets = list(Budget.objects.filter(tenant_id=tenant_id, hard_stop=True))
+    spend = month_spend(tenant_id=tenant_id, at=timezone.now()) if budgets else Decimal(0)
+    spent = any(budget_spent(budget=b, spend=spend) for b in budgets)
+    if spent:
+        account_for(tenant_id=tenant_id)
+    Account.objects.filter(tenant_id=tenant_id).exclude(budget_blocked=spent).update(budget_blocked=spent)
+    launch_blocks_refresh(tenant_ids=[tenant_id])
 
 
 @transaction.atomic
@@ -384,6 +390,7 @@ def budget_create(*, tenant: Tenant, **values: Any) -> Budget:
     budget = Budget.objects.create(tenant=tenant, **values)
     audit_record(tenant=tenant, action="budget.create", obj=budget,
                  data={"monthly_amount": str(budget.monthly_amount), "hard_stop": budget.hard_stop})
+    _budget_block_refresh(tenant_id=tenant.pk)
     return budget
 
 
@@ -394,6 +401,7 @@ def budget_update(*, budget: Budget, **values: Any) -> Budget:
     budget.save()
     audit_record(tenant=budget.tenant, action="budget.update", obj=budget,
                  data={k: str(v) for k, v in values.items() if k != "webhook_secret"})
+    _budget_block_refresh(tenant_id=budget.tenant_id)
     return budget
 
 
@@ -401,6 +409,7 @@ def budget_update(*, budget: Budget, **values: Any) -> Budget:
 def budget_delete(*, budget: Budget) -> None:
     audit_record(tenant=budget.tenant, action="budget.delete", obj=budget)
     budget.delete()
+    _budget_block_refresh(tenant_id=budget.tenant_id)
 
 
 def budget_alert_deliver(*, alert_id: int) -> None:
@@ -410,8 +419,6 @@ def budget_alert_deliver(*, alert_id: int) -> None:
     Raises `notify.DeliveryError` when the webhook failed (the task retries). A webhook URL the
     outbound guard refuses now is recorded in `last_error` and not sent, nor retried.
     """
-    from billing import notify
-
     alert = BudgetAlert.objects.select_related("budget__tenant").get(pk=alert_id)
     budget = alert.budget
     if budget.notify_email and alert.email_sent_at is None:
@@ -456,8 +463,6 @@ def spot_prices_update(*, now: datetime | None = None) -> int:
     Then spot work whose max price is now below the price gets the usual preemption
     notice. Returns the number of prices changed.
     """
-    from agents.models import Gpu
-
     now = now or timezone.now()
     demand: dict[tuple[int, int], tuple[int, int]] = {}
     for region_id, model_id, used, count in (
@@ -601,8 +606,6 @@ def invoice_issue(*, invoice: Invoice, now: datetime | None = None) -> Invoice:
 
 def invoice_collect(*, invoice: Invoice, owed: Decimal) -> bool:
     """Ask the payment provider for `owed` (outside any transaction); record what it collected."""
-    from billing.payments import get_provider
-
     result = get_provider().collect(tenant_id=str(invoice.tenant_id), invoice_id=str(invoice.pk),
                                     amount=owed, currency=invoice.currency)
     if not result.collected:

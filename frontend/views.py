@@ -461,15 +461,11 @@ def workload_terminate(request, kind: str, pk):
 # ------------------------------------------------------------------ usage and billing
 
 
-def _month_start(now: datetime) -> datetime:
-    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
 @console_view(read=perms.BILLING_READ)
 def usage(request):
     tenant = request.console.tenant
     now = timezone.now().astimezone(UTC)
-    start, end = _month_start(now), now + timedelta(seconds=1)
+    start, end = billing_services.month_began(now), now + timedelta(seconds=1)
     by_type = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE_TYPE)
     by_instance = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE)
     ctx = {"by_type": by_type, "by_instance": by_instance, "month": start, "poll_s": 5}

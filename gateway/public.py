@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
+from frontend.models import openssh_fingerprint
 from scheduler.choices import State, WorkloadKind
 
 _cache: dict[tuple[str, float], str] = {}
@@ -20,8 +21,6 @@ _cache: dict[tuple[str, float], str] = {}
 
 def host_key_fingerprint(path: Path | None = None) -> str | None:
     """The gateway's host key fingerprint (SHA256:…), or None before the gateway first started."""
-    from frontend.models import openssh_fingerprint
-
     pub = Path(str(path or settings.GATEWAY_HOST_KEY_PATH) + ".pub")
     try:
         key = (str(pub), pub.stat().st_mtime)

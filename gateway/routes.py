@@ -14,14 +14,8 @@ import redis.asyncio as aioredis
 
 logger = logging.getLogger(__name__)
 
-WAKE_PREFIX = "gateway:wake:"
-
-
-def wake_channel(host_id: str) -> str:
-    """The Redis pub/sub channel on which the control plane says "this host's desired state
-    changed" (agents.fastpath.hosts_changed, after commit); the replica holding the host's
-    tunnel listens on it and sends the agent a WAKE frame, so it heartbeats at once."""
-    return f"{WAKE_PREFIX}{host_id}"
+# The wake-up channel is part of the agent protocol (the control plane publishes on it).
+from agents.protocol import WAKE_PREFIX, wake_channel  # noqa: E402,F401
 
 
 class Routes:

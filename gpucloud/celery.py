@@ -6,6 +6,8 @@ import os
 from celery import Celery
 from celery.schedules import crontab
 
+from gpucloud.lib.env import env_int  # parsed as settings.py parses them: a typo stops the process
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpucloud.settings")
 
 app = Celery("gpucloud")
@@ -16,7 +18,7 @@ app.conf.beat_schedule = {
     # The scheduling loop: a cycle per region every SCHEDULER_TICK_S; submissions trigger one at once.
     "scheduler-tick": {
         "task": "scheduler.tasks.schedule_tick_task",
-        "schedule": float(os.environ.get("SCHEDULER_TICK_S", "2")),
+        "schedule": float(env_int("SCHEDULER_TICK_S", 2)),
     },
     # Safety net: free allocations whose workload no longer holds GPUs, repair counter drift.
     "allocations-audit": {"task": "scheduler.tasks.allocations_audit_task", "schedule": 60.0},
@@ -31,10 +33,10 @@ app.conf.beat_schedule = {
     "gpu-samples-rollup": {"task": "agents.tasks.gpu_samples_rollup_task", "schedule": 60.0},
     # Billing: post closed windows of usage (idempotent), then enforce balances and budgets.
     "metering": {"task": "billing.tasks.metering_run_task",
-                 "schedule": float(os.environ.get("METERING_INTERVAL_S", "60"))},
+                 "schedule": float(env_int("METERING_INTERVAL_S", 60))},
     # Spot prices follow each region's GPU allocation (billing/pricing.py spot_price).
     "spot-prices": {"task": "billing.tasks.spot_prices_task",
-                    "schedule": float(os.environ.get("SPOT_RECOMPUTE_S", "60"))},
+                    "schedule": float(env_int("SPOT_RECOMPUTE_S", 60))},
     # Invoices: refresh this month's drafts, issue last month's once fully metered.
     "invoices": {"task": "billing.tasks.invoices_task", "schedule": crontab(minute=23)},
     # Keep the audit log bounded: events older than AUDIT_RETENTION_DAYS are purged nightly.

@@ -26,6 +26,7 @@ from gpucloud.catalogue.models import GpuModel
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, core
 from scheduler.choices import State
+from scheduler.core.quota import quota_applies, quota_fits
 from scheduler.models import Allocation, Workload
 from scheduler.services import workloads_transition
 from scheduler.snapshot import CycleInput, tenant_views
@@ -258,14 +259,8 @@ def _within_quota(places: list[core.Place], requests: dict[str, core.PlacementRe
     kept = []
     for p in places:
         req = requests[p.request_id]
-        applying = [r for r in rules.get(req.tenant_id, ())
-                    if (r[0].gpu_model is None or r[0].gpu_model == req.gpu_model)
-                    and (r[0].region is None or r[0].region == req.region)]
-        fits = all(
-            (q.max_gpus is None or used + req.total_milli <= q.max_gpus * core.WHOLE)
-            and (q.max_instances is None or n + 1 <= q.max_instances)
-            for q, used, n in applying
-        )
+        applying = [r for r in rules.get(req.tenant_id, ()) if quota_applies(r[0], req.gpu_model, req.region)]
+        fits = all(quota_fits(q, used, n, req.total_milli) for q, used, n in applying)
         if not fits:
             result.conflicts += 1
             continue

@@ -2,7 +2,7 @@
 GPU it holds has been idle that long, with the reason in its events and an email to its
 owner, as the peers' idle shutdown does.
 
-Idle is the agents' rule (`agents.services.IDLE_BELOW`, utilisation under 5 %), kept per
+Idle is the agents' rule (`agents.protocol.IDLE_BELOW`, utilisation under 5 %), kept per
 GPU as `Gpu.idle_since` by both heartbeat paths. An instance counts as idle from the later
 of its start and its GPUs' `idle_since`: a GPU that sat idle before the instance was
 placed on it does not shorten the instance's grace. A GPU never measured, or one a share
@@ -17,12 +17,17 @@ import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 
+from django.conf import settings
+from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
+from agents.protocol import IDLE_BELOW
 from gpucloud.lib.errors import NotFoundError
+from gpucloud.tenancy.selectors import tenant_admin_emails
 from scheduler.choices import State, WorkloadKind
 from scheduler.models import Allocation, Workload
+from scheduler.services import workload_stop
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +35,6 @@ REASON_PREFIX = "idle auto-stop:"
 
 
 def idle_reason(minutes: int) -> str:
-    from agents.services import IDLE_BELOW
-
     return (f"{REASON_PREFIX} every GPU under {IDLE_BELOW * 100:.0f} % utilisation for {minutes} min "
             "(auto_stop_idle_minutes)")
 
@@ -62,8 +65,6 @@ def idle_instances(*, now: datetime) -> list[Workload]:
 
 def instances_idle_stop(*, now: datetime | None = None) -> int:
     """Stop every instance `idle_instances` finds; returns how many were stopped."""
-    from scheduler.services import workload_stop
-
     now = now or timezone.now()
     stopped = 0
     for w in idle_instances(now=now):
@@ -82,11 +83,6 @@ def instances_idle_stop(*, now: datetime | None = None) -> int:
 
 def _notify(w: Workload, reason: str) -> None:
     """Email the instance's creator and the tenant's admins (never fails the stop)."""
-    from django.conf import settings
-    from django.core.mail import send_mail
-
-    from billing.notify import tenant_admin_emails
-
     try:
         to = set(tenant_admin_emails(tenant=w.tenant))
         if w.created_by is not None and w.created_by.email:

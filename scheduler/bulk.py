@@ -8,14 +8,14 @@ the same work row by row.
 """
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.db import connection
 
+from gpucloud.lib.db import copy_text, pg_array, pg_cursor  # noqa: F401  (bulk.pg_cursor and friends)
 from scheduler.models import Allocation, Workload, WorkloadEvent
 
 _CHUNK = 5000
@@ -23,50 +23,6 @@ _CHUNK = 5000
 
 def _pg() -> bool:
     return connection.vendor == "postgresql"
-
-
-def pg_cursor():
-    """A cursor on Django's psycopg connection (inside its transaction) that binds on the server.
-
-    Django's own cursors bind on the client: a list of 10,000 ids becomes 10,000 quoted
-    literals spliced into the SQL text, which psycopg then has to scan. Here an array is
-    one parameter sent beside the statement, so a bulk statement costs the same to send
-    whatever its size.
-    """
-    import psycopg
-
-    connection.ensure_connection()
-    return psycopg.Cursor(connection.connection)
-
-
-# COPY's text format: a backslash, tab or line break inside a value is written as an escape.
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-_COPY_SPECIAL = re.compile(r"[\\\t\n\r]").search
-# An array literal's quoted element: backslash and double quote are escaped.
-_ARRAY_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"'})
-
-
-def pg_array(values: Iterable[object]) -> str:
-    """One PostgreSQL array literal for a `%s::type[]` parameter, every element quoted.
-
-    psycopg's array dumper costs about 5 µs per element in Python; at 40,000 GPU ids a
-    cycle spent a quarter of a second on it. The literal is one string, parsed by the
-    server's own array input, so any text (quotes, backslashes, commas) round-trips.
-    """
-    vals = list(values)
-    if any(v is None for v in vals):  # NULL elements: unquoted, the rest escaped
-        return "{" + ",".join(["NULL" if v is None else '"' + str(v).translate(_ARRAY_ESCAPES) + '"'
-                               for v in vals]) + "}"
-    items = [str(v) for v in vals]
-    body = '","'.join(items)
-    if '"' in body or "\\" in body:  # rare: escape element by element
-        body = '","'.join([v.translate(_ARRAY_ESCAPES) for v in items])
-    return '{"' + body + '"}' if items else "{}"
-
-
-def copy_text(v: str) -> str:
-    """A free-text value for COPY's text format, its backslashes, tabs and line breaks escaped."""
-    return v.translate(_COPY_ESCAPES) if _COPY_SPECIAL(v) else v
 
 
 def _copy(table: str, columns: Sequence[str], data: bytes) -> None:

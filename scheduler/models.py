@@ -4,6 +4,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -12,6 +13,7 @@ from agents.models import Gpu, Host
 from gpucloud.catalogue.models import InstanceType, Region
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
 from scheduler.choices import Billing, PriorityClass, SchedulingMode, State, WorkloadKind
+from scheduler.core import POLICIES
 
 
 class Workload(models.Model):
@@ -44,7 +46,7 @@ class Workload(models.Model):
     max_retries = models.PositiveSmallIntegerField(default=0)
     retries = models.PositiveSmallIntegerField(default=0)
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
-    # Instances: stopped after this many minutes with every GPU idle (agents.services.IDLE_BELOW).
+    # Instances: stopped after this many minutes with every GPU idle (agents.protocol.IDLE_BELOW).
     auto_stop_idle_minutes = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     # lifecycle
@@ -157,10 +159,6 @@ class RegionSchedulerSettings(models.Model):
         return f"{self.region}: {self.policy}"
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
-        from scheduler.core import POLICIES
-
         errors = {}
         if self.policy not in POLICIES:
             errors["policy"] = f"Unknown policy; choose one of {', '.join(sorted(POLICIES))}."

@@ -5,6 +5,7 @@ from collections import defaultdict
 
 from django.db.models import Prefetch, QuerySet
 
+from gpucloud.lib.errors import NotFoundError
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import HOLDING
 from scheduler.models import Allocation, Workload, WorkloadEvent
@@ -25,8 +26,6 @@ def workload_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
 def workload_get(*, tenant: Tenant, pk) -> Workload:
     """One of `tenant`'s own workloads (instance or job, not deleted), or NotFoundError: another
     tenant's is as absent as one that never existed."""
-    from gpucloud.lib.errors import NotFoundError
-
     workload = Workload.objects.for_tenant(tenant).filter(pk=pk, deleted_at__isnull=True).first()
     if workload is None:
         raise NotFoundError("No such workload.")

@@ -20,16 +20,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agents.fastpath import workloads_changed
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import InstanceType, Price, Region
-from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError
+from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError, PaymentRequired
 from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
-from scheduler import bulk
+from scheduler import bulk, hooks
 from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
+from scheduler.core.quota import quota_applies, quota_never_fits_gpus
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
+from scheduler.snapshot import tenant_views
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +91,12 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
 
     Work that fits the limit but not the current usage is queued and waits with a reason.
     """
-    from scheduler.snapshot import tenant_views
-
     need = it.gpu_milli_total * spec.nodes
     for view in tenant_views({str(tenant.pk)}):
         for q in view.quotas:
-            if q.gpu_model not in (None, it.gpu_model.code) or q.region not in (None, region.code):
+            if not quota_applies(q, it.gpu_model.code, region.code):
                 continue
-            if q.max_gpus is not None and need > q.max_gpus * 1000:
+            if quota_never_fits_gpus(q, need):
                 scope = " ".join(x for x in (q.gpu_model, "GPUs", f"in {q.region}" if q.region else "") if x)
                 raise InvalidInput(
                     f"This asks for {need / 1000:g} GPUs but your quota allows {q.max_gpus} {scope}.",
@@ -105,14 +104,39 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
                 )
 
 
+# The words for billing's admission facts (`Tenant.launch_blocked_reason`, kept by billing).
+LAUNCH_BLOCKED = {
+    "insufficient_credit": ("Your balance is used up: add credit to launch. Running on-demand work stops after "
+                            "a grace period, spot work at once."),
+    "budget_exceeded": ("A hard-stop budget is spent this month and stops new launches until next month or "
+                        "until it is raised."),
+}
+
+
+def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec, now: datetime) -> None:
+    """Raise 402 when billing says nothing new may launch (no credit left, a hard-stop budget
+    spent: the flag the scheduler reads too), and refuse a spot max price below the spot price."""
+    blocked, reason = Tenant.objects.filter(pk=tenant.pk).values_list(
+        "launch_blocked", "launch_blocked_reason").get()
+    if blocked:
+        raise PaymentRequired(LAUNCH_BLOCKED.get(reason, "Billing stops new launches."), code=reason or None)
+    if spec.max_price is not None and spec.billing == Billing.SPOT:
+        current = (Price.objects.filter(instance_type=it, region=region, kind=Billing.SPOT, effective_from__lte=now)
+                   .order_by("-effective_from").values_list("per_hour", flat=True).first())
+        if current is not None and current > spec.max_price:
+            raise InvalidInput(
+                f"The spot price of {it.code} in {region.code} is {current}/h, above your max "
+                f"price {spec.max_price}/h.", code="max_price_below_spot",
+                fields={"max_price": [f"Below the current spot price {current}."]},
+            )
+
+
 @transaction.atomic
 def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workload:
     """Queue an instance or a batch job. It waits PENDING until the scheduler places it."""
-    from billing.services import launch_check  # billing builds on the scheduler, not back
-
     it, region = _resolve(spec)
     _check_quota_ceiling(tenant, it, region, spec)
-    launch_check(tenant=tenant, instance_type=it, region=region, billing=spec.billing, max_price=spec.max_price)
+    _check_admission(tenant, it, region, spec, timezone.now())
     now = timezone.now()
     workload = Workload.objects.create(
         tenant=tenant, kind=spec.kind, name=spec.name, instance_type=it, region=region,
@@ -131,9 +155,7 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
 
 
 def _trigger_cycle_on_commit(region_id: int) -> None:
-    from scheduler.tasks import trigger_cycle
-
-    transaction.on_commit(lambda: trigger_cycle(region_id))
+    hooks.cycle_wanted(region_id)
 
 
 # ---------------------------------------------------------------- transitions
@@ -170,7 +192,7 @@ def workload_transition(*, workload: Workload, to: str, reason: str = "",
         setattr(workload, key, value)
     _record(workload, old, to, reason, now).save()
     if old in HOLDING or to in HOLDING:
-        workloads_changed(workload_ids=[workload.pk])  # their hosts' heartbeat answers
+        hooks.holding_changed([workload.pk])  # their hosts' heartbeat answers
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=[workload.pk], now=now)
     if to == State.PENDING or (old in HOLDING and to not in HOLDING):
@@ -200,7 +222,7 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
     why = reason[:500]
     bulk.insert_events([(pk, old, to, ((reasons or {}).get(pk) or why)[:500], actor, now) for pk in moved])
     if old in HOLDING or to in HOLDING:
-        workloads_changed(workload_ids=moved)  # their hosts' heartbeat answers
+        hooks.holding_changed(moved)  # their hosts' heartbeat answers
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=moved, now=now)
     return moved

@@ -12,30 +12,16 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, FloatField, Func, Sum
+from django.db.models import Count, F, Sum
 
 from agents.choices import HostState
 from agents.models import Gpu, Host
-from gpucloud.catalogue.models import Quota, Region
+from gpucloud.catalogue.models import GpuModel, InstanceType, Quota, Region
+from gpucloud.lib.db import Epoch
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, core
 from scheduler.choices import HOLDING, State, WorkloadKind
 from scheduler.models import Allocation, Workload
-
-
-class Epoch(Func):
-    """A timestamp as float seconds since 1970, computed by the database.
-
-    At 100,000 GPUs the snapshot reads tens of thousands of timestamps; turning
-    each into a Python datetime and back cost about a second per cycle.
-    """
-
-    template = "EXTRACT(EPOCH FROM %(expressions)s)::float8"
-    output_field = FloatField()
-
-    def as_sqlite(self, compiler, connection, **extra_context):
-        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
-                           **extra_context)
 
 
 @dataclass(frozen=True)
@@ -121,8 +107,6 @@ ORDER BY g.host_id, g.index
 def _gpu_rows(region_id: int):
     """The region's GPUs in host order; host ids as text on PostgreSQL (see `_allocation_rows`)."""
     if connection.vendor == "postgresql":
-        from gpucloud.catalogue.models import GpuModel
-
         sql = _GPUS_SQL.format(gpu=Gpu._meta.db_table, host=Host._meta.db_table, model=GpuModel._meta.db_table)
         with bulk.pg_cursor() as cur:
             cur.execute(sql, [region_id])
@@ -164,8 +148,6 @@ def _allocation_rows(region_id: int):
     be turned back into strings cost a tenth of a second per cycle at 100k GPUs.
     """
     if connection.vendor == "postgresql":
-        from gpucloud.catalogue.models import GpuModel, InstanceType
-
         sql = _ALLOCATIONS_SQL.format(
             allocation=Allocation._meta.db_table, host=Host._meta.db_table, workload=Workload._meta.db_table,
             itype=InstanceType._meta.db_table, model=GpuModel._meta.db_table)
@@ -285,13 +267,11 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
             max_gpus=max_gpus, max_instances=max_n, gpu_model=model, region=r,
             used_gpu_milli=used(t, model, r, 0), used_instances=used(t, model, r, 1),
         ))
-    from billing.services import blocked_tenants  # billing builds on the scheduler, not back
-
-    # no credit left, or a hard-stop budget spent: pending work of these tenants waits
-    blocked = blocked_tenants(tenant_ids={str(t) for t in tenant_ids})
     views = []
-    rows = Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight")
-    for tenant_id, plan, weight in rows:
+    # launch_blocked: billing's verdict pushed down (no credit left, or a hard-stop budget
+    # spent): pending work of these tenants waits
+    rows = Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight", "launch_blocked")
+    for tenant_id, plan, weight, blocked in rows:
         t = str(tenant_id)
         if t not in has_wide:
             default = settings.PLAN_QUOTAS.get(plan, {})
@@ -300,5 +280,5 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
                 used_gpu_milli=used(t, None, None, 0), used_instances=used(t, None, None, 1),
             ))
         views.append(core.TenantView(tenant_id=t, weight=float(weight), quotas=tuple(rules[t]),
-                                     budget_exhausted=t in blocked))
+                                     budget_exhausted=blocked))
     return tuple(views)

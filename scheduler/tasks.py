@@ -6,6 +6,7 @@ from celery import shared_task
 from django.core.cache import cache
 
 from gpucloud.catalogue.models import Region
+from scheduler.autostop import instances_idle_stop
 from scheduler.cycle import run_cycle
 from scheduler.reclaim import allocations_audit
 
@@ -41,6 +42,4 @@ def allocations_audit_task() -> dict:
 @shared_task(ignore_result=True)
 def idle_autostop_task() -> int:
     """Stop instances idle longer than their `auto_stop_idle_minutes` (scheduler/autostop.py)."""
-    from scheduler.autostop import instances_idle_stop
-
     return instances_idle_stop()

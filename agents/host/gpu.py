@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Protocol
 
-from agents.protocol import GpuInfo, GpuSample
+from agents.protocol import FATAL_XIDS, GpuInfo, GpuSample
 
 __all__ = [
     "FATAL_XIDS",
@@ -17,13 +17,6 @@ __all__ = [
     "normalise_bus_id",
     "sysfs_numa_node",
 ]
-
-# XIDs after which the GPU needs a reset or is gone, so new work must not land on it:
-# 48 double-bit ECC, 62 internal micro-controller halt, 64 row-remap/page-retirement
-# failure, 74 NVLink error, 79 fallen off the bus, 95 uncontained ECC error, 119/120 GSP
-# timeout/error. (43, 13, 31... are application faults: the GPU itself is fine.)
-FATAL_XIDS: Final[frozenset[int]] = frozenset({48, 62, 64, 74, 79, 95, 119, 120})
-
 
 class GpuBackend(Protocol):
     """One vendor's view of this host's GPUs.

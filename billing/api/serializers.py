@@ -89,14 +89,6 @@ class SpotPriceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SpotPriceQuerySerializer(StrictQuerySerializer):
-    instance_type = serializers.CharField(max_length=48, required=False)
-    region = serializers.CharField(max_length=32, required=False)
-    since = serializers.DateTimeField(required=False)
-    page = serializers.IntegerField(required=False)
-    page_size = serializers.IntegerField(required=False)
-
-
 class UsageQuerySerializer(StrictQuerySerializer):
     # "from" is a Python keyword: the query parameters are read into this by name.
     to = serializers.DateTimeField(required=False, help_text="exclusive; default now")

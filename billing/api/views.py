@@ -165,7 +165,7 @@ class UsageApi(TenantMixin, ApiView):
         q = s.UsageQuerySerializer(data=request.query_params.dict())
         q.is_valid(raise_exception=True)
         now = timezone.now()
-        start = q.validated_data.get("from") or services._midnight(services.month_start(now))
+        start = q.validated_data.get("from") or services.month_began(now)
         end = q.validated_data.get("to") or now
         rows = selectors.usage(tenant=self.tenant, start=start, end=end, group_by=q.validated_data["group_by"])
         from django.conf import settings

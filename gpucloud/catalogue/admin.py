@@ -11,18 +11,7 @@ class RegionAdmin(OperatorAdmin):
     list_display = ["code", "name", "country", "active"]
     list_filter = ["active", "country"]
     search_fields = ["code", "name"]
-    actions = ["create_bootstrap_token"]
-
-    @admin.action(description="Create a bootstrap token (one new host joins the region)")
-    def create_bootstrap_token(self, request, queryset):
-        from agents.admin import bootstrap_secret_message
-        from agents.services import bootstrap_token_create
-
-        for region in queryset:
-            token, secret = bootstrap_token_create(
-                region=region, note=f"by {request.user.email}", created_by=request.user
-            )
-            bootstrap_secret_message(request, token, secret)
+    actions: list = []  # agents adds "create_bootstrap_token" (agents/admin.py)
 
 
 @admin.register(GpuModel)

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from gpucloud.catalogue import hooks
 from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Quota, Region
 from gpucloud.tenancy.models import Tenant
 
@@ -116,9 +117,7 @@ class Usage:
 
 def tenant_usage(*, tenant: Tenant) -> Usage:
     """GPUs (milli) and workloads the tenant holds now, keyed by (GPU model, region)."""
-    from scheduler.selectors import usage_by_scope  # scheduler builds on the catalogue, not back
-
-    gpu_milli, instances = usage_by_scope(tenant=tenant)
+    gpu_milli, instances = hooks.usage(tenant=tenant)  # counted by the scheduler (gpucloud/catalogue/hooks.py)
     return Usage(gpu_milli=gpu_milli, instances=instances)
 
 

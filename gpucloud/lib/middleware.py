@@ -8,6 +8,8 @@ from django.core.exceptions import BadRequest
 from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpResponse, JsonResponse
 
+from gpucloud.api.errors import error_body, handler400
+
 
 class RejectNulMiddleware:
     """A NUL character in a query parameter is refused with a 400 before any view runs.
@@ -24,8 +26,6 @@ class RejectNulMiddleware:
     def __call__(self, request):
         for key, values in request.GET.lists():
             if "\x00" in key or any("\x00" in v for v in values):
-                from gpucloud.api.errors import handler400
-
                 name = key.replace("\x00", "")
                 # answered here, not raised: with DEBUG on, Django would show its debug page even
                 # to an API client; the handler gives the API's JSON error or the 400 page
@@ -73,7 +73,5 @@ def _chunked(meta) -> bool:
 def _too_large(request, limit: int) -> HttpResponse:
     message = f"The request body is larger than this server accepts ({limit} bytes)."
     if request.path.startswith(("/api/", "/agent/")):
-        from gpucloud.api.errors import error_body
-
         return JsonResponse(error_body("request_too_large", message), status=413)
     return HttpResponse(message, status=413, content_type="text/plain; charset=utf-8")

@@ -24,6 +24,8 @@ import redis
 from django.conf import settings
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
+from gpucloud.lib.db import redis_client
+
 logger = logging.getLogger(__name__)
 
 _SEP: Final = "\x1f"
@@ -74,9 +76,7 @@ def _prefix() -> str:
 def _redis() -> redis.Redis | None:
     if not settings.REDIS_URL:
         return None
-    from agents.fastpath import _client
-
-    return _client(settings.REDIS_URL)
+    return redis_client(settings.REDIS_URL)
 
 
 class Batch:

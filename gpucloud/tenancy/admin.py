@@ -14,7 +14,6 @@ from decimal import Decimal
 
 from django import forms
 from django.contrib import admin, messages
-from django.template.response import TemplateResponse
 
 from gpucloud.catalogue.models import Quota
 from gpucloud.lib.errors import ServiceError
@@ -137,9 +136,9 @@ class TenantAdmin(OperatorAdmin):
     ]
     list_filter = ["status", "plan"]
     search_fields = ["name", "slug", "memberships__user__email"]
-    readonly_fields = ["id", "created_at", "status", "suspended_reason"]
+    readonly_fields = ["id", "created_at", "status", "suspended_reason", "launch_blocked", "launch_blocked_reason"]
     inlines = [MembershipInline, QuotaInline]
-    actions = ["suspend", "reactivate", "grant_credit"]
+    actions = ["suspend", "reactivate"]  # billing adds "grant_credit" (billing/admin.py)
 
     def get_queryset(self, request):
         from django.db.models import Count, F
@@ -189,35 +188,6 @@ class TenantAdmin(OperatorAdmin):
                 tenant.name, "resume", lambda t=tenant: services.tenant_reactivate(tenant=t)
             )
         outcome.tell(self, request, "Resumed {names}: they can launch again.")
-
-    @admin.action(description="Grant credit…")
-    def grant_credit(self, request, queryset):
-        """Two steps: the action renders the form; its submit posts the action again + `apply`."""
-        from django.contrib.admin import helpers
-
-        from billing.services import credit_grant
-
-        form = GrantCreditForm(request.POST if "apply" in request.POST else None)
-        if form.is_valid():
-            amount, memo = form.cleaned_data["amount"], form.cleaned_data["memo"]
-            outcome = Outcome()
-            for tenant in queryset:
-                outcome.attempt(
-                    tenant.name,
-                    "credit",
-                    lambda t=tenant: credit_grant(tenant=t, amount=amount, memo=memo),
-                )
-            outcome.tell(self, request, f"Granted {amount:.2f} of credit to {{names}}.")
-            return None  # back to the list, where the messages show
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Grant credit",
-            "opts": self.model._meta,
-            "tenants": list(queryset),
-            "form": form,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        }
-        return TemplateResponse(request, "admin/tenancy/tenant/grant_credit.html", context)
 
 
 @admin.register(Membership)

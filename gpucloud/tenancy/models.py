@@ -31,6 +31,11 @@ class Tenant(models.Model):
     suspended_reason = models.CharField(max_length=300, blank=True)
     # Weight in the scheduler's fair share: a tenant of weight 2 gets twice the share.
     fair_share_weight = models.PositiveIntegerField(default=1)
+    # Billing's admission facts, pushed down as data (kept by billing.services with every
+    # balance and budget change): nothing new may launch, and why (the API's error code).
+    # The launch service and the scheduler read them here and import nothing of billing.
+    launch_blocked = models.BooleanField(default=False)
+    launch_blocked_reason = models.CharField(max_length=32, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

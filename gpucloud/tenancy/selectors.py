@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
 
 
@@ -11,6 +12,12 @@ def membership_get(*, user, tenant: Tenant) -> Membership | None:
     if user is None or not user.is_authenticated:
         return None
     return Membership.objects.select_related("tenant").filter(user=user, tenant=tenant).first()
+
+
+def tenant_admin_emails(*, tenant: Tenant) -> list[str]:
+    """The owners' and admins' addresses: who hears of budgets, balances and auto-stops."""
+    return sorted({e for e in Membership.objects.filter(tenant=tenant, role__in=[Role.OWNER, Role.ADMIN])
+                   .values_list("user__email", flat=True) if e})
 
 
 def membership_list_for_user(*, user) -> QuerySet[Membership]:

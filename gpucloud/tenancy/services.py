@@ -24,7 +24,7 @@ from django.utils.text import slugify
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from gpucloud.lib.errors import Conflict, Forbidden, InvalidInput, NotFoundError
-from gpucloud.tenancy import permissions
+from gpucloud.tenancy import hooks, permissions
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record, current_actor
 from gpucloud.tenancy.choices import Role, Scope, TenantStatus
 from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
@@ -67,12 +67,7 @@ def tenant_create(*, name: str, owner, plan: str | None = None, signup_credit: b
     )
     Membership.objects.create(tenant=tenant, user=owner, role=Role.OWNER)
     audit_record(tenant=tenant, action="tenant.create", obj=tenant)
-    from billing.services import account_for, signup_credit_grant  # billing builds on tenancy, not back
-
-    if signup_credit:
-        signup_credit_grant(tenant=tenant)
-    else:
-        account_for(tenant_id=tenant.pk)
+    hooks.tenant_created(tenant, signup_credit=signup_credit)  # billing opens its account (gpucloud/tenancy/hooks.py)
     return tenant
 
 
@@ -177,9 +172,7 @@ def email_verify(*, token: str) -> tuple[EmailVerification, bool]:
         row.save(update_fields=["verified_at"])
         credit = None
         if row.tenant is not None:
-            from billing.services import signup_credit_grant  # billing builds on tenancy, not back
-
-            credit = signup_credit_grant(tenant=row.tenant)
+            credit = hooks.email_verified(row.tenant)  # billing grants the sign-up credit
         with acting_as(Actor(user=row.user, ip=current_actor().ip)):
             audit_record(tenant=row.tenant, action="user.verify_email", obj=row.user, object_repr=row.email,
                          data={"signup_credit": str(credit.amount) if credit else "0"})

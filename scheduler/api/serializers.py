@@ -6,6 +6,8 @@ from decimal import Decimal
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from billing.selectors import workload_costs
+from gateway.public import connect_hints
 from gpucloud.api.serializers import StrictSerializer
 from scheduler.choices import Billing, PriorityClass, State
 from scheduler.models import Workload, WorkloadEvent
@@ -116,8 +118,6 @@ class CostedListSerializer(serializers.ListSerializer):
     """Prices a whole page of workloads in a fixed number of queries before rendering it."""
 
     def to_representation(self, data):
-        from billing.selectors import workload_costs
-
         items = list(data.all() if hasattr(data, "all") else data)
         self.child._costs = workload_costs(workloads=items)
         return super().to_representation(items)
@@ -148,8 +148,6 @@ class WorkloadSerializer(serializers.ModelSerializer):
         # A list fills `_costs` for its whole page at once (CostedListSerializer): no N+1.
         costs = getattr(self, "_costs", None)
         if costs is None or obj.pk not in costs:
-            from billing.selectors import workload_costs
-
             costs = workload_costs(workloads=[obj])
         return costs[obj.pk]
 
@@ -206,8 +204,6 @@ class InstanceDetailSerializer(WorkloadDetailSerializer):
 
     @extend_schema_field(ConnectSerializer)
     def get_connect(self, obj) -> dict:
-        from gateway.public import connect_hints
-
         return connect_hints(obj)
 
 

@@ -392,14 +392,6 @@ def frag_model(mix: Mix) -> FragModel:
     return FragModel(mix)
 
 
-def frag_delta_whole(host: HostState, g: int, mix: Mix) -> float:
-    return frag_model(mix).delta_whole(host, g)
-
-
-def frag_delta_share(host: HostState, i: int, m: int, mix: Mix) -> float:
-    return frag_model(mix).delta_share(host, i, m)
-
-
 # ------------------------------------------------------------------ FGD (faithful form)
 
 #: the target workload: (gpus_per_node, gpu_milli, vcpus, probability) per task shape;

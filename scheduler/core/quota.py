@@ -12,6 +12,29 @@ from dataclasses import dataclass
 from .model import WHOLE, ClusterSnapshot, PlacementRequest, QuotaRule
 from .state import Fleet
 
+# The quota rules, written once: the planner (below), the apply's re-check under the
+# tenants' locks (scheduler/apply.py) and the launch service's refusal (scheduler/services.py).
+
+
+def quota_applies(rule: QuotaRule, gpu_model: str | None, region: str | None) -> bool:
+    """Whether ``rule`` counts work of ``gpu_model`` in ``region`` (a rule narrowed to a
+    region does not apply where the region is not known yet: ``region`` None)."""
+    return (rule.gpu_model is None or rule.gpu_model == gpu_model) and (
+        rule.region is None or rule.region == region
+    )
+
+
+def quota_fits(rule: QuotaRule, used_milli: int, used_instances: int, need_milli: int) -> bool:
+    """Whether one more workload of ``need_milli`` fits beside what the rule counts now."""
+    return (rule.max_gpus is None or used_milli + need_milli <= rule.max_gpus * WHOLE) and (
+        rule.max_instances is None or used_instances + 1 <= rule.max_instances
+    )
+
+
+def quota_never_fits_gpus(rule: QuotaRule, need_milli: int) -> bool:
+    """More GPUs than the rule allows at all: no amount of waiting admits it."""
+    return rule.max_gpus is not None and need_milli > rule.max_gpus * WHOLE
+
 
 @dataclass(slots=True)
 class _Rule:
@@ -20,10 +43,7 @@ class _Rule:
     used_instances: int
 
     def applies(self, req: PlacementRequest, region: str | None) -> bool:
-        r = self.rule
-        if r.gpu_model is not None and r.gpu_model != req.gpu_model:
-            return False
-        return r.region is None or r.region == region
+        return quota_applies(self.rule, req.gpu_model, region)
 
 
 def _fmt_gpus(milli: int) -> str:
@@ -47,10 +67,7 @@ class QuotaBook:
             region = fleet.region_of(a)
             milli = sum(len(p.gpus) * p.milli for p in a.placements)
             for r in rules:
-                q = r.rule
-                if (q.gpu_model is None or q.gpu_model == model) and (
-                    q.region is None or q.region == region
-                ):
+                if quota_applies(r.rule, model, region):
                     r.used_milli += milli
                     r.used_instances += 1
         for rules in self.rules.values():
@@ -81,7 +98,7 @@ class QuotaBook:
             where = f" in {q.region}" if q.region else ""
             if q.max_gpus is not None:
                 cap = q.max_gpus * WHOLE
-                if need > cap:
+                if quota_never_fits_gpus(q, need):
                     return True, (
                         f"quota: asks for {_fmt_gpus(need)} {model}GPUs{where} "
                         f"but the quota allows {q.max_gpus}"

@@ -237,9 +237,6 @@ class HostState:
             sizes[isl] = sizes.get(isl, 0) + 1
         return max(sizes.values(), default=0)
 
-    def max_island_free(self) -> int:
-        return max(self.island_free.values(), default=0)
-
     def fits_share(self, milli: int, tenant: str) -> bool:
         owner = self.owner
         for i in range(self.total):
@@ -510,7 +507,3 @@ class Fleet:
             for hs in self.slices.get(p.host_id, ()):
                 return hs.region
         return ""
-
-
-def placement_of(hs: HostState, idxs: Iterable[int], milli: int) -> HostPlacement:
-    return HostPlacement(hs.host_id, tuple(hs.uuids[i] for i in idxs), milli)

@@ -324,3 +324,37 @@ def test_seq_claims_follow_seq_is_fresh(registered, seq, last, fresh):
     fastpath.beat(None, host_id=host_id, seq=last, count=False)
     claim = fastpath.claim_of(fastpath.beat(None, host_id=host_id, seq=seq, count=False), None)
     assert claim.fresh is fresh
+
+
+def test_the_fast_and_the_slow_path_store_the_same_outcome(client, registered, region, settings):
+    """One home for the heartbeat rules (freshness, idleness, samples): the same heartbeats,
+    once through the slow path only (no Redis) and once through the fast path and its flush,
+    leave the same rows."""
+    utils = [90.0, 1.0, 1.0, 2.0, 60.0, 4.0]  # GPU 0 idles, works, idles again; GPU 1 works
+    seqs = [1, 2, 3, 3, 4, 5, 6, 2]  # a duplicate and a late one among them: answered, not applied
+
+    def run(host_id, token):
+        for seq in seqs:
+            u = utils[min(seq, len(utils)) - 1]
+            beat(client, host_id, token, seq, gpus=[sample(0, u), sample(1, 90.0)])
+        fastpath.heartbeats_flush()
+        host = Host.objects.get(pk=host_id)
+        samples = list(GpuSample.objects.filter(gpu__host=host).order_by("gpu__index", "time", "id")
+                       .values_list("gpu__index", "time", "gpu_util", "mem_used_mib"))
+        times = [t for _, t, _, _ in samples]
+        gpus = [(g.index, g.utilisation, g.healthy, None if g.idle_since is None else times.index(g.idle_since))
+                for g in Gpu.objects.filter(host=host).order_by("index")]
+        return host.last_seq, host.state, gpus, [(i, u, m) for i, _, u, m in samples]
+
+    redis_url = settings.REDIS_URL
+    settings.REDIS_URL = ""  # no shared Redis: every heartbeat takes the slow path
+    assert not fastpath.enabled()
+    host_id, token = registered
+    slow = run(host_id, token)
+    Host.objects.filter(pk=host_id).delete()
+    settings.REDIS_URL = redis_url
+    assert fastpath.enabled()
+    resp = post(client, "/agent/v1/register", register_body(new_token(region)))
+    fast = run(resp.json()["host_id"], resp.json()["host_token"])
+    assert fast == slow
+    assert slow[0] == 6 and slow[2][0][3] is not None and slow[2][1][3] is None  # GPU 0 idle, GPU 1 not

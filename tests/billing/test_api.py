@@ -73,6 +73,43 @@ def test_budget_hard_stop_refuses_launches_past_100_percent(alice, catalog):
     assert alice.client().post("/api/v1/instances", BODY, format="json").status_code == 201
 
 
+def test_budget_changes_reach_the_scheduler_at_once(alice, catalog):
+    """Regression: raising or deleting a spent hard-stop budget lifted the API's 402 at once but
+    left the scheduler's flag set until the next metering run (and a new spent budget blocked
+    the API only). Now both read one flag, kept by every budget change."""
+    from django.utils import timezone
+
+    from scheduler.snapshot import tenant_views
+
+    start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    set_price("h100.1x", "2.4900", since=start)
+    make_run(alice, transitions=[(start, State.PENDING), (start, State.RUNNING)])
+    services.metering_run(now=start + timedelta(hours=2))  # 4.98 spent this month
+
+    def scheduler_blocks():
+        return [v.budget_exhausted for v in tenant_views({str(alice.tenant.pk)})] == [True]
+
+    assert not scheduler_blocks()
+    client = alice.client()
+    # a budget created already spent: the API and the scheduler both refuse, without metering
+    resp = client.post("/api/v1/budgets", {"name": "cap", "monthly_amount": "2.00", "hard_stop": True},
+                       format="json")
+    assert resp.status_code == 201
+    assert scheduler_blocks()
+    assert client.post("/api/v1/instances", BODY, format="json").json()["error"]["code"] == "budget_exceeded"
+    # raised: both admit again
+    assert client.patch(f"/api/v1/budgets/{resp_id(alice)}", {"monthly_amount": "100000"},
+                        format="json").status_code == 200
+    assert not scheduler_blocks()
+    # lowered again, then deleted: blocked, then free
+    assert client.patch(f"/api/v1/budgets/{resp_id(alice)}", {"monthly_amount": "3"},
+                        format="json").status_code == 200
+    assert scheduler_blocks()
+    assert client.delete(f"/api/v1/budgets/{resp_id(alice)}").status_code == 204
+    assert not scheduler_blocks()
+    assert client.post("/api/v1/instances", BODY, format="json").status_code == 201
+
+
 def resp_id(actor):
     return str(Budget.objects.get(tenant=actor.tenant).pk)
 

@@ -1,0 +1,46 @@
+"""How the scheduler tells the apps above it what happened, without importing them.
+
+The scheduler sits below the agents' control plane, billing and the console
+(docs/architecture.md, "Layers"). When a workload's hold on hosts changes, or work waits
+for a cycle, those layers must react (the fast path drops its cached heartbeat answers and
+wakes the hosts; a cycle is queued), but the scheduler may not import them. Instead each
+app registers its reaction here in its `AppConfig.ready()`, and the scheduler publishes:
+
+- `holding_changed(workload_ids)`: inside the transaction, before the allocations are
+  released (the fast path reads which hosts they hold; it defers its own wake-ups to
+  after commit). Registered by agents.
+- `cycle_wanted(region_id)`: after commit. Registered by the scheduler's own tasks module
+  (its Celery side), so services need not import the cycle that imports them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from uuid import UUID
+
+from django.db import transaction
+
+_holding_changed: list[Callable[[list[UUID | str]], None]] = []
+_cycle_wanted: list[Callable[[int], None]] = []
+
+
+def on_holding_changed(fn: Callable[[list[UUID | str]], None]) -> None:
+    """Call `fn(workload_ids)` when workloads start or stop holding GPUs (in the transaction)."""
+    if fn not in _holding_changed:
+        _holding_changed.append(fn)
+
+
+def on_cycle_wanted(fn: Callable[[int], None]) -> None:
+    """Call `fn(region_id)` after commit when a region has work to place or capacity freed."""
+    if fn not in _cycle_wanted:
+        _cycle_wanted.append(fn)
+
+
+def holding_changed(workload_ids: Iterable[UUID | str]) -> None:
+    ids = list(workload_ids)
+    for fn in _holding_changed:
+        fn(ids)
+
+
+def cycle_wanted(region_id: int) -> None:
+    for fn in _cycle_wanted:
+        transaction.on_commit(lambda fn=fn: fn(region_id))
