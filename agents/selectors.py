@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from agents.models import ContainerLog, GpuSample, GpuSampleMinute, Host
 from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest
+from gateway.public import platform_env
 from scheduler.choices import State
 from scheduler.models import Allocation, Workload
 
@@ -124,7 +125,7 @@ def host_desired_containers(
                 kind=w.kind,
                 image=w.image,
                 command=[str(c) for c in w.command],
-                env={str(k): str(v) for k, v in w.env.items()},
+                env={**platform_env(w), **{str(k): str(v) for k, v in w.env.items()}},
                 ports=[int(p) for p in w.ports],
                 gpu_uuids=[a.gpu_id for a in gpus],
                 gpu_milli=allocations[0].milli,
