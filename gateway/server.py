@@ -45,7 +45,7 @@ class GatewayConfig:
     bind: str = "127.0.0.1"
     ssh_port: int = 2222
     tunnel_port: int = 8022
-    http_port: int | None = 8080  # None: no HTTP side
+    http_port: int | None = 8088  # None: no HTTP side
     host_key_path: Path = Path("var/gateway_host_key")
     replica: str = "gw-1"
     recheck_s: float = 2.0

@@ -239,6 +239,7 @@ class _Demux:
 # ------------------------------------------------------------------ the simulated runtime
 
 
+_HTTP_REQUEST = re.compile(rb"^(GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) \S+ HTTP/1\.[01]\r\n")
 _ARITH = re.compile(r"\$\(\(([-+*/%() 0-9]+)\)\)")
 
 
@@ -411,12 +412,23 @@ class SimConnector:
         ):
             await stream.close("the instance has no running container on this host")
             return
-        target = self._forward.get(int(stream.params.get("port", 0)))
+        port = int(stream.params.get("port", 0))
+        target = self._forward.get(port)
         if target is not None:
             await splice_tcp(stream, *target)
             return
         await stream.mux.accept(stream)
+        first = True
         while data := await stream.read():
+            if first and _HTTP_REQUEST.match(data):  # the gateway's HTTP proxy: a page, not an echo
+                body = (f"<!doctype html><title>simulated instance</title><p>Port {port} of a simulated "
+                        f"instance, reached through the gateway. On a Docker host the container's own "
+                        f"server answers here.</p>\n").encode()
+                await stream.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
+                                   b"Connection: close\r\nContent-Length: " + str(len(body)).encode()
+                                   + b"\r\n\r\n" + body)
+                break
+            first = False
             await stream.write(data)
         await stream.write_eof()
 
