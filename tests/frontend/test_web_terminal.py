@@ -52,3 +52,27 @@ def test_the_web_terminal_runs_a_command_and_a_port_url_opens_with_the_console_s
     seen = json.loads(body)
     assert "path" in seen, body
     assert seen["path"] == "/" and "sessionid" not in seen["headers"].get("cookie", "")
+
+
+@pytest.mark.django_db  # no live server or thread here: the cheaper, rolled-back kind
+def test_the_terminal_page_needs_connect_and_a_running_instance_of_ones_own_tenant(alice, region):  # noqa: F811
+    from django.test import Client
+
+    from gpucloud.catalogue.models import InstanceType
+    from scheduler.models import Workload
+    from tests.conftest import make_actor
+
+    w = Workload.objects.create(tenant=alice.tenant, kind="instance", name="nb", image="img:1", region=region,
+                                instance_type=InstanceType.objects.get(code="h100.1x"))
+    victor = make_actor("victor@acme.test", tenant=alice.tenant, role="viewer")
+    charlie = make_actor("charlie@globex.test", tenant_name="Globex")
+    pages = {}
+    for actor in (alice, victor, charlie):
+        client = Client()
+        client.force_login(actor.user)
+        pages[actor.user.email] = client.get(f"/console/instances/{w.pk}/terminal/")
+    assert pages["victor@acme.test"].status_code == 403  # a viewer may not connect
+    assert pages["charlie@globex.test"].status_code == 404  # another tenant's: not there
+    mine = pages["alice@acme.test"]
+    assert mine.status_code == 200 and b"opens once the instance is running" in mine.content
+    assert b"ticket=" not in mine.content  # no ticket for an instance that is not running

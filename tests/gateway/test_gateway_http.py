@@ -21,7 +21,8 @@ from websockets.sync.client import connect as ws_connect
 from websockets.sync.server import serve as ws_serve
 
 from agents.host.tunnel import SimConnector
-from gateway.public import jupyter_token
+from gateway.public import jupyter_token, terminal_ticket
+from gpucloud.tenancy.models import AuditEvent
 from scheduler.choices import State
 from scheduler.services import workload_transition
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
@@ -132,7 +133,7 @@ def test_a_port_url_serves_the_owner_by_api_key_and_session_401_without_404_to_o
     assert alice.client().get(f"/api/v1/instances/{w.pk}").json()["connect"]["urls"] == {}
 
 
-def test_the_jupyter_port_keeps_its_prefix_gets_the_platform_token_and_passes_websockets(web, alice):
+def test_websockets_the_jupyter_port_with_its_token_and_the_terminal_with_its_ticket(web, alice):
     sim, w, gw = web
     url = f"ws://127.0.0.1:{gw.gw.http_port}/i/{w.pk}/8888/api/kernels/k1/channels"
     with ws_connect(url, additional_headers={"Authorization": f"Bearer {alice.key}"}, open_timeout=10) as ws:
@@ -148,3 +149,24 @@ def test_the_jupyter_port_keeps_its_prefix_gets_the_platform_token_and_passes_we
     assert env["JUPYTER_TOKEN"] == token and env["NOTEBOOK_ARGS"] == f"--ServerApp.base_url=/i/{w.pk}/8888/"
     with pytest.raises(Exception, match="401"):
         ws_connect(url, open_timeout=10)
+
+    # The web terminal's WebSocket: a ticket the console signs for the user and instance.
+    terminal = f"ws://127.0.0.1:{gw.gw.http_port}/terminal/{w.pk}?ticket="
+    with ws_connect(terminal + terminal_ticket(user_id=alice.user.pk, workload_id=w.pk), open_timeout=10) as ws:
+        ws.send(json.dumps({"resize": [100, 30]}))
+        ws.send(b"stty size\r")
+        seen = b""
+        while b"30 100" not in seen:
+            seen += ws.recv(timeout=10)
+        ws.send(b"exit 7\r")
+        while isinstance(message := ws.recv(timeout=10), bytes):
+            pass
+        assert json.loads(message) == {"exit": 7}
+    victor = make_actor("victor@acme.test", tenant=alice.tenant, role="viewer")
+    other = place(sim.host, alice.tenant)  # not running: no terminal, whoever asks
+    for ticket in ("forged", terminal_ticket(user_id=victor.user.pk, workload_id=w.pk),
+                   terminal_ticket(user_id=alice.user.pk, workload_id=other.pk)):
+        with pytest.raises(Exception, match="404"):
+            ws_connect(terminal + ticket, open_timeout=10)
+    events = AuditEvent.objects.filter(tenant=alice.tenant, action="session.end").values_list("data", flat=True)
+    assert sorted(e["kind"] for e in events) == ["terminal", "websocket"]
