@@ -27,7 +27,7 @@ from scheduler.choices import State
 from scheduler.services import workload_transition
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
 from tests.conftest import make_actor
-from tests.gateway.test_gateway_ssh import GatewayThread, tunnel_up
+from tests.gateway.test_gateway_ssh import GatewayThread, running_instance, tunnel_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,13 +66,7 @@ def web(make_sim_host, alice, tmp_path, settings):
     threading.Thread(target=http.serve_forever, daemon=True).start()
     wss = ws_serve(_ws_app, "127.0.0.1", 0)
     threading.Thread(target=wss.serve_forever, daemon=True).start()
-    sim = make_sim_host()
-    sim.beat()
-    w = place(sim.host, alice.tenant)
-    w.ports = [80, 8888]
-    w.save(update_fields=["ports"])
-    sim.beat(2)
-    assert state(w) == State.RUNNING
+    sim, w = running_instance(make_sim_host, alice.tenant, ports=[80, 8888])
     gw = GatewayThread(tmp_path)
     settings.GATEWAY_PUBLIC_HTTP_URL = f"http://127.0.0.1:{gw.gw.http_port}"
     forward = {80: http.server_address[:2], 8888: ("127.0.0.1", wss.socket.getsockname()[1])}

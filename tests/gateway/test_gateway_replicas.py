@@ -27,7 +27,8 @@ from frontend.services import ssh_key_add
 from gateway.routes import Routes
 from scheduler.choices import State
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
-from tests.gateway.test_gateway_ssh import GatewayThread, keypair, ssh
+from tests.gateway.test_gateway_ssh import GatewayThread, keypair, running_instance, ssh
+from tests.gateway.test_gateway_wake import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,19 +68,8 @@ class GatewayProcess:
         self.proc.wait(10)
 
 
-def wait_until(predicate, what: str, deadline: float) -> None:
-    tick = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        tick.wait(0.05)
-
-
 def test_killing_the_gateway_mid_session_moves_the_agent_to_the_other_replica(make_sim_host, alice, tmp_path):
-    sim = make_sim_host()
-    sim.beat()
-    w = place(sim.host, alice.tenant)
-    sim.beat(2)
-    assert state(w) == State.RUNNING
+    sim, w = running_instance(make_sim_host, alice.tenant)
     key, pub = keypair(tmp_path, "alice")
     ssh_key_add(membership=alice.membership, name="a", public_key=pub)
     host_id = str(sim.host.pk)
@@ -91,8 +81,7 @@ def test_killing_the_gateway_mid_session_moves_the_agent_to_the_other_replica(ma
                          backoff_base_s=0.05, backoff_cap_s=0.2)
     tunnel.start()
     try:
-        wait_until(lambda: r.get(Routes.key(host_id)) == b"gw-a", "the route naming replica A",
-                   time.monotonic() + 10)
+        wait_until(lambda: r.get(Routes.key(host_id)) == b"gw-a", "the route naming replica A")
         session = subprocess.Popen(
             ["ssh", "-tt", "-p", str(a.ssh_port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
              "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
@@ -108,8 +97,9 @@ def test_killing_the_gateway_mid_session_moves_the_agent_to_the_other_replica(ma
             session.kill()
             session.wait(5)
         deadline = killed + 10
-        wait_until(lambda: host_id in b.gw.tunnels, "the agent's tunnel to replica B", deadline)
-        wait_until(lambda: r.get(Routes.key(host_id)) == b"gw-b", "the route naming replica B", deadline)
+        wait_until(lambda: host_id in b.gw.tunnels, "the agent's tunnel to replica B", deadline - time.monotonic())
+        wait_until(lambda: r.get(Routes.key(host_id)) == b"gw-b", "the route naming replica B",
+                   deadline - time.monotonic())
         out = ssh(b.gw.ssh_port, key, str(w.pk), "echo back-$((2+2))")
         assert (out.stdout, out.returncode) == ("back-4\n", 0), out.stderr
         assert time.monotonic() < deadline, "a new session did not work within 10 s of the kill"

@@ -67,16 +67,25 @@ class GatewayThread:
 @pytest.fixture
 def running(make_sim_host, alice, tmp_path):
     """alice's RUNNING instance on a sim host whose agent holds a tunnel to a gateway."""
-    sim = make_sim_host()
-    sim.beat()
-    w = place(sim.host, alice.tenant)
-    sim.beat(2)
-    assert state(w) == State.RUNNING
+    sim, w = running_instance(make_sim_host, alice.tenant)
     gw = GatewayThread(tmp_path)
     tunnel = tunnel_up(sim, SimConnector(sim.runtime), gw)
     yield sim, w, gw
     tunnel.stop()
     gw.stop()
+
+
+def running_instance(make_sim_host, tenant, ports=None):
+    """A sim host (registered) and a RUNNING instance of `tenant`'s on it."""
+    sim = make_sim_host()
+    sim.beat()
+    w = place(sim.host, tenant)
+    if ports is not None:
+        w.ports = ports
+        w.save(update_fields=["ports"])
+    sim.beat(2)
+    assert state(w) == State.RUNNING
+    return sim, w
 
 
 def tunnel_up(sim, connector, *gws):
