@@ -28,14 +28,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import h11
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request as WsRequest
 from websockets.server import ServerProtocol
 
@@ -65,7 +65,7 @@ class Reply(Exception):
         self.status, self.code, self.message, self.headers = status, code, message, headers or []
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str:
     return ", ".join(v.decode("latin-1") for k, v in headers if k == name)
 
 
@@ -78,10 +78,19 @@ class HttpProxy:
         self.gateway = gateway
         self._grants: dict[tuple[str, str, str], tuple[float, access.Grant]] = {}
         self.requests = 0
+        self.connections: set[asyncio.Task[Any]] = set()
+
+    def shutdown(self) -> None:
+        """Cancel every open connection's task (the gateway is stopping)."""
+        for task in list(self.connections):
+            task.cancel()
 
     # ------------------------------------------------------------------ connections
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.connections.add(task)
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         peer = writer.get_extra_info("peername") or ("", 0)
         source = f"{peer[0]}:{peer[1]}"
@@ -102,6 +111,7 @@ class HttpProxy:
         except Exception:
             logger.exception("http proxy: connection from %s failed", source)
         finally:
+            self.connections.discard(task)  # type: ignore[arg-type]
             writer.close()
 
     async def _request(self, conn: h11.Connection, req: h11.Request, reader: asyncio.StreamReader,
@@ -144,7 +154,7 @@ class HttpProxy:
                 await _write(writer, conn, response, body)
             return False
 
-    async def _authorize(self, headers: list[tuple[bytes, bytes]], instance: str) -> access.Grant:
+    async def _authorize(self, headers: Sequence[tuple[bytes, bytes]], instance: str) -> access.Grant:
         api_key = ""
         auth = _header(headers, b"authorization")
         if auth[:7].lower() == "bearer ":
@@ -185,6 +195,8 @@ class HttpProxy:
             headers = _upstream_headers(req.headers, grant, port, prefix, source, upgrade)
             await stream.write(up.send(h11.Request(method=req.method, target=target.encode("latin-1"),
                                                    headers=headers)))
+            if conn.they_are_waiting_for_100_continue:  # ours to answer: `expect` is not passed on
+                writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
             while True:  # the request body, as it comes
                 event = await _next_event(conn, lambda: reader.read(65536))
                 if isinstance(event, h11.Data):
@@ -292,9 +304,14 @@ class HttpProxy:
                     writer.write(chunk)
             await writer.drain()
 
-        session.end = lambda reason: (ws.send_text(json.dumps({"closed": reason}).encode()),
-                                      ws.send_close(1000, reason[:100]),
-                                      [writer.write(c) for c in ws.data_to_send() if c], writer.close())
+        def end(reason: str) -> None:  # a stop or a withdrawn membership: say why, then close
+            ws.send_text(json.dumps({"closed": reason}).encode())
+            ws.send_close(1000, reason[:100])
+            for chunk in ws.data_to_send():
+                writer.write(chunk)
+            writer.close()
+
+        session.end = end
         stream = None
         try:
             try:
@@ -313,6 +330,8 @@ class HttpProxy:
                 while data := await reader.read(65536):
                     ws.receive_data(data)
                     for frame in ws.events_received():
+                        if not isinstance(frame, Frame):
+                            continue
                         if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
                             kind, parts = frame.opcode, [bytes(frame.data)]
                         elif frame.opcode == Opcode.CONT:
@@ -408,7 +427,7 @@ def _error(status: int, code: str, message: str,
         (b"connection", b"close"), *(headers or [])]), h11.Data(data=body))
 
 
-def _cookies(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+def _cookies(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in headers:
         if k != b"cookie":
@@ -425,7 +444,7 @@ def _strip_cookie(value: bytes, name: str) -> bytes:
     return ";".join(parts).strip().encode("latin-1")
 
 
-def _upstream_headers(headers: list[tuple[bytes, bytes]], grant: access.Grant, port: int, prefix: str,
+def _upstream_headers(headers: Sequence[tuple[bytes, bytes]], grant: access.Grant, port: int, prefix: str,
                       source: str, upgrade: bool) -> list[tuple[bytes, bytes]]:
     """The client's headers less the hop-by-hop ones and the platform's credentials (the
     session cookie, a Bearer API key), plus X-Forwarded-* and, on the Jupyter port, its token."""
@@ -433,7 +452,7 @@ def _upstream_headers(headers: list[tuple[bytes, bytes]], grant: access.Grant, p
     cookie_name = settings.SESSION_COOKIE_NAME
     authorization = False
     for k, v in headers:
-        if k in HOP_BY_HOP or k.startswith(b"x-forwarded-"):
+        if k in HOP_BY_HOP or k == b"expect" or k.startswith(b"x-forwarded-"):
             continue
         if k == b"cookie":
             v = _strip_cookie(v, cookie_name)
@@ -454,7 +473,7 @@ def _upstream_headers(headers: list[tuple[bytes, bytes]], grant: access.Grant, p
     return out
 
 
-def _downstream_headers(headers: list[tuple[bytes, bytes]], *, upgrade: bool = False) -> list[tuple[bytes, bytes]]:
+def _downstream_headers(headers: Sequence[tuple[bytes, bytes]], *, upgrade: bool = False) -> list[tuple[bytes, bytes]]:
     out = [(k, v) for k, v in headers if k not in HOP_BY_HOP]
     if upgrade:
         out += [(b"connection", b"Upgrade"), (b"upgrade", _header(headers, b"upgrade").encode("latin-1"))]

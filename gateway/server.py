@@ -138,6 +138,7 @@ class Gateway:
                 ssh.close()
                 if http is not None:
                     http.close()
+                    self.proxy.shutdown()
                 for session in list(self.sessions.values()):
                     self._end(session, "gateway shutting down")
                 for mux in list(self.tunnels.values()):

@@ -164,3 +164,11 @@ def test_websockets_the_jupyter_port_with_its_token_and_the_terminal_with_its_ti
             ws_connect(terminal + ticket, open_timeout=10)
     events = AuditEvent.objects.filter(tenant=alice.tenant, action="session.end").values_list("data", flat=True)
     assert sorted(e["kind"] for e in events) == ["terminal", "websocket"]
+
+    # An open terminal is ended when the instance stops (the gateway's re-check), and says why.
+    with ws_connect(terminal + terminal_ticket(user_id=alice.user.pk, workload_id=w.pk), open_timeout=10) as ws:
+        assert ws.recv(timeout=10) == b"$ "
+        assert workload_transition(workload=w, to=State.STOPPING, reason="user stop")
+        while isinstance(message := ws.recv(timeout=5), bytes):
+            pass
+        assert "access was withdrawn" in json.loads(message)["closed"]
