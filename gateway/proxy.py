@@ -474,7 +474,11 @@ def _upstream_headers(headers: Sequence[tuple[bytes, bytes]], grant: access.Gran
 
 
 def _downstream_headers(headers: Sequence[tuple[bytes, bytes]], *, upgrade: bool = False) -> list[tuple[bytes, bytes]]:
-    out = [(k, v) for k, v in headers if k not in HOP_BY_HOP]
+    """The app's answer less hop-by-hop headers, and less any cookie named as the console's
+    (an app could otherwise plant a session or CSRF cookie on the console's host name)."""
+    ours = {settings.SESSION_COOKIE_NAME.encode(), settings.CSRF_COOKIE_NAME.encode()}
+    out = [(k, v) for k, v in headers if k not in HOP_BY_HOP
+           and not (k == b"set-cookie" and v.partition(b"=")[0].strip() in ours)]
     if upgrade:
         out += [(b"connection", b"Upgrade"), (b"upgrade", _header(headers, b"upgrade").encode("latin-1"))]
     return out

@@ -41,6 +41,9 @@ class _Echo(BaseHTTPRequestHandler):
         out = json.dumps({"method": self.command, "path": self.path, "headers": headers,
                           "body": body.decode()}).encode()
         self.send_response(200)
+        if self.path == "/cookies":  # an app trying to plant the console's cookies, and its own
+            for cookie in ("sessionid=planted; Path=/", "csrftoken=planted; Path=/", "app=1; Path=/"):
+                self.send_header("Set-Cookie", cookie)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
@@ -111,6 +114,10 @@ def test_a_port_url_serves_the_owner_by_api_key_and_session_401_without_404_to_o
     seen = json.loads(body)
     assert (status, seen["method"], seen["body"]) == (200, "POST", "a=1&b=2"), body
     assert seen["headers"]["cookie"] == "theme=dark"  # the app's cookies pass, the console's does not
+
+    with urllib.request.urlopen(urllib.request.Request(urls["80"] + "cookies", headers={
+            "Authorization": f"Bearer {alice.key}"}), timeout=10) as r:
+        assert r.headers.get_all("Set-Cookie") == ["app=1; Path=/"]  # the console's cookies are not the app's
 
     assert fetch(urls["80"])[0] == 401  # no credentials
     assert fetch(urls["80"], key="gpc_00000000_nope")[0] == 401
