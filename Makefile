@@ -12,7 +12,7 @@ help:
 	@echo "make chaos  - the HA topology (haproxy, 2 webs, 2 workers, 2 beats) with processes killed under load"
 	@echo "make lint   - ruff, mypy and lint-imports (the app layers, docs/architecture.md)"
 	@echo "make schema - write the OpenAPI schema to var/openapi.yml"
-	@echo "make vendor - refresh the console's browser libraries (htmx, uPlot) from npm"
+	@echo "make vendor - refresh the console's browser libraries (htmx, uPlot, xterm.js) from npm"
 
 # The virtualenv is rebuilt whenever requirements.txt changes.
 # The CLI and SDK (sdk/, a distribution of its own) go in too: $(BIN)/gpucloud.
@@ -47,10 +47,15 @@ schema: $(BIN)/.installed
 VENDOR := frontend/static/vendor
 vendor:
 	cd frontend && npm ci --no-audit --no-fund
-	mkdir -p $(VENDOR)/htmx $(VENDOR)/uplot
+	mkdir -p $(VENDOR)/htmx $(VENDOR)/uplot $(VENDOR)/xterm
 	cp frontend/node_modules/htmx.org/dist/htmx.min.js frontend/node_modules/htmx.org/LICENSE $(VENDOR)/htmx/
 	cp frontend/node_modules/uplot/dist/uPlot.iife.min.js frontend/node_modules/uplot/dist/uPlot.min.css \
 	   frontend/node_modules/uplot/LICENSE $(VENDOR)/uplot/
+	cp frontend/node_modules/@xterm/xterm/lib/xterm.js frontend/node_modules/@xterm/xterm/css/xterm.css \
+	   frontend/node_modules/@xterm/xterm/LICENSE $(VENDOR)/xterm/
+	cp frontend/node_modules/@xterm/addon-fit/lib/addon-fit.js $(VENDOR)/xterm/
+	cp frontend/node_modules/@xterm/addon-fit/LICENSE $(VENDOR)/xterm/LICENSE.addon-fit
+	sed -i '/sourceMappingURL=/d' $(VENDOR)/xterm/*.js  # the maps are not vendored (collectstatic follows them)
 
 clean:
 	rm -rf var $(VENV)

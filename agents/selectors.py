@@ -21,6 +21,7 @@ from django.db.models.functions import Floor
 from django.utils import timezone
 
 from agents.choices import HostState
+from agents.instance_env import platform_env
 from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest
 from gpucloud.catalogue.models import Price
@@ -128,7 +129,7 @@ def host_desired_containers(
                 kind=w.kind,
                 image=w.image,
                 command=[str(c) for c in w.command],
-                env={str(k): str(v) for k, v in w.env.items()},
+                env={**platform_env(w), **{str(k): str(v) for k, v in w.env.items()}},
                 ports=[int(p) for p in w.ports],
                 gpu_uuids=[a.gpu_id for a in gpus],
                 gpu_milli=allocations[0].milli,

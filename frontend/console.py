@@ -60,6 +60,10 @@ class Console:
         return self.can(perms.WORKLOADS_MANAGE)
 
     @property
+    def can_connect(self) -> bool:
+        return self.can(perms.WORKLOADS_CONNECT)
+
+    @property
     def can_create_keys(self) -> bool:
         return self.can(perms.API_KEYS_CREATE)
 

@@ -40,6 +40,7 @@ console = [
     path("launch/", views.launch, name="launch"),
     path("launch/price", views.launch_price, name="launch_price"),
     *_workload_routes("instances", WorkloadKind.INSTANCE, "instance"),
+    path("instances/<uuid:pk>/terminal/", views.instance_terminal, name="instance_terminal"),
     *_workload_routes("jobs", WorkloadKind.JOB, "job"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),

@@ -43,7 +43,7 @@ from frontend.forms import (
     RoleForm,
     SshKeyForm,
 )
-from gateway.public import connect_hints
+from gateway.public import connect_hints, terminal_ticket, terminal_ws_url
 from gpucloud.catalogue.selectors import (
     gpu_model_list,
     instance_type_list,
@@ -402,6 +402,18 @@ def workload_live(request, kind: str, pk):
     """The polled part of the detail page: state, reason, cost, host and GPUs, the timeline."""
     workload = _workload(request, kind, pk, detail=True)
     return render(request, "frontend/partials/workload_live.html", _live_context(request, workload))
+
+
+@console_view(read=perms.WORKLOADS_CONNECT)
+def instance_terminal(request, pk):
+    """The web terminal: xterm.js over a WebSocket to the gateway, opened with a short-lived
+    ticket signed for this user and instance (the gateway then checks the rules SSH does)."""
+    workload = _workload(request, WorkloadKind.INSTANCE, pk)
+    ws_url = None
+    if workload.state == State.RUNNING:
+        ws_url = terminal_ws_url(workload.pk, terminal_ticket(user_id=request.user.pk, workload_id=workload.pk))
+    return render(request, "frontend/terminal.html", {**_kind(WorkloadKind.INSTANCE), "w": workload,
+                                                      "ws_url": ws_url})
 
 
 @console_view(read=perms.WORKLOADS_READ)

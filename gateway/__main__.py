@@ -19,6 +19,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = GatewayConfig(
         bind=settings.GATEWAY_BIND, ssh_port=settings.GATEWAY_SSH_PORT, tunnel_port=settings.GATEWAY_TUNNEL_PORT,
+        http_port=settings.GATEWAY_HTTP_PORT,
         host_key_path=settings.GATEWAY_HOST_KEY_PATH, replica=settings.GATEWAY_REPLICA,
         session_limit=settings.GATEWAY_SESSION_LIMIT, redis_url=settings.REDIS_URL,
     )

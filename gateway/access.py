@@ -16,9 +16,11 @@ from django.utils import timezone
 
 from agents.selectors import host_by_token, workload_attempt
 from frontend.models import SshKey, openssh_fingerprint
+from gateway import public
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record
 from gpucloud.tenancy.models import Membership, Tenant
+from gpucloud.tenancy.services import api_key_check
 from scheduler.choices import State, WorkloadKind
 from scheduler.models import Workload
 
@@ -50,6 +52,8 @@ class Grant:
     key_fingerprint: str
     label: str = ""
     ports: list[int] = field(default_factory=list)
+    keep_prefix: list[int] = field(default_factory=list)  # ports whose app knows its URL prefix
+    jupyter_token: str = field(default="", repr=False)
 
 
 def _key_blob(line: str) -> tuple[str, str]:
@@ -76,16 +80,10 @@ def authorize(*, username: str, public_key: str) -> Grant | None:
     """The grant for `public_key` logging in as `username`, or None (refused, whatever the cause:
     an SSH client learns nothing about which instances exist)."""
     workload = find_workload(username)
-    if workload is None or workload.state != State.RUNNING:
+    grant = None if workload is None else _grant(workload, user_id=None, key_fingerprint="")
+    if workload is None or grant is None:
         return None
-    attempt = workload_attempt(workload=workload)
-    if attempt is None:
-        return None
-    host_id, container = attempt
     blob = _key_blob(public_key)
-    grant = Grant(workload_id=str(workload.pk), tenant_id=str(workload.tenant_id), host_id=str(host_id),
-                  container=container, user_id=None, key_fingerprint="",
-                  label=f"{workload.name}.{workload.tenant.slug}", ports=[int(p) for p in workload.ports or []])
     for key in SshKey.objects.for_tenant(workload.tenant).filter(public_key__contains=blob[1]).select_related("user"):
         if _key_blob(key.public_key) != blob:
             continue
@@ -98,6 +96,92 @@ def authorize(*, username: str, public_key: str) -> Grant | None:
             grant.key_fingerprint = openssh_fingerprint(line)
             return grant
     return None
+
+
+def _grant(workload: Workload, *, user_id: int | None, key_fingerprint: str) -> Grant | None:
+    """The grant for a RUNNING instance (None when it is not running, or has no container)."""
+    if workload.state != State.RUNNING:
+        return None
+    attempt = workload_attempt(workload=workload)
+    if attempt is None:
+        return None
+    env = {str(k): str(v) for k, v in (workload.env or {}).items()}
+    ports = [int(p) for p in workload.ports or []]
+    return Grant(workload_id=str(workload.pk), tenant_id=str(workload.tenant_id), host_id=str(attempt[0]),
+                 container=attempt[1], user_id=user_id, key_fingerprint=key_fingerprint,
+                 label=f"{workload.name}.{workload.tenant.slug}", ports=ports,
+                 keep_prefix=[p for p in ports if public.keeps_prefix(env, ports, p)],
+                 jupyter_token=public.jupyter_token(workload.pk, env))
+
+
+def _session_user(session_key: str) -> Any:
+    """The signed-in user of a console session (Django's own checks: the session exists and
+    its password hash still matches), or None."""
+    from importlib import import_module
+
+    from django.conf import settings
+    from django.contrib.auth import get_user
+    from django.http import HttpRequest
+
+    request = HttpRequest()
+    request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    user = get_user(request)
+    return user if user.is_authenticated and user.is_active else None
+
+
+UNAUTHENTICATED = "unauthenticated"
+
+
+@in_worker_thread
+def authorize_http(*, instance: str, session_key: str = "", api_key: str = "") -> Grant | str | None:
+    """Who may open the instance's ports over HTTP: a console session or an API key of a member
+    of its tenant holding `workloads.connect` (a key narrowed by its scopes, as in the API).
+    UNAUTHENTICATED for credentials that are no good; None (404) for an instance that is not
+    this actor's to reach, not running or not there at all."""
+    user, key = None, None
+    if api_key:
+        key = api_key_check(raw=api_key)
+        if key is None or not key.created_by.is_active:
+            return UNAUTHENTICATED
+        user = key.created_by
+    elif session_key:
+        user = _session_user(session_key)
+        if user is None:
+            return UNAUTHENTICATED
+    else:
+        return UNAUTHENTICATED
+    return _member_grant(instance, user.pk, key_scopes=key.scopes if key is not None else None,
+                         key_tenant=key.tenant_id if key is not None else None,
+                         via=f"api-key:{key.prefix}" if key is not None else "console")
+
+
+def _member_grant(instance: str, user_id: int, *, key_scopes: list[str] | None = None,
+                  key_tenant: object = None, via: str) -> Grant | None:
+    try:
+        workload = (Workload.objects.select_related("tenant")
+                    .filter(pk=uuid.UUID(instance), kind=WorkloadKind.INSTANCE, deleted_at__isnull=True).first())
+    except ValueError:
+        return None
+    if workload is None or (key_tenant is not None and key_tenant != workload.tenant_id):
+        return None
+    membership = Membership.objects.filter(tenant=workload.tenant, user_id=user_id).first()
+    if membership is None:
+        return None
+    granted = perms.effective_permissions(role=membership.role, scopes=key_scopes,
+                                          suspended=workload.tenant.is_suspended)
+    if perms.WORKLOADS_CONNECT not in granted:
+        return None
+    return _grant(workload, user_id=user_id, key_fingerprint=via)
+
+
+@in_worker_thread
+def authorize_terminal(*, instance: str, ticket: str) -> Grant | None:
+    """The web terminal: a ticket the console signed for this user and instance (a minute or
+    two old at most), then the same rules as every other way in."""
+    read = public.terminal_ticket_read(ticket)
+    if read is None or read[1] != instance:
+        return None
+    return _member_grant(instance, read[0], via="console")
 
 
 @in_worker_thread

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core import signing
 
+from agents.instance_env import (  # noqa: F401  (the gateway's URL scheme, re-exported)
+    JUPYTER_PORT,
+    URL_PREFIX,
+    jupyter_token,
+    keeps_prefix,
+    platform_env,
+    port_prefix,
+)
 from frontend.models import openssh_fingerprint
 from scheduler.choices import State, WorkloadKind
 
@@ -41,7 +50,7 @@ EMPTY: dict[str, Any] = {"ssh": None, "ssh_host": None, "ssh_port": None, "ssh_u
 
 def connect_hints(workload: Any) -> dict[str, Any]:
     """How to reach `workload` now: all null until it RUNS, and again once it has ended,
-    so no stale hint outlives the instance. `urls` stays empty until the HTTP proxy exists."""
+    so no stale hint outlives the instance. `urls`: each published port's URL on the gateway."""
     if workload.kind != WorkloadKind.INSTANCE or workload.state != State.RUNNING:
         return dict(EMPTY, urls={})
     host, port, user = settings.GATEWAY_PUBLIC_HOST, settings.GATEWAY_PUBLIC_SSH_PORT, str(workload.pk)
@@ -51,5 +60,36 @@ def connect_hints(workload: Any) -> dict[str, Any]:
         "ssh_port": port,
         "ssh_user": user,
         "host_key_fingerprint": host_key_fingerprint(),
-        "urls": {},
+        "urls": {str(p): port_url(workload.pk, int(p)) for p in workload.ports or []},
     }
+
+
+# ---------------------------------------------------------------------- the HTTP side
+
+TERMINAL_PATH = "/terminal/"
+_TICKET_SALT = "gpucloud.gateway.terminal"
+TICKET_MAX_AGE_S = 120
+
+
+def port_url(workload_id: object, port: int) -> str:
+    return settings.GATEWAY_PUBLIC_HTTP_URL.rstrip("/") + port_prefix(workload_id, port)
+
+
+def terminal_ticket(*, user_id: int, workload_id: object) -> str:
+    """A short-lived, signed ticket that opens the web terminal (the console puts it in the
+    page; the gateway checks it and then the same rules as for SSH)."""
+    return signing.dumps({"u": user_id, "w": str(workload_id)}, salt=_TICKET_SALT, compress=True)
+
+
+def terminal_ticket_read(ticket: str) -> tuple[int, str] | None:
+    try:
+        data = signing.loads(ticket, salt=_TICKET_SALT, max_age=TICKET_MAX_AGE_S)
+        return int(data["u"]), str(data["w"])
+    except (signing.BadSignature, KeyError, TypeError, ValueError):
+        return None
+
+
+def terminal_ws_url(workload_id: object, ticket: str) -> str:
+    base = settings.GATEWAY_PUBLIC_HTTP_URL.rstrip("/")
+    scheme, _, rest = base.partition("://")
+    return f"{'wss' if scheme == 'https' else 'ws'}://{rest}{TERMINAL_PATH}{workload_id}?ticket={ticket}"

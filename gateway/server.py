@@ -45,6 +45,7 @@ class GatewayConfig:
     bind: str = "127.0.0.1"
     ssh_port: int = 2222
     tunnel_port: int = 8022
+    http_port: int | None = 8088  # None: no HTTP side
     host_key_path: Path = Path("var/gateway_host_key")
     replica: str = "gw-1"
     recheck_s: float = 2.0
@@ -97,6 +98,7 @@ class Gateway:
         self.routes = Routes(config.redis_url, replica=config.replica)
         self.ssh_port = config.ssh_port
         self.tunnel_port = config.tunnel_port
+        self.http_port = config.http_port
         self.host_key = load_host_key(config.host_key_path)
         self.ready = asyncio.Event()
         self.wakes_sent = 0
@@ -115,9 +117,16 @@ class Gateway:
                          process_request=self._check_token, max_size=2**20,
                          ping_interval=10, ping_timeout=20) as ws:
             self.tunnel_port = ws.sockets[0].getsockname()[1]
-            logger.info("gateway %s: ssh on %s:%s, tunnels on %s:%s, host key %s", self.config.replica,
-                        self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port,
-                        self.host_key.get_fingerprint())
+            http = None
+            if self.config.http_port is not None:
+                from gateway.proxy import HttpProxy
+
+                self.proxy = HttpProxy(self)
+                http = await asyncio.start_server(self.proxy.handle, self.config.bind, self.config.http_port)
+                self.http_port = http.sockets[0].getsockname()[1]
+            logger.info("gateway %s: ssh on %s:%s, tunnels on %s:%s, http on %s:%s, host key %s", self.config.replica,
+                        self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port, self.config.bind,
+                        self.http_port, self.host_key.get_fingerprint())
             recheck = asyncio.ensure_future(self._recheck_loop())
             wakes = asyncio.ensure_future(self.routes.listen_wakes(self.wake))
             self.ready.set()
@@ -127,6 +136,9 @@ class Gateway:
                 recheck.cancel()
                 wakes.cancel()
                 ssh.close()
+                if http is not None:
+                    http.close()
+                    self.proxy.shutdown()
                 for session in list(self.sessions.values()):
                     self._end(session, "gateway shutting down")
                 for mux in list(self.tunnels.values()):

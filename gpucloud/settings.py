@@ -153,6 +153,9 @@ GATEWAY_SESSION_LIMIT = env_int("GATEWAY_SESSION_LIMIT", 20)
 # Where users reach the gateway: the host and port in the `connect` hints of the API and console.
 GATEWAY_PUBLIC_HOST = env_str("GATEWAY_PUBLIC_HOST", "127.0.0.1")
 GATEWAY_PUBLIC_SSH_PORT = env_int("GATEWAY_PUBLIC_SSH_PORT", GATEWAY_SSH_PORT)
+# The gateway's HTTP side: published container ports at <url>/i/<instance id>/<port>/, the web terminal.
+GATEWAY_HTTP_PORT = env_int("GATEWAY_HTTP_PORT", 8088)
+GATEWAY_PUBLIC_HTTP_URL = env_str("GATEWAY_PUBLIC_HTTP_URL", f"http://{GATEWAY_PUBLIC_HOST}:{GATEWAY_HTTP_PORT}")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

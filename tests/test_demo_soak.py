@@ -90,7 +90,8 @@ def test_demo_stays_up_under_load_and_restarts_a_killed_worker(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
     env.update(DJANGO_SETTINGS_MODULE="gpucloud.settings", DEBUG="1", GPUCLOUD_VAR_DIR=str(tmp_path),
                PORT=str(port), API_RATE_LIMIT="100000/min", AGENT_HEARTBEAT_INTERVAL_S="1",
-               PYTHONUNBUFFERED="1", GATEWAY_SSH_PORT=str(free_port()), GATEWAY_TUNNEL_PORT=str(free_port()))
+               PYTHONUNBUFFERED="1", GATEWAY_SSH_PORT=str(free_port()), GATEWAY_TUNNEL_PORT=str(free_port()),
+               GATEWAY_HTTP_PORT=str(free_port()))
     manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
     t0 = time.monotonic()
     log = tmp_path / "demo.log"

@@ -135,7 +135,7 @@ def start_tunnel(cfg: AgentConfig, agent: Agent, runtime: Runtime) -> AgentTunne
         SimConnector(runtime) if cfg.runtime == "sim" else DockerConnector(scope=cfg.docker_scope)
     )
     tunnel = AgentTunnel(
-        cfg.gateway_url,
+        [u.strip() for u in cfg.gateway_url.split(",") if u.strip()],
         token=lambda: agent.state.host_token if agent.state else None,
         connector=connector,
         on_wake=agent.wake,

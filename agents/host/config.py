@@ -55,7 +55,8 @@ class AgentConfig:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
     default_interval_s: float = 10.0  # until the control plane says otherwise
-    # ws(s):// URL of a gateway's tunnel endpoint; empty: no tunnel (no SSH/URLs into containers)
+    # ws(s):// URL of a gateway's tunnel endpoint, or several, comma-separated (gateway replicas:
+    # the agent moves to the next one when its connection fails); empty: no tunnel
     gateway_url: str = ""
 
     @classmethod
@@ -100,7 +101,7 @@ class AgentConfig:
             raise ConfigError("--docker-disk-gib must be >= 0")
         if cfg.sim_gpus < 0:
             raise ConfigError("--sim-gpus must be >= 0")
-        if cfg.gateway_url and not cfg.gateway_url.startswith(("ws://", "wss://")):
+        if cfg.gateway_url and not all(u.strip().startswith(("ws://", "wss://")) for u in cfg.gateway_url.split(",")):
             raise ConfigError("--gateway-url / GPUCLOUD_GATEWAY_URL must be a ws(s):// URL")
         for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s", "default_interval_s"):
             if getattr(cfg, name) <= 0:

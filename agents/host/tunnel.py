@@ -239,6 +239,7 @@ class _Demux:
 # ------------------------------------------------------------------ the simulated runtime
 
 
+_HTTP_REQUEST = re.compile(rb"^(GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS) \S+ HTTP/1\.[01]\r\n")
 _ARITH = re.compile(r"\$\(\(([-+*/%() 0-9]+)\)\)")
 
 
@@ -334,10 +335,15 @@ def _arith(expr: str) -> int:
 
 
 class SimConnector:
-    """The fake shell for exec streams and an echo server for TCP streams."""
+    """The fake shell for exec streams and an echo server for TCP streams.
 
-    def __init__(self, runtime: Runtime) -> None:
+    ``forward`` points container ports at real servers (port → (host, port)), so what a
+    simulated instance "serves" on a port can be any local server (a test's, the demo's).
+    """
+
+    def __init__(self, runtime: Runtime, forward: dict[int, tuple[str, int]] | None = None) -> None:
         self._runtime = runtime
+        self._forward = dict(forward or {})
 
     def _running(self, instance_id: str) -> bool:
         for _ in range(3):
@@ -406,8 +412,23 @@ class SimConnector:
         ):
             await stream.close("the instance has no running container on this host")
             return
+        port = int(stream.params.get("port", 0))
+        target = self._forward.get(port)
+        if target is not None:
+            await splice_tcp(stream, *target)
+            return
         await stream.mux.accept(stream)
+        first = True
         while data := await stream.read():
+            if first and _HTTP_REQUEST.match(data):  # the gateway's HTTP proxy: a page, not an echo
+                body = (f"<!doctype html><title>simulated instance</title><p>Port {port} of a simulated "
+                        f"instance, reached through the gateway. On a Docker host the container's own "
+                        f"server answers here.</p>\n").encode()
+                await stream.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
+                                   b"Connection: close\r\nContent-Length: " + str(len(body)).encode()
+                                   + b"\r\n\r\n" + body)
+                break
+            first = False
             await stream.write(data)
         await stream.write_eof()
 
@@ -418,12 +439,14 @@ class SimConnector:
 class AgentTunnel:
     """Keeps one WebSocket to ``url`` open in a thread of its own; serves streams over it.
 
-    ``token`` returns the current host token (None before registration: no dial).
+    ``token`` returns the current host token (None before registration: no dial). Given
+    several URLs (gateway replicas), it moves to the next one whenever a connection fails or
+    drops, so a dead replica costs one failed dial, not a backoff series.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | list[str],
         *,
         token: Callable[[], str | None],
         connector: Connector,
@@ -432,7 +455,8 @@ class AgentTunnel:
         backoff_cap_s: float = 10.0,
         rng: random.Random | None = None,
     ) -> None:
-        self.url = url
+        self.urls = [url] if isinstance(url, str) else list(url)
+        self._url_index = 0
         self._token = token
         self._connector = connector
         self._on_wake = on_wake
@@ -473,11 +497,18 @@ class AgentTunnel:
                     logger.warning("tunnel to %s failed: %s", self.url, e)
             self.connected.clear()
             attempt = 0 if served else attempt + 1
-            delay = backoff(attempt, self._base, self._cap, self._rng)
+            if token:
+                self._url_index = (self._url_index + 1) % len(self.urls)
+            # A fresh replica is tried at once; the backoff grows once every one has failed.
+            delay = backoff(attempt // len(self.urls), self._base, self._cap, self._rng)
             try:
                 await asyncio.wait_for(self._stop.wait(), delay)
             except TimeoutError:
                 pass
+
+    @property
+    def url(self) -> str:
+        return self.urls[self._url_index]
 
     async def _serve(self, token: str) -> bool:
         from websockets.asyncio.client import connect

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.agents.test_agent_api import make_sim_host, region, triggered  # noqa: F401 (fixtures)
 from tests.frontend.conftest import celery_stack, fast_metering, sim_host  # noqa: F401 (fixtures)
+from tests.gateway.test_gateway_ssh import keypair, running  # noqa: F401 (running: a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUCLOUD = Path(sys.executable).parent / "gpucloud"  # the console script `make` installs
@@ -180,3 +182,30 @@ def test_ssh_and_forward_exec_ssh_through_the_gateway_with_a_pinned_host_key(tmp
     with pytest.raises(gcli.Exit) as e:
         gcli.pin_host_key(connect, keyscan=lambda host, port: ["ssh-rsa AAAAB3NzaC1yc2EAAAADAQAB"])
     assert e.value.code == 1 and "refusing to connect" in e.value.message
+
+
+def test_gpucloud_ssh_runs_a_command_through_a_real_gateway(cli, running, alice, tmp_path, settings):  # noqa: F811
+    """Issue 16's acceptance: `gpucloud ssh NAME -- 'echo hi'` end to end. The gateway, its agent
+    tunnel and the instance are tests/gateway's (`running`: the simulated runtime's fake shell);
+    the key is offered by an ssh-agent (OpenSSH reads ~/.ssh from the passwd entry, not $HOME)."""
+    sim, w, gw = running
+    settings.GATEWAY_PUBLIC_SSH_PORT = gw.gw.ssh_port
+    settings.GATEWAY_HOST_KEY_PATH = gw.config.host_key_path  # the fingerprint the CLI pins
+    key, pub = keypair(tmp_path, "laptop")
+    agent_sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(agent_sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not agent_sock.exists():
+            assert time.monotonic() < deadline, "ssh-agent did not start"
+            time.sleep(0.02)
+        subprocess.run(["ssh-add", "-q", str(key)], env={**os.environ, "SSH_AUTH_SOCK": str(agent_sock)},
+                       check=True, timeout=10)
+        env = {"GPUCLOUD_URL": cli.url, "GPUCLOUD_API_KEY": alice.key, "SSH_AUTH_SOCK": str(agent_sock)}
+        assert cli("ssh-keys", "add", str(tmp_path / "laptop.pub"), "--name", "laptop", **env).returncode == 0
+        done = cli("ssh", w.name, "--", "echo hi-$((6*7)); exit 3", **env)
+        assert (done.stdout, done.returncode) == ("hi-42\n", 3), done.both
+        assert (tmp_path / ".config" / "gpucloud" / "known_hosts").read_text().count("ssh-ed25519") == 1
+    finally:
+        agent.terminate()
+        agent.wait(5)

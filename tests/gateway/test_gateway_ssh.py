@@ -39,6 +39,7 @@ class GatewayThread:
         self.gw = None
         self._stop = None
         self._started = threading.Event()
+        config.setdefault("http_port", 0)
         self.config = GatewayConfig(ssh_port=0, tunnel_port=0, host_key_path=tmp_path / "gw_key", recheck_s=0.5,
                                     **config)
         self.thread = threading.Thread(target=self._main, daemon=True)
@@ -66,25 +67,41 @@ class GatewayThread:
 @pytest.fixture
 def running(make_sim_host, alice, tmp_path):
     """alice's RUNNING instance on a sim host whose agent holds a tunnel to a gateway."""
+    sim, w = running_instance(make_sim_host, alice.tenant)
+    gw = GatewayThread(tmp_path)
+    tunnel = tunnel_up(sim, SimConnector(sim.runtime), gw)
+    yield sim, w, gw
+    tunnel.stop()
+    gw.stop()
+
+
+def running_instance(make_sim_host, tenant, ports=None):
+    """A sim host (registered) and a RUNNING instance of `tenant`'s on it."""
     sim = make_sim_host()
     sim.beat()
-    w = place(sim.host, alice.tenant)
+    w = place(sim.host, tenant)
+    if ports is not None:
+        w.ports = ports
+        w.save(update_fields=["ports"])
     sim.beat(2)
     assert state(w) == State.RUNNING
-    gw = GatewayThread(tmp_path)
-    tunnel = AgentTunnel(f"ws://127.0.0.1:{gw.gw.tunnel_port}/tunnel", token=lambda: sim.agent.state.host_token,
-                         connector=SimConnector(sim.runtime), backoff_base_s=0.05, backoff_cap_s=0.2)
+    return sim, w
+
+
+def tunnel_up(sim, connector, *gws):
+    """The sim host's agent tunnel to the first of `gws` that answers, up (bounded wait)."""
+    urls = [f"ws://127.0.0.1:{g.gw.tunnel_port}/tunnel" for g in gws]
+    tunnel = AgentTunnel(urls if len(urls) > 1 else urls[0], token=lambda: sim.agent.state.host_token,
+                         connector=connector, backoff_base_s=0.05, backoff_cap_s=0.2)
     tunnel.start()
     host_id = str(sim.host.pk)
     ready = threading.Event()
     for _ in range(200):  # bounded: the gateway registers the tunnel right after the handshake
-        if host_id in gw.gw.tunnels:
+        if any(host_id in g.gw.tunnels for g in gws):
             break
         ready.wait(0.05)
-    assert host_id in gw.gw.tunnels
-    yield sim, w, gw
-    tunnel.stop()
-    gw.stop()
+    assert any(host_id in g.gw.tunnels for g in gws)
+    return tunnel
 
 
 def ssh(port, key, user, *args, **kw):

@@ -121,6 +121,8 @@ class Command(BaseCommand):
             self.stdout.write(f"ssh:            ssh -p {settings.GATEWAY_PUBLIC_SSH_PORT} <instance id>@"
                               f"{settings.GATEWAY_PUBLIC_HOST}  (a key saved under Settings > SSH keys; "
                               "a simulated instance answers with a fake shell)")
+            self.stdout.write(f"ports, terminal: {settings.GATEWAY_PUBLIC_HTTP_URL}/i/<instance id>/<port>/  "
+                              "(signed in to the console; its instance page links them and opens a terminal)")
             call_command("demo_setup")  # prints the logins again, below the URL
             self.stdout.write("Ctrl-C stops everything; a process that dies is restarted.\n")
             self.stdout.flush()
