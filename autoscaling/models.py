@@ -7,7 +7,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
-from django.utils import timezone
+from django.utils.timezone import now
 
 from autoscaling.choices import ActivityKind, AdjustmentType, PolicyKind, PolicyMetric
 from gpucloud.catalogue.models import InstanceType, Region
@@ -44,7 +44,7 @@ class AutoscalingGroup(models.Model):
     last_scale_in_at = models.DateTimeField(null=True, blank=True)
     reconciled_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=now)
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = TenantOwnedQuerySet.as_manager()
@@ -71,7 +71,7 @@ class GroupMember(models.Model):
     workload = models.OneToOneField(Workload, on_delete=models.CASCADE, related_name="group_member")
     billing = models.CharField(max_length=10)
     protected = models.BooleanField(default=False, help_text="never removed by scale-in")
-    launched_at = models.DateTimeField(default=timezone.now)
+    launched_at = models.DateTimeField(default=now)
     detached_at = models.DateTimeField(null=True, blank=True)
     detach_reason = models.CharField(max_length=500, blank=True)
 
@@ -103,7 +103,7 @@ class ScalingPolicy(models.Model):
     steps = models.JSONField(default=list, blank=True)
     cooldown_s = models.PositiveIntegerField(default=300)
     last_run_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=now)
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -123,7 +123,7 @@ class ScheduledAction(models.Model):
     max_size = models.PositiveIntegerField(null=True, blank=True)
     desired = models.PositiveIntegerField(null=True, blank=True)
     last_run_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=now)
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -141,7 +141,7 @@ class Activity(models.Model):
     from_desired = models.PositiveIntegerField(null=True, blank=True)
     to_desired = models.PositiveIntegerField(null=True, blank=True)
     instances = models.JSONField(default=list, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=now)
 
     class Meta:
         ordering = ["-created_at", "-id"]
