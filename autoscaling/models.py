@@ -85,6 +85,8 @@ class GroupMember(models.Model):
 
 class ScalingPolicy(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # the group's tenant, kept here so reads go through `for_tenant` like every tenant-owned row
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     group = models.ForeignKey(AutoscalingGroup, on_delete=models.CASCADE, related_name="policies")
     name = models.CharField(max_length=60)
     kind = models.CharField(max_length=20, choices=PolicyKind.choices)
@@ -109,12 +111,16 @@ class ScalingPolicy(models.Model):
         ordering = ["created_at", "id"]
         constraints = [models.UniqueConstraint(fields=["group", "name"], name="asg_policy_name")]
 
+    objects = TenantOwnedQuerySet.as_manager()
+
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
 
 
 class ScheduledAction(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # the group's tenant, kept here so reads go through `for_tenant` like every tenant-owned row
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     group = models.ForeignKey(AutoscalingGroup, on_delete=models.CASCADE, related_name="scheduled_actions")
     name = models.CharField(max_length=60)
     cron = models.CharField(max_length=100, help_text="five fields: minute hour day-of-month month day-of-week")
@@ -128,6 +134,8 @@ class ScheduledAction(models.Model):
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [models.UniqueConstraint(fields=["group", "name"], name="asg_scheduled_name")]
+
+    objects = TenantOwnedQuerySet.as_manager()
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} {self.timezone})"

@@ -11,7 +11,6 @@ land together evaluate a group once.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 import zoneinfo
 from collections import defaultdict
@@ -185,7 +184,7 @@ def policy_create(*, group: AutoscalingGroup, **fields: Any) -> ScalingPolicy:
     if ScalingPolicy.objects.filter(group=group, name=fields["name"]).exists():
         raise InvalidInput("The group already has a policy of that name.", code="conflict",
                            fields={"name": ["Already used."]})
-    policy = ScalingPolicy.objects.create(group=group, **fields)
+    policy = ScalingPolicy.objects.create(group=group, tenant_id=group.tenant_id, **fields)
     audit_record(tenant=group.tenant, action="scaling_policy.create", obj=policy, object_repr=policy.name)
     return policy
 
@@ -228,7 +227,8 @@ def scheduled_create(*, group: AutoscalingGroup, now: datetime | None = None, **
     if ScheduledAction.objects.filter(group=group, name=fields["name"]).exists():
         raise InvalidInput("The group already has a scheduled action of that name.", code="conflict",
                            fields={"name": ["Already used."]})
-    action = ScheduledAction.objects.create(group=group, created_at=now or timezone.now(), **fields)
+    action = ScheduledAction.objects.create(group=group, tenant_id=group.tenant_id, created_at=now or timezone.now(),
+                                            **fields)
     audit_record(tenant=group.tenant, action="scheduled_action.create", obj=action, object_repr=action.name)
     return action
 
@@ -503,7 +503,3 @@ def scaling_policy_execute(*, policy_id: Any, alarm_state: str, reason: str, met
 
 def next_runs(action: ScheduledAction, now: datetime | None = None) -> datetime:
     return core.cron_next_fire(action.cron, action.timezone, now or timezone.now())
-
-
-def ceil_div(a: float, b: float) -> int:
-    return math.ceil(a / b) if b else 0
