@@ -107,11 +107,11 @@ class ScalingPolicy(models.Model):
     last_run_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=now)
 
+    objects = TenantOwnedQuerySet.as_manager()
+
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [models.UniqueConstraint(fields=["group", "name"], name="asg_policy_name")]
-
-    objects = TenantOwnedQuerySet.as_manager()
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
@@ -131,11 +131,11 @@ class ScheduledAction(models.Model):
     last_run_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=now)
 
+    objects = TenantOwnedQuerySet.as_manager()
+
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [models.UniqueConstraint(fields=["group", "name"], name="asg_scheduled_name")]
-
-    objects = TenantOwnedQuerySet.as_manager()
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} {self.timezone})"

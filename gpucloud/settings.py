@@ -285,6 +285,9 @@ SPECTACULAR_SETTINGS = {
         "PriceKindEnum": "gpucloud.catalogue.choices.PriceKind",
         "WorkloadStateEnum": "scheduler.choices.State",
         "WorkloadKindEnum": "scheduler.choices.WorkloadKind",
+        "ScalingPolicyKindEnum": "autoscaling.choices.PolicyKind",
+        "ScalingPolicyMetricEnum": "autoscaling.choices.PolicyMetric",
+        "ActivityKindEnum": "autoscaling.choices.ActivityKind",
     },
 }
 

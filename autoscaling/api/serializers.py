@@ -53,7 +53,7 @@ class GroupUpdateSerializer(StrictSerializer):
         return WorkloadCreateSerializer().validate_image(value)
 
 
-class MemberSerializer(serializers.ModelSerializer):
+class GroupMemberSerializer(serializers.ModelSerializer):
     instance = serializers.UUIDField(source="workload_id")
     name = serializers.CharField(source="workload.name")
     state = serializers.CharField(source="workload.state")
@@ -77,12 +77,12 @@ class GroupSerializer(serializers.ModelSerializer):
                   "members", "last_scale_out_at", "last_scale_in_at", "reconciled_at", "created_at"]
         read_only_fields = fields
 
-    @extend_schema_field(MemberSerializer(many=True))
+    @extend_schema_field(GroupMemberSerializer(many=True))
     def get_members(self, obj) -> list:
         members = getattr(obj, "live_members", None)
         if members is None:
             members = obj.members.filter(detached_at__isnull=True).select_related("workload")
-        return MemberSerializer(members, many=True).data
+        return GroupMemberSerializer(members, many=True).data
 
 
 class ProtectionSerializer(StrictSerializer):

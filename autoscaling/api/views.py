@@ -59,7 +59,7 @@ class AutoscalingGroupViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, 
         page = self.paginate_queryset(selectors.activity_list(group=group))
         return self.get_paginated_response(s.ActivitySerializer(page, many=True).data)
 
-    @extend_schema(request=s.ProtectionSerializer, responses=s.MemberSerializer)
+    @extend_schema(request=s.ProtectionSerializer, responses=s.GroupMemberSerializer)
     @action(detail=True, methods=["post"])
     def protection(self, request, *args, **kwargs):
         """Turn scale-in protection of one member on or off."""
@@ -69,7 +69,7 @@ class AutoscalingGroupViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, 
         member = services.member_protect(group=group, instance_id=ser.validated_data["instance"],
                                          protected=ser.validated_data["protected"])
         member.refresh_from_db()
-        return Response(s.MemberSerializer(member).data)
+        return Response(s.GroupMemberSerializer(member).data)
 
 
 class ScalingPolicyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):

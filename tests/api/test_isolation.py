@@ -88,10 +88,9 @@ def _ssh_key(actor):
 def _group(actor):
     import uuid
 
-    from autoscaling.services import group_create
-
     from django.core.management import call_command
 
+    from autoscaling.services import group_create
     from gpucloud.catalogue.models import InstanceType
 
     if not InstanceType.objects.exists():

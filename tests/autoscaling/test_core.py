@@ -100,7 +100,8 @@ def test_protected_members_are_kept_above_desired_with_a_note():
 
 
 def test_scale_in_takes_members_not_yet_running_first_then_the_newest():
-    ms = (*members(3), Member(id="p", state="pending", billing="spot", protected=False, launched_at=NOW - timedelta(hours=2)))
+    old = NOW - timedelta(hours=2)
+    ms = (*members(3), Member(id="p", state="pending", billing="spot", protected=False, launched_at=old))
     d = decide(Group(min_size=0, max_size=5, desired=2, members=ms), NOW)
     assert [mid for mid, _ in d.terminate] == ["p", "m2"]
 
