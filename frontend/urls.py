@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
+from autoscaling import console as groups
 from frontend import account_views as account
 from frontend import views
 from scheduler.choices import WorkloadKind
@@ -41,6 +42,13 @@ console = [
     path("launch/price", views.launch_price, name="launch_price"),
     *_workload_routes("instances", WorkloadKind.INSTANCE, "instance"),
     *_workload_routes("jobs", WorkloadKind.JOB, "job"),
+    path("groups/", groups.group_list, name="groups"),
+    path("groups/new", groups.group_create, name="group_create"),
+    path("groups/<uuid:pk>/", groups.group_detail, name="group"),
+    path("groups/<uuid:pk>/scale", groups.group_scale, name="group_scale"),
+    path("groups/<uuid:pk>/protect", groups.group_protect, name="group_protect"),
+    path("groups/<uuid:pk>/schedule", groups.group_schedule, name="group_schedule"),
+    path("groups/<uuid:pk>/delete", groups.group_delete, name="group_delete"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),
