@@ -129,6 +129,11 @@ def group_detail(request, pk):
     return render(request, "autoscaling/group_detail.html", ctx)
 
 
+def _refused(request, group, form):
+    messages.error(request, "Not saved: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+    return redirect("console:group", group.pk)
+
+
 def _done(request, group, fn, ok: str):
     try:
         fn()
@@ -144,8 +149,7 @@ def group_scale(request, pk):
     group = _group(request, pk)
     form = ScaleForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Not saved: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
-        return redirect("console:group", group.pk)
+        return _refused(request, group, form)
     return _done(request, group, lambda: services.group_update(group=group, **form.cleaned_data),
                  "Sizes saved; the group converges to them now.")
 
@@ -169,8 +173,7 @@ def group_schedule(request, pk):
     group = _group(request, pk)
     form = ScheduleForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Not saved: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
-        return redirect("console:group", group.pk)
+        return _refused(request, group, form)
     return _done(request, group, lambda: services.scheduled_create(group=group, **form.cleaned_data),
                  f"Scheduled action {form.cleaned_data['name']} added.")
 

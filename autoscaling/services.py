@@ -158,6 +158,12 @@ def member_protect(*, group: AutoscalingGroup, instance_id: uuid.UUID, protected
 # ------------------------------------------------------------------ policies and scheduled actions
 
 
+def _check_unique(model, group: AutoscalingGroup, name: str, what: str, exclude: Any = None) -> None:
+    if model.objects.filter(group=group, name=name).exclude(pk=exclude).exists():
+        raise InvalidInput(f"The group already has {what} named {name!r}.", code="conflict",
+                           fields={"name": ["Already used."]})
+
+
 def _check_policy(kind: str, fields: dict[str, Any]) -> None:
     errors: dict[str, list[str]] = {}
     if kind == PolicyKind.TARGET_TRACKING:
@@ -181,9 +187,7 @@ def _check_policy(kind: str, fields: dict[str, Any]) -> None:
 @transaction.atomic
 def policy_create(*, group: AutoscalingGroup, **fields: Any) -> ScalingPolicy:
     _check_policy(fields["kind"], fields)
-    if ScalingPolicy.objects.filter(group=group, name=fields["name"]).exists():
-        raise InvalidInput("The group already has a policy of that name.", code="conflict",
-                           fields={"name": ["Already used."]})
+    _check_unique(ScalingPolicy, group, fields["name"], "a policy")
     policy = ScalingPolicy.objects.create(group=group, tenant_id=group.tenant_id, **fields)
     audit_record(tenant=group.tenant, action="scaling_policy.create", obj=policy, object_repr=policy.name)
     return policy
@@ -194,10 +198,7 @@ def policy_update(*, policy: ScalingPolicy, **changes: Any) -> ScalingPolicy:
     for key, value in changes.items():
         setattr(policy, key, value)
     _check_policy(policy.kind, {f.name: getattr(policy, f.name) for f in ScalingPolicy._meta.fields})
-    if "name" in changes and ScalingPolicy.objects.filter(group=policy.group_id, name=policy.name) \
-            .exclude(pk=policy.pk).exists():
-        raise InvalidInput("The group already has a policy of that name.", code="conflict",
-                           fields={"name": ["Already used."]})
+    _check_unique(ScalingPolicy, policy.group, policy.name, "a policy", exclude=policy.pk)
     policy.save()
     audit_record(tenant=policy.group.tenant, action="scaling_policy.update", obj=policy, object_repr=policy.name)
     return policy
@@ -224,9 +225,7 @@ def _check_scheduled(fields: dict[str, Any]) -> None:
 def scheduled_create(*, group: AutoscalingGroup, now: datetime | None = None, **fields: Any) -> ScheduledAction:
     fields.setdefault("timezone", "UTC")
     _check_scheduled(fields)
-    if ScheduledAction.objects.filter(group=group, name=fields["name"]).exists():
-        raise InvalidInput("The group already has a scheduled action of that name.", code="conflict",
-                           fields={"name": ["Already used."]})
+    _check_unique(ScheduledAction, group, fields["name"], "a scheduled action")
     action = ScheduledAction.objects.create(group=group, tenant_id=group.tenant_id, created_at=now or timezone.now(),
                                             **fields)
     audit_record(tenant=group.tenant, action="scheduled_action.create", obj=action, object_repr=action.name)
@@ -238,6 +237,7 @@ def scheduled_update(*, action: ScheduledAction, **changes: Any) -> ScheduledAct
     for key, value in changes.items():
         setattr(action, key, value)
     _check_scheduled({f.name: getattr(action, f.name) for f in ScheduledAction._meta.fields})
+    _check_unique(ScheduledAction, action.group, action.name, "a scheduled action", exclude=action.pk)
     action.save()
     audit_record(tenant=action.group.tenant, action="scheduled_action.update", obj=action, object_repr=action.name)
     return action

@@ -1,7 +1,7 @@
 """Autoscaling groups, their scaling policies and scheduled actions (docs/autoscaling.md)."""
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -72,61 +72,80 @@ class AutoscalingGroupViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, 
         return Response(s.GroupMemberSerializer(member).data)
 
 
-class ScalingPolicyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+class _GroupPartViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+    """A resource that belongs to one of the tenant's groups (named by `group` when created)."""
+
+    http_method_names = _METHODS
+    permission_map = _PERMS
+    create_serializer: type
+    update_serializer: type
+
+    def _create(self, group, data):
+        raise NotImplementedError
+
+    def _update(self, obj, data):
+        raise NotImplementedError
+
+    def _delete(self, obj) -> None:
+        raise NotImplementedError
+
+    def create(self, request, *args, **kwargs):
+        ser = self.create_serializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        data = dict(ser.validated_data)
+        group = selectors.group_get(tenant=self.tenant, pk=data.pop("group"))
+        return Response(self.serializer_class(self._create(group, data)).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, *args, **kwargs):
+        obj = self.get_object()
+        ser = self.update_serializer(data=request.data)
+        ser.is_valid(raise_exception=True)
+        return Response(self.serializer_class(self._update(obj, ser.validated_data)).data)
+
+    def destroy(self, request, *args, **kwargs):
+        self._delete(self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema_view(
+    create=extend_schema(request=s.PolicyCreateSerializer, responses={201: s.PolicySerializer}),
+    partial_update=extend_schema(request=s.PolicyUpdateSerializer, responses=s.PolicySerializer),
+)
+class ScalingPolicyViewSet(_GroupPartViewSet):
     """Target tracking (kept by the group at each evaluation) and step scaling (run by alarms)."""
 
     selector = selectors.policy_list
     serializer_class = s.PolicySerializer
-    http_method_names = _METHODS
-    permission_map = _PERMS
+    create_serializer = s.PolicyCreateSerializer
+    update_serializer = s.PolicyUpdateSerializer
 
-    @extend_schema(request=s.PolicyCreateSerializer, responses={201: s.PolicySerializer})
-    def create(self, request, *args, **kwargs):
-        ser = s.PolicyCreateSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        data = dict(ser.validated_data)
-        group = selectors.group_get(tenant=self.tenant, pk=data.pop("group"))
-        policy = services.policy_create(group=group, **data)
-        return Response(s.PolicySerializer(policy).data, status=status.HTTP_201_CREATED)
+    def _create(self, group, data):
+        return services.policy_create(group=group, **data)
 
-    @extend_schema(request=s.PolicyUpdateSerializer, responses=s.PolicySerializer)
-    def partial_update(self, request, *args, **kwargs):
-        policy = self.get_object()
-        ser = s.PolicyUpdateSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        policy = services.policy_update(policy=policy, **ser.validated_data)
-        return Response(s.PolicySerializer(policy).data)
+    def _update(self, obj, data):
+        return services.policy_update(policy=obj, **data)
 
-    def destroy(self, request, *args, **kwargs):
-        services.policy_delete(policy=self.get_object())
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    def _delete(self, obj) -> None:
+        services.policy_delete(policy=obj)
 
 
-class ScheduledActionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+@extend_schema_view(
+    create=extend_schema(request=s.ScheduledCreateSerializer, responses={201: s.ScheduledActionSerializer}),
+    partial_update=extend_schema(request=s.ScheduledWriteSerializer, responses=s.ScheduledActionSerializer),
+)
+class ScheduledActionViewSet(_GroupPartViewSet):
     """Cron-timed changes of a group's min, max and desired, in a time zone."""
 
     selector = selectors.scheduled_list
     serializer_class = s.ScheduledActionSerializer
-    http_method_names = _METHODS
-    permission_map = _PERMS
+    create_serializer = s.ScheduledCreateSerializer
+    update_serializer = s.ScheduledWriteSerializer
 
-    @extend_schema(request=s.ScheduledCreateSerializer, responses={201: s.ScheduledActionSerializer})
-    def create(self, request, *args, **kwargs):
-        ser = s.ScheduledCreateSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        data = dict(ser.validated_data)
-        group = selectors.group_get(tenant=self.tenant, pk=data.pop("group"))
-        act = services.scheduled_create(group=group, **data)
-        return Response(s.ScheduledActionSerializer(act).data, status=status.HTTP_201_CREATED)
+    def _create(self, group, data):
+        return services.scheduled_create(group=group, **data)
 
-    @extend_schema(request=s.ScheduledWriteSerializer, responses=s.ScheduledActionSerializer)
-    def partial_update(self, request, *args, **kwargs):
-        act = self.get_object()
-        ser = s.ScheduledWriteSerializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        act = services.scheduled_update(action=act, **ser.validated_data)
-        return Response(s.ScheduledActionSerializer(act).data)
+    def _update(self, obj, data):
+        return services.scheduled_update(action=obj, **data)
 
-    def destroy(self, request, *args, **kwargs):
-        services.scheduled_delete(action=self.get_object())
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    def _delete(self, obj) -> None:
+        services.scheduled_delete(action=obj)
