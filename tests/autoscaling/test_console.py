@@ -86,3 +86,20 @@ def test_a_viewer_sees_no_controls_and_another_tenant_gets_404(alice, victor, ch
         resp = other.post(url, {}) if path else other.get(url)
         assert resp.status_code == 404, path
     assert AutoscalingGroup.objects.filter(pk=group.pk).exists()
+
+
+def test_operators_see_every_autoscaling_model_in_the_admin(admin_client, alice, no_queue):
+    from django.apps import apps
+    from django.contrib import admin
+    from django.urls import reverse
+
+    group = services.group_create(tenant=alice.tenant, name="g", instance_type="h100.1x", region="us-east-1",
+                                  image="busybox", max_size=2, desired=1)
+    services.reconcile_group(group.pk)
+    for model in apps.get_app_config("autoscaling").get_models():
+        assert model in admin.site._registry, model.__name__
+        url = reverse(f"admin:autoscaling_{model._meta.model_name}_changelist")
+        assert admin_client.get(url, {"q": "g"}).status_code == 200, model.__name__
+    resp = admin_client.get(reverse("admin:autoscaling_autoscalinggroup_change", args=[group.pk]))
+    page = resp.content.decode()
+    assert resp.status_code == 200 and GroupMember.objects.get(group=group).workload.name in page
