@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 
 from frontend import account_views as account
-from frontend import views
+from frontend import groups, views
 from scheduler.choices import WorkloadKind
 
 
@@ -42,6 +42,13 @@ console = [
     *_workload_routes("instances", WorkloadKind.INSTANCE, "instance"),
     path("instances/<uuid:pk>/terminal/", views.instance_terminal, name="instance_terminal"),
     *_workload_routes("jobs", WorkloadKind.JOB, "job"),
+    path("groups/", groups.group_list, name="groups"),
+    path("groups/new", groups.group_create, name="group_create"),
+    path("groups/<uuid:pk>/", groups.group_detail, name="group"),
+    path("groups/<uuid:pk>/scale", groups.group_scale, name="group_scale"),
+    path("groups/<uuid:pk>/protect", groups.group_protect, name="group_protect"),
+    path("groups/<uuid:pk>/schedule", groups.group_schedule, name="group_schedule"),
+    path("groups/<uuid:pk>/delete", groups.group_delete, name="group_delete"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),

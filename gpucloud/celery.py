@@ -29,6 +29,10 @@ app.conf.beat_schedule = {
     # Heartbeats answered from Redis (agents/fastpath.py): samples and liveness -> PostgreSQL.
     "heartbeats-flush": {"task": "agents.tasks.heartbeats_flush_task", "schedule": 1.0,
                          "options": {"expires": 10}},
+    # Autoscaling groups and batch pools: scheduled actions, policies, health (autoscaling/services.py).
+    "autoscaling-reconcile": {"task": "autoscaling.tasks.autoscaling_reconcile_task",
+                              "schedule": float(os.environ.get("AUTOSCALING_TICK_S", "30")),
+                              "options": {"expires": 60}},
     # GPU samples: raw ones averaged into minutes, both pruned to their retention.
     "gpu-samples-rollup": {"task": "agents.tasks.gpu_samples_rollup_task", "schedule": 60.0},
     # Billing: post closed windows of usage (idempotent), then enforce balances and budgets.

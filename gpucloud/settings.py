@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "billing",
     "agents",
     "frontend",
+    "autoscaling",
 ]
 
 MIDDLEWARE = [
@@ -287,6 +288,9 @@ SPECTACULAR_SETTINGS = {
         "PriceKindEnum": "gpucloud.catalogue.choices.PriceKind",
         "WorkloadStateEnum": "scheduler.choices.State",
         "WorkloadKindEnum": "scheduler.choices.WorkloadKind",
+        "ScalingPolicyKindEnum": "autoscaling.choices.PolicyKind",
+        "ScalingPolicyMetricEnum": "autoscaling.choices.PolicyMetric",
+        "ActivityKindEnum": "autoscaling.choices.ActivityKind",
     },
 }
 
@@ -351,6 +355,10 @@ AGENT_PIDS_LIMIT = env_int("AGENT_PIDS_LIMIT", 4096)
 AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeats need 12/min
 # GPU samples from heartbeats: raw for an hour, then 1-minute averages for 30 days.
 GPU_SAMPLE_RAW_RETENTION_S = env_int("GPU_SAMPLE_RAW_RETENTION_S", 3600)
+# Autoscaling (docs/autoscaling.md): the beat evaluates a group at most once per this many seconds,
+# however many workers run its tick; a change to a group queues an evaluation at once.
+AUTOSCALING_MIN_INTERVAL_S = env_int("AUTOSCALING_MIN_INTERVAL_S", 15)
+AUTOSCALING_RECONCILE_ON_CHANGE = env_bool("AUTOSCALING_RECONCILE_ON_CHANGE", True)
 GPU_SAMPLE_MINUTE_RETENTION_DAYS = env_int("GPU_SAMPLE_MINUTE_RETENTION_DAYS", 30)
 
 # Billing (docs/billing.md). Money is Decimal, read from the environment exactly.

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
+from autoscaling.api import views as autoscaling
 from billing.api import views as billing
 from frontend.api import views as ssh_keys
 from gpucloud.api.errors import not_found
@@ -35,6 +36,9 @@ router.register("ledger", billing.LedgerViewSet, basename="ledger-entry")
 router.register("invoices", billing.InvoiceViewSet, basename="invoice")
 router.register("budgets", billing.BudgetViewSet, basename="budget")
 router.register("ssh-keys", ssh_keys.SshKeyViewSet, basename="ssh-key")
+router.register("autoscaling-groups", autoscaling.AutoscalingGroupViewSet, basename="autoscaling-group")
+router.register("scaling-policies", autoscaling.ScalingPolicyViewSet, basename="scaling-policy")
+router.register("scheduled-actions", autoscaling.ScheduledActionViewSet, basename="scheduled-action")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),

@@ -954,6 +954,11 @@ def _api_error(e: errors.ApiError) -> str:
     return "\n".join(lines)
 
 
+from gpucloud_sdk.cli_groups import groups_app  # noqa: E402  (it builds on the helpers above)
+
+app.add_typer(groups_app, name="groups")
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console script: map the SDK's errors to the documented exit codes."""
     code = EXIT_OK

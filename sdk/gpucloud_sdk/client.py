@@ -172,6 +172,11 @@ class Client:
         self.budgets = Budgets(self)
         self.spot_prices = SpotPrices(self)
         self.metrics = Metrics(self)
+        from gpucloud_sdk.autoscaling import AutoscalingGroups, ScalingPolicies, ScheduledActions
+
+        self.groups = AutoscalingGroups(self)
+        self.scaling_policies = ScalingPolicies(self)
+        self.scheduled_actions = ScheduledActions(self)
 
     # context manager
     def __enter__(self) -> Client:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from autoscaling.models import AutoscalingGroup, ScalingPolicy, ScheduledAction
 from billing.models import Budget, Invoice, LedgerEntry
 from frontend.models import SshKey
 from gpucloud.tenancy.choices import Role
@@ -84,6 +85,32 @@ def _ssh_key(actor):
     return ssh_key_add(membership=actor.membership, name=f"key-{actor.tenant.slug}", public_key=ED25519)
 
 
+def _group(actor):
+    import uuid
+
+    from django.core.management import call_command
+
+    from autoscaling.services import group_create
+    from gpucloud.catalogue.models import InstanceType
+
+    if not InstanceType.objects.exists():
+        call_command("seed_catalog", stdout=open("/dev/null", "w"))
+    return group_create(tenant=actor.tenant, name=f"g-{uuid.uuid4().hex[:8]}", instance_type="h100.1x",
+                        region="us-east-1", image="busybox", max_size=2)
+
+
+def _policy(actor):
+    from autoscaling.services import policy_create
+
+    return policy_create(group=_group(actor), name="util", kind="target_tracking", metric="gpu_util", target=50)
+
+
+def _scheduled(actor):
+    from autoscaling.services import scheduled_create
+
+    return scheduled_create(group=_group(actor), name="night", cron="0 20 * * *", desired=0)
+
+
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMeVOCYy/wjDgJNKrNZvHv2AK3f35LoEeTzSNC4Zt7Rj t@x"
 
 
@@ -106,6 +133,11 @@ TENANT_OBJECT_ROUTES = {
     "ledger-entry-detail": _ledger_entry,
     "invoice-detail": _invoice,
     "budget-detail": _budget,
+    "autoscaling-group-detail": _group,
+    "autoscaling-group-activities": _group,
+    "autoscaling-group-protection": _group,
+    "scaling-policy-detail": _policy,
+    "scheduled-action-detail": _scheduled,
 }
 # route name -> the model whose rows a list must restrict to the tenant
 TENANT_LIST_ROUTES = {
@@ -119,6 +151,9 @@ TENANT_LIST_ROUTES = {
     "invoice-list": Invoice,
     "budget-list": Budget,
     "ssh-key-list": SshKey,
+    "autoscaling-group-list": AutoscalingGroup,
+    "scaling-policy-list": ScalingPolicy,
+    "scheduled-action-list": ScheduledAction,
 }
 # route name -> (query parameter naming the object, factory, other parameters): GET with another
 # tenant's id is 404

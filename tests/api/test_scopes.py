@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
 
+from autoscaling.services import group_create, policy_create, scheduled_create
 from billing.models import Invoice, LedgerEntry
 from billing.services import budget_create
 from frontend.services import ssh_key_add
@@ -155,6 +156,14 @@ def world(db) -> World:
         "budget": budget_create(tenant=alice.tenant, name="b", monthly_amount=Decimal("100")),
         "ssh-key": ssh_key_add(membership=alice.membership, name="laptop", public_key=ED25519),
     }
+    group = group_create(tenant=alice.tenant, name="g", instance_type="h100.1x", region="us-east-1",
+                         image="busybox", max_size=2)
+    objects |= {
+        "autoscaling-group": group,
+        "scaling-policy": policy_create(group=group, name="p", kind="target_tracking", metric="gpu_util",
+                                        target=50),
+        "scheduled-action": scheduled_create(group=group, name="s", cron="0 20 * * *", desired=0),
+    }
     bodies = {
         ("tenant", "PATCH"): {"name": "Acme 2"},
         ("member-detail", "PATCH"): {"role": Role.OWNER},
@@ -167,6 +176,15 @@ def world(db) -> World:
         ("budget-detail", "PUT"): {"name": "b3", "monthly_amount": "20"},
         ("budget-detail", "PATCH"): {"monthly_amount": "20"},
         ("ssh-key-list", "POST"): {"name": "desk", "public_key": ED25519},
+        ("autoscaling-group-list", "POST"): {**launch, "max_size": 1},
+        ("autoscaling-group-detail", "PATCH"): {"desired": 1},
+        ("autoscaling-group-protection", "POST"): {"instance": str(objects["instance"].pk), "protected": True},
+        ("scaling-policy-list", "POST"): {"group": str(group.pk), "name": "p2", "kind": "target_tracking",
+                                          "metric": "gpu_util", "target": 60},
+        ("scaling-policy-detail", "PATCH"): {"target": 70},
+        ("scheduled-action-list", "POST"): {"group": str(group.pk), "name": "s2", "cron": "0 8 * * *",
+                                            "desired": 1},
+        ("scheduled-action-detail", "PATCH"): {"desired": 2},
     }
     for secret in keys.values():  # first use is recorded; do it before any snapshot
         _client(secret).get("/api/v1/tenant")

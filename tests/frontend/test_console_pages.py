@@ -30,7 +30,14 @@ def acme(alice, victor, catalog):
     ssh_key_add(membership=alice.membership, name="laptop",
                 public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0cmFpbmluZ2tleWZvcnRlc3RzIGxvbmc alice@laptop")
     invoice = invoice_refresh(tenant_id=alice.tenant.pk, month=timezone.now().date())
-    return {"instance": instance, "job": job, "invoice": invoice}
+    from autoscaling.services import group_create, reconcile_group, scheduled_create
+
+    group = group_create(tenant=alice.tenant, user=alice.user, name="inference-servers-with-a-long-name",
+                         instance_type="h100.1x", region="us-east-1", image="vllm/vllm-openai:latest",
+                         min_size=1, max_size=4, desired=2, job_queue="render-frames-queue")
+    scheduled_create(group=group, name="weeknights", cron="0 20 * * 1-5", timezone="Europe/Berlin", desired=1)
+    reconcile_group(group.pk)
+    return {"instance": instance, "job": job, "invoice": invoice, "group": group}
 
 
 def test_every_page_fits_a_phone(phone, live_server, alice, acme):
@@ -40,7 +47,8 @@ def test_every_page_fits_a_phone(phone, live_server, alice, acme):
         "jobs": "/console/jobs/", "job": f"/console/jobs/{acme['job'].pk}/", "usage": "/console/usage/",
         "invoice": f"/console/invoices/{acme['invoice'].pk}/", "api-keys": "/console/settings/api-keys/",
         "ssh-keys": "/console/settings/ssh-keys/", "members": "/console/settings/members/",
-        "quotas": "/console/settings/quotas/",
+        "quotas": "/console/settings/quotas/", "groups": "/console/groups/", "group-create": "/console/groups/new",
+        "group": f"/console/groups/{acme['group'].pk}/",
     }
     for name, url in {"signin": "/console/signin/", "signup": "/console/signup/", "home": "/"}.items():
         phone.goto(url)

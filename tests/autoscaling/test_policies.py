@@ -1,0 +1,98 @@
+"""Autoscaling without hosts: scheduled actions with a test clock, batch pools following a job
+queue, step scaling called as an alarm action, the beat's guard. Members are launched through
+the instance service (they wait PENDING: placing them is tests/autoscaling/test_groups.py's part)."""
+from __future__ import annotations
+
+import uuid
+import zoneinfo
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from autoscaling import services
+from autoscaling.models import AutoscalingGroup
+from scheduler.models import Workload
+from tests.agents.test_agent_api import region, triggered  # noqa: F401 (fixtures)
+from tests.autoscaling.test_groups import causes, live, make_group, prices  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_scheduled_action_changes_desired_at_its_time(prices, alice):
+    group = make_group(alice, min_size=0, desired=0, max_size=4)
+    created = timezone.now().replace(second=0, microsecond=0)
+    services.scheduled_create(group=group, name="morning", cron="0 9 * * *", timezone="Europe/Berlin",
+                              desired=3, now=created)
+    berlin_9 = (created + timedelta(days=1)).astimezone(zoneinfo.ZoneInfo("Europe/Berlin")) \
+        .replace(hour=9, minute=0, second=0, microsecond=0)
+    services.reconcile_group(group.pk, now=berlin_9 - timedelta(minutes=1))
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 0 and live(group) == []
+    services.reconcile_group(group.pk, now=berlin_9 + timedelta(seconds=20))
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3 and len(live(group)) == 3
+    assert any("scheduled action morning (0 9 * * * Europe/Berlin" in c and "desired 0 → 3" in c
+               for c in causes(group))
+    # once per time: set it back by hand, the same 09:00 does not fire again
+    services.group_update(group=group, desired=1)
+    services.reconcile_group(group.pk, now=berlin_9 + timedelta(minutes=30))
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 1
+
+
+def test_a_job_queue_grows_its_pool_and_drains_it_to_zero(prices, alice):
+    from scheduler.services import WorkloadSpec, workload_launch, workload_stop
+
+    group = make_group(alice, name="render", instance_type="h100.2x", min_size=0, desired=0, max_size=3,
+                       job_queue="render", cooldown_s=300)
+
+    def submit(n: int) -> list[Workload]:
+        return [workload_launch(tenant=alice.tenant, spec=WorkloadSpec(
+            kind="job", name=f"frame-{i}", instance_type="h100.1x", region="us-east-1", image="gpucloud/test:1",
+            queue="render")) for i in range(n)]
+
+    t = timezone.now()
+    services.reconcile_group(group.pk, now=t)
+    assert live(group) == []
+    jobs = submit(3)  # 3 GPUs ÷ 2 per instance → 2
+    services.reconcile_group(group.pk, now=t + timedelta(seconds=30))
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 2 and len(live(group)) == 2
+    jobs += submit(4)  # 7 GPUs → 4, bounded by max 3
+    services.reconcile_group(group.pk, now=t + timedelta(seconds=60))
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3
+    assert any("batch pool render: 7 GPUs of pending and running jobs ÷ 2 GPUs per instance" in c
+               for c in causes(group))
+    for j in jobs:  # drained
+        workload_stop(workload=j)
+    services.reconcile_group(group.pk, now=t + timedelta(seconds=90))  # within the cooldown
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3
+    services.reconcile_group(group.pk, now=t + timedelta(seconds=400))
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 0 and live(group) == []
+
+
+def test_step_scaling_from_an_alarm(prices, alice):
+    group = make_group(alice, min_size=1, desired=1, max_size=4)
+    policy = services.policy_create(group=group, name="up", kind="step", adjustment_type="change_in_capacity",
+                                    steps=[{"lower": 0, "upper": 20, "adjustment": 1},
+                                           {"lower": 20, "upper": None, "adjustment": 2}], cooldown_s=300)
+    t = timezone.now()
+    assert "no change" in services.scaling_policy_execute(policy_id=policy.pk, alarm_state="OK", reason="ok", now=t)
+    out = services.scaling_policy_execute(policy_id=policy.pk, alarm_state="ALARM", now=t,
+                                          reason="gpu_util 95 > 70 for 2 of 2 periods", metric_value=95,
+                                          threshold=70)
+    assert out.startswith("scaled 1 → 3: step policy up")
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3 and len(live(group)) == 3
+    # another tenant's policy id is not found through its tenant
+    assert services.scaling_policy_execute(policy_id=policy.pk, alarm_state="ALARM", reason="r",
+                                           tenant_id=uuid.uuid4()) == "no such step scaling policy"
+
+
+def test_the_reconciliation_is_in_the_beat_schedule_and_skips_a_group_evaluated_just_now(prices, alice):
+    from gpucloud.celery import app
+
+    entry = app.conf.beat_schedule["autoscaling-reconcile"]
+    assert entry["task"] == "autoscaling.tasks.autoscaling_reconcile_task"
+    group = make_group(alice, desired=1)
+    t = timezone.now()
+    assert services.reconcile_all(now=t) == 1
+    assert services.reconcile_all(now=t + timedelta(seconds=5)) == 0  # a second worker's tick
+    assert services.reconcile_all(now=t + timedelta(seconds=20)) == 1
+    assert len(live(group)) == 1
