@@ -284,6 +284,7 @@ SPECTACULAR_SETTINGS = {
         "PriceKindEnum": "gpucloud.catalogue.choices.PriceKind",
         "WorkloadStateEnum": "scheduler.choices.State",
         "WorkloadKindEnum": "scheduler.choices.WorkloadKind",
+        "JobArrayStateEnum": "scheduler.arrays.ARRAY_STATES",
     },
 }
 

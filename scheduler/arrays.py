@@ -25,14 +25,20 @@ from gpucloud.tenancy.models import Tenant
 from scheduler import bulk
 from scheduler.choices import ACTIVE, HOLDING, State, WorkloadKind
 from scheduler.models import JobArray, Workload
-from scheduler.services import WorkloadSpec, _check_quota_ceiling, _resolve, _trigger_cycle_on_commit, \
-    workloads_transition
+from scheduler.services import (
+    WorkloadSpec,
+    _check_quota_ceiling,
+    _resolve,
+    _trigger_cycle_on_commit,
+    workloads_transition,
+)
 
 ENV_ARRAY_ID: Final = "GPUCLOUD_ARRAY_ID"
 ENV_ARRAY_INDEX: Final = "GPUCLOUD_ARRAY_INDEX"
 ENV_ARRAY_COUNT: Final = "GPUCLOUD_ARRAY_COUNT"
 ENV_PREFIX: Final = "GPUCLOUD_ARRAY_"
 MAX_COUNT: Final = JobArray.MAX_COUNT
+ARRAY_STATES: Final = ("pending", "running", "succeeded", "failed", "stopped")
 
 
 def array_state(counts: Mapping[str, int]) -> str:

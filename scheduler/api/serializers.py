@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpucloud.api.serializers import StrictSerializer
+from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
 from scheduler.models import JobArray, Workload, WorkloadEvent
 
@@ -247,7 +248,7 @@ class ArrayTaskSerializer(serializers.Serializer):
 
 class JobArraySerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(
-        choices=["pending", "running", "succeeded", "failed", "stopped"],
+        choices=ARRAY_STATES,
         help_text="running: some task holds GPUs; pending: tasks wait, none holds GPUs; when all ended: "
                   "succeeded (all did), failed (some failed), else stopped")
     counts = serializers.DictField(child=serializers.IntegerField(),

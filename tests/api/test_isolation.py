@@ -44,7 +44,7 @@ def _workload(kind):
         from django.core.management import call_command
 
         from gpucloud.catalogue.models import InstanceType, Region
-        from scheduler.models import JobArray, Workload
+        from scheduler.models import Workload
 
         if not InstanceType.objects.exists():
             call_command("seed_catalog", stdout=open("/dev/null", "w"))
