@@ -41,6 +41,7 @@ console = [
     path("launch/price", views.launch_price, name="launch_price"),
     *_workload_routes("instances", WorkloadKind.INSTANCE, "instance"),
     *_workload_routes("jobs", WorkloadKind.JOB, "job"),
+    path("jobs/arrays/<uuid:pk>/stop", views.job_array_stop, name="job_array_stop"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),

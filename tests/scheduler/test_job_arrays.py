@@ -142,3 +142,30 @@ def test_the_quota_and_the_balance_refuse_the_whole_array(alice, catalog):
     resp = submit(alice, 20)
     assert resp.status_code == 402 and resp.json()["error"]["code"] == "insufficient_credit"
     assert JobArray.objects.count() == 1 and Workload.objects.count() == 20
+
+
+def test_the_console_lists_an_array_as_one_row_and_stops_it(alice, charlie, catalog):
+    from django.test import Client
+
+    body = submit(alice, 12).json()
+    alice.client().post("/api/v1/jobs", {**BODY, "name": "single"}, format="json")
+    console = Client()
+    console.force_login(alice.user)
+    page = console.get("/console/jobs/")
+    assert page.status_code == 200
+    assert [w.name for w, _ in page.context["rows"]] == ["single"]  # the tasks are not twelve rows
+    [row] = page.context["arrays"]
+    assert (row.name, row.state, row.counts) == ("sweep", "pending", [("pending", 12)])
+    assert f"?array={body['id']}" in page.content.decode()
+    tasks = console.get("/console/jobs/", {"array": body["id"]})
+    assert [w.array_index for w, _ in tasks.context["rows"]] == list(range(12))
+    assert "Stop all tasks" in tasks.content.decode()
+    resp = console.post(f"/console/jobs/arrays/{body['id']}/stop")
+    assert resp.status_code == 302
+    assert set(Workload.objects.filter(array_id=body["id"]).values_list("state", flat=True)) == {State.STOPPED}
+    # another tenant's array is not there
+    other = Client()
+    other.force_login(charlie.user)
+    assert other.get("/console/jobs/", {"array": body["id"]}).status_code == 404
+    assert other.post(f"/console/jobs/arrays/{body['id']}/stop").status_code == 404
+    assert other.get("/console/jobs/", {"array": "not-a-uuid"}).status_code == 404
