@@ -92,9 +92,11 @@ def part(w: Workload, host: str) -> GangPart | None:
 
 
 def rank_of(w: Workload, host: str) -> int:
-    firsts = sorted((a.pk, a.host.name) for a in Allocation.objects.filter(workload=w, active=True)
-                    .select_related("host"))
-    return [name for _, name in firsts].index(host)
+    """Ranks follow the parts' first allocations (agents.selectors.gang_parts)."""
+    first: dict[str, int] = {}
+    for pk, name in Allocation.objects.filter(workload=w, active=True).order_by("pk").values_list("pk", "host__name"):
+        first.setdefault(name, pk)
+    return sorted(first, key=first.__getitem__).index(host)
 
 
 def states(w: Workload) -> list[str]:

@@ -25,6 +25,3 @@ def test_an_array_is_submitted_listed_as_one_and_stopped_whole(cli, alice, catal
     stop = cli("jobs", "stop-array", array["id"], **env)
     assert stop.returncode == 0 and "4 stopped" in stop.stdout, stop.both
     assert set(Workload.objects.values_list("state", flat=True)) == {"stopped"}
-    bad = cli("jobs", "submit", "-t", "h100.1x", "-i", "busybox", "--region", "us-east-1", "--array", "0",
-              "--", "true", **env)
-    assert bad.returncode == 1 and "array" in bad.stderr, bad.both
