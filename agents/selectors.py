@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Avg, Count, Q
+from django.db.models import Avg, Count, Min, Q
 from django.db.models.functions import Floor
 from django.utils import timezone
 
@@ -98,6 +98,35 @@ def host_attempts(
     return {attempt_id(wid, first[wid]): workloads[wid] for wid in first}
 
 
+# A multi-host job's parts learn their place in it (as torchrun's NODE_RANK / NNODES).
+ENV_NODE_RANK = "GPUCLOUD_NODE_RANK"
+ENV_NUM_NODES = "GPUCLOUD_NUM_NODES"
+
+
+def gang_parts(*, workload_ids: list[UUID]) -> dict[UUID, dict[str, tuple[UUID, int]]]:
+    """Workload -> {attempt id: (host id, rank)} of its current attempt's parts, one per host.
+
+    Ranks count 0.. in the order of the parts' first allocations: fixed for an attempt.
+    One query.
+    """
+    firsts: dict[UUID, list[tuple[int, UUID]]] = defaultdict(list)
+    for wid, host_id, first in (
+        Allocation.objects.filter(workload_id__in=workload_ids, active=True)
+        .values("workload_id", "host_id").annotate(first=Min("id"))
+        .values_list("workload_id", "host_id", "first")
+    ):
+        firsts[wid].append((first, host_id))
+    return {wid: {attempt_id(wid, first): (host_id, rank) for rank, (first, host_id) in enumerate(sorted(rows))}
+            for wid, rows in firsts.items()}
+
+
+def _per_rank(value: str, rank: int) -> str:
+    """A simulation hook's value for one part: `"3600,1"` gives rank 0 3600 and rank 1 (and
+    later ranks) 1, so a test can make one part of a gang end differently."""
+    values = value.split(",")
+    return values[min(rank, len(values) - 1)].strip()
+
+
 def host_desired_containers(
     *, host: Host, allocations: list[Allocation] | None = None
 ) -> list[DesiredContainer]:
@@ -109,9 +138,17 @@ def host_desired_containers(
     for a in sorted(allocations, key=lambda a: (str(a.workload_id), a.pk)):
         if a.workload.state in DESIRED_STATES:
             grouped[a.workload_id].append(a)
+    gangs = [wid for wid, rows in grouped.items() if rows[0].workload.nodes > 1]
+    ranks = gang_parts(workload_ids=gangs) if gangs else {}
     out = []
     for allocations in grouped.values():
         w = allocations[0].workload
+        iid = attempt_id(w.pk, allocations[0].pk)
+        env = {str(k): str(v) for k, v in w.env.items()}
+        rank = 0
+        if w.nodes > 1:
+            rank = ranks.get(w.pk, {}).get(iid, (None, 0))[1]
+            env.update({ENV_NODE_RANK: str(rank), ENV_NUM_NODES: str(w.nodes)})
         it = w.instance_type
         # The host's CPU and memory booking rides on the allocation rows (the scheduler puts
         # it on the first GPU's row); fall back to the instance type for hand-made rows.
@@ -121,15 +158,15 @@ def host_desired_containers(
         labels = {LABEL_WORKLOAD: str(w.pk), LABEL_NAME: w.name[:63]}
         for env_name, label in SIM_ENV_LABELS.items():
             if env_name in w.env:
-                labels[label] = str(w.env[env_name])
+                labels[label] = _per_rank(str(w.env[env_name]), rank)
         out.append(
             DesiredContainer(
-                instance_id=attempt_id(w.pk, allocations[0].pk),
+                instance_id=iid,
                 tenant_id=str(w.tenant_id),
                 kind=w.kind,
                 image=w.image,
                 command=[str(c) for c in w.command],
-                env={**platform_env(w), **{str(k): str(v) for k, v in w.env.items()}},
+                env={**platform_env(w), **env},
                 ports=[int(p) for p in w.ports],
                 gpu_uuids=[a.gpu_id for a in gpus],
                 gpu_milli=allocations[0].milli,

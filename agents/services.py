@@ -20,6 +20,7 @@ here. How a container's state moves its workload:
                                SCHEDULED..RUNNING       FAILED "GPU <uuid> failed: ...", jobs
                                                         requeued if retries are left
     operator drains the host   job SCHEDULED..RUNNING   PREEMPTED -> PENDING (no retry spent)
+    any report of a part of a multi-host job (nodes > 1): the gang rule, scheduler/gang.py
 
 An exited container passes through RUNNING first, so billing and
 the event log see that it started even when it ended between two heartbeats.
@@ -662,7 +663,18 @@ class _Mover:
         if w.state in (State.SCHEDULED, State.STARTING):
             self.to(w, State.RUNNING, "container running")
 
+    def part(self, w: Workload, iid: str, state: str, exit_code: int | None = None, error: str = "") -> None:
+        """A report about one part of a multi-host job: the gang rule decides (agents.gangs)."""
+        from agents.gangs import gang_report
+
+        self.outcome.transitions += gang_report(host=self.host, workload=w, attempt=iid, state=state,
+                                                exit_code=exit_code, error=error or "", now=self.now)
+
     def observe(self, w: Workload, o: ObservedContainer) -> None:
+        if w.nodes > 1:
+            if w.state in (State.SCHEDULED, State.STARTING, State.RUNNING, State.STOPPING):
+                self.part(w, o.instance_id, o.state, o.exit_code, o.error or "")
+            return
         if w.state == State.STOPPING:
             if o.state in ("exited", "missing"):
                 self.stopped(w, "container stopped", exit_code=o.exit_code)
@@ -751,7 +763,10 @@ def host_heartbeat(
         mover.observe(w, o)
     for iid, w in attempts.items():
         if iid not in reported and w.state == State.STOPPING:
-            mover.stopped(w, "container gone")
+            if w.nodes > 1:
+                mover.part(w, iid, "gone")
+            else:
+                mover.stopped(w, "container gone")
     if outcome.transitions:
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
     elif not failed_gpus:

@@ -49,6 +49,7 @@ console = [
     path("groups/<uuid:pk>/protect", groups.group_protect, name="group_protect"),
     path("groups/<uuid:pk>/schedule", groups.group_schedule, name="group_schedule"),
     path("groups/<uuid:pk>/delete", groups.group_delete, name="group_delete"),
+    path("jobs/arrays/<uuid:pk>/stop", views.job_array_stop, name="job_array_stop"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),

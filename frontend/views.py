@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth import logout
@@ -374,11 +375,56 @@ def workload_list(request, kind: str):
     if show == "active":
         qs = qs.filter(state__in=ACTIVE)
     info = _kind(kind)
-    items, pager = _paginate(request, qs.order_by("-created_at", "-pk"), noun=f"{info['kind_label']}s")
+    # Jobs: an array is one row of its own table; `?array=<id>` lists that array's tasks instead.
+    array, arrays = None, []
+    if kind == WorkloadKind.JOB:
+        array, arrays = _job_arrays(request, show)
+        qs = qs.filter(array=array).order_by("array_index") if array else qs.filter(array__isnull=True)
+    items, pager = _paginate(request, qs if array else qs.order_by("-created_at", "-pk"),
+                             noun=f"{info['kind_label']}s")
     costs = billing_selectors.workload_costs(workloads=items)
-    ctx = {**info, "rows": [(w, costs[w.pk]) for w in items], "show": show, "poll_s": POLL_S, "pager": pager}
+    ctx = {**info, "rows": [(w, costs[w.pk]) for w in items], "show": show, "poll_s": POLL_S, "pager": pager,
+           "array": array, "arrays": arrays}
     template = "frontend/partials/workload_rows.html" if request.htmx else "frontend/workload_list.html"
     return render(request, template, ctx)
+
+
+def _job_arrays(request, show: str) -> tuple:
+    """(the array named by `?array=`, or None; the tenant's arrays with their task counts, active
+    ones only when `show` is "active"). Another tenant's array is a 404."""
+    from scheduler.arrays import array_state, task_counts
+
+    tenant = request.console.tenant
+    wanted = request.GET.get("array")
+    if wanted:
+        try:
+            array = workload_selectors.job_array_list(tenant=tenant).filter(pk=UUID(wanted)).first()
+        except ValueError:
+            array = None
+        if array is None:
+            raise Http404("No such job array in this tenant.")
+        counts = task_counts(array_ids=[array.pk])[array.pk]
+        array.counts, array.state = sorted(counts.items()), array_state(counts)
+        return array, []
+    arrays = list(workload_selectors.job_array_list(tenant=tenant)[:200])
+    counts = task_counts(array_ids=[a.pk for a in arrays])
+    for a in arrays:
+        a.counts, a.state = sorted(counts[a.pk].items()), array_state(counts[a.pk])
+    if show == "active":
+        arrays = [a for a in arrays if a.state in ("pending", "running")]
+    return None, arrays
+
+
+@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+def job_array_stop(request, pk):
+    from scheduler.arrays import job_array_stop as stop
+
+    array = workload_selectors.job_array_list(tenant=request.console.tenant).filter(pk=pk).first()
+    if array is None:
+        raise Http404("No such job array in this tenant.")
+    n = stop(array=array)
+    messages.success(request, f"Stopping {n} tasks of {array.name}.")
+    return redirect(f"{reverse('console:jobs')}?array={array.pk}")
 
 
 def _live_context(request, workload) -> dict:

@@ -291,6 +291,7 @@ SPECTACULAR_SETTINGS = {
         "ScalingPolicyKindEnum": "autoscaling.choices.PolicyKind",
         "ScalingPolicyMetricEnum": "autoscaling.choices.PolicyMetric",
         "ActivityKindEnum": "autoscaling.choices.ActivityKind",
+        "JobArrayStateEnum": "scheduler.arrays.ARRAY_STATES",
     },
 }
 

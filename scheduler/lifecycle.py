@@ -14,6 +14,7 @@
                                                    SUCCEEDED ◀──── exit 0 ──────────┘
 
 Only `scheduler.services.workload_transition` writes a state, through `can_transition`.
+A multi-host job moves along these edges as all its parts say (`scheduler.gang`).
 """
 from __future__ import annotations
 

@@ -16,6 +16,35 @@ from scheduler.choices import Billing, PriorityClass, SchedulingMode, State, Wor
 from scheduler.core import POLICIES
 
 
+class JobArray(models.Model):
+    """`count` batch jobs submitted as one, like `sbatch --array=0-(count-1)`: the tasks are
+    ordinary jobs (`Workload.array`, `array_index`), each with GPUCLOUD_ARRAY_INDEX in its env.
+
+    scheduler/arrays.py creates one in a single transaction and stops it as a whole.
+    """
+
+    MAX_COUNT = 10_000
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="job_arrays")
+    name = models.CharField(max_length=100)
+    count = models.PositiveIntegerField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+",
+                                   db_index=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(count__gte=1) & Q(count__lte=10_000), name="job_array_count_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"array {self.name} ({self.count})"
+
+
 class Workload(models.Model):
     """An instance (interactive rental) or a batch job (run to completion).
 
@@ -46,6 +75,10 @@ class Workload(models.Model):
     max_retries = models.PositiveSmallIntegerField(default=0)
     retries = models.PositiveSmallIntegerField(default=0)
     timeout_s = models.PositiveIntegerField(null=True, blank=True)
+    # a task of a job array: its index 0..count-1 (also GPUCLOUD_ARRAY_INDEX in its env)
+    array = models.ForeignKey(JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks",
+                              db_index=False)
+    array_index = models.PositiveIntegerField(null=True, blank=True)
     # Instances: stopped after this many minutes with every GPU idle (agents.protocol.IDLE_BELOW).
     auto_stop_idle_minutes = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -76,10 +109,16 @@ class Workload(models.Model):
         indexes = [
             models.Index(fields=["tenant", "kind", "-created_at"], name="workload_tenant_list"),
             models.Index(fields=["state", "region"], name="workload_state_region"),
+            # an array's tasks, in index order (only rows of arrays are in it)
+            models.Index(fields=["array", "array_index"], condition=Q(array__isnull=False),
+                         name="workload_array_tasks"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(nodes__gte=1) & Q(nodes__lte=64), name="workload_nodes_range"),
             models.CheckConstraint(condition=Q(kind=WorkloadKind.JOB) | Q(nodes=1), name="workload_instance_one_node"),
+            models.CheckConstraint(condition=Q(array__isnull=True, array_index__isnull=True)
+                                   | Q(array__isnull=False, array_index__isnull=False, kind=WorkloadKind.JOB),
+                                   name="workload_array_task"),
         ]
 
     def __str__(self) -> str:
@@ -101,6 +140,29 @@ class WorkloadEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_state or '∅'} → {self.to_state}"
+
+
+class GangPart(models.Model):
+    """One host's part of a multi-host job (`nodes > 1`) in one attempt: what its agent last reported.
+
+    Written by the heartbeat (agents.services) under the workload's row lock; the job's state
+    follows all its parts (scheduler.gang.gang_next). An attempt's parts are its hosts' active
+    allocations; a row exists once that host's agent has reported its container.
+    """
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="gang_parts")
+    attempt_id = models.CharField(max_length=100, unique=True, help_text="the container's instance id")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="+")
+    state = models.CharField(max_length=10)  # scheduler.gang.PartState
+    exit_code = models.IntegerField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["workload", "attempt_id"]
+
+    def __str__(self) -> str:
+        return f"{self.attempt_id} on {self.host_id}: {self.state}"
 
 
 class Allocation(models.Model):

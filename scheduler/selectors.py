@@ -8,7 +8,7 @@ from django.db.models import Prefetch, QuerySet
 from gpucloud.lib.errors import NotFoundError
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import HOLDING
-from scheduler.models import Allocation, Workload, WorkloadEvent
+from scheduler.models import Allocation, JobArray, Workload, WorkloadEvent
 
 
 def workload_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
@@ -36,6 +36,17 @@ def workload_detail_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
     return workload_list(tenant=tenant, kind=kind).prefetch_related(
         Prefetch("events", queryset=WorkloadEvent.objects.order_by("created_at", "id"))
     )
+
+
+def job_array_list(*, tenant: Tenant) -> QuerySet[JobArray]:
+    return JobArray.objects.for_tenant(tenant)
+
+
+def job_array_tasks(*, array: JobArray) -> list[tuple]:
+    """(index, id, state, exit code) of the array's tasks not deleted, by index. One query.
+    Precondition: `array` was read through `job_array_list`."""
+    return list(Workload.objects.filter(array=array, deleted_at__isnull=True).order_by("array_index")
+                .values_list("array_index", "pk", "state", "exit_code"))
 
 
 def usage_by_scope(*, tenant: Tenant) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:

@@ -71,6 +71,9 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("job-stop", "POST"): WRITE,
     ("job-metrics", "GET"): READ,
     ("job-logs", "GET"): READ,
+    ("job-array-list", "GET"): READ,
+    ("job-array-detail", "GET"): READ,
+    ("job-array-stop", "POST"): WRITE,  # workloads.manage: stops every task
     ("metrics", "GET"): READ,  # one series of one of the tenant's workloads
     # --- autoscaling groups, their policies and scheduled actions (create/update: workloads.launch,
     # delete and member protection: workloads.manage)

@@ -9,8 +9,9 @@ from rest_framework import serializers
 from billing.selectors import workload_costs
 from gateway.public import connect_hints
 from gpucloud.api.serializers import StrictSerializer
+from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
-from scheduler.models import Workload, WorkloadEvent
+from scheduler.models import JobArray, Workload, WorkloadEvent
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # name[:tag][@digest], with an optional registry host; what `docker pull` accepts, roughly.
@@ -99,6 +100,12 @@ class WorkloadCreateSerializer(StrictSerializer):
         return [k.strip() for k in value]
 
 
+class ArraySpecSerializer(StrictSerializer):
+    count = serializers.IntegerField(min_value=1, max_value=JobArray.MAX_COUNT,
+                                     help_text=f"tasks, 1..{JobArray.MAX_COUNT}; each gets GPUCLOUD_ARRAY_INDEX "
+                                               "0..count-1 in its env")
+
+
 class JobCreateSerializer(WorkloadCreateSerializer):
     auto_stop_idle_minutes = None  # instances only: a job ends by itself
     queue = serializers.RegexField(r"^[a-z0-9][a-z0-9-]*$", max_length=64, default="default")
@@ -106,6 +113,9 @@ class JobCreateSerializer(WorkloadCreateSerializer):
                                      help_text="hosts for a multi-node job, placed all or nothing")
     max_retries = serializers.IntegerField(min_value=0, max_value=20, default=0)
     timeout_s = serializers.IntegerField(min_value=1, max_value=30 * 86400, required=False, allow_null=True)
+    array = ArraySpecSerializer(
+        required=False, help_text="submit `count` tasks of this job as one job array (like `sbatch --array`): "
+                                  "the answer is the array, not a job (docs/api.md)")
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -207,7 +217,7 @@ class InstanceDetailSerializer(WorkloadDetailSerializer):
         return connect_hints(obj)
 
 
-_JOB_FIELDS = ["queue", "nodes", "max_retries", "retries", "timeout_s", "exit_code"]
+_JOB_FIELDS = ["queue", "nodes", "max_retries", "retries", "timeout_s", "exit_code", "array", "array_index"]
 
 
 class JobSerializer(WorkloadSerializer):
@@ -219,4 +229,36 @@ class JobSerializer(WorkloadSerializer):
 class JobDetailSerializer(WorkloadDetailSerializer):
     class Meta(WorkloadDetailSerializer.Meta):
         fields = [*WorkloadDetailSerializer.Meta.fields, *_JOB_FIELDS]
+        read_only_fields = fields
+
+
+# --- job arrays
+
+
+class ArrayTaskSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    id = serializers.UUIDField(help_text="the task's job id (GET /api/v1/jobs/{id})")
+    state = serializers.ChoiceField(choices=State.choices)
+    exit_code = serializers.IntegerField(allow_null=True)
+
+
+class JobArraySerializer(serializers.ModelSerializer):
+    state = serializers.ChoiceField(
+        choices=ARRAY_STATES,
+        help_text="running: some task holds GPUs; pending: tasks wait, none holds GPUs; when all ended: "
+                  "succeeded (all did), failed (some failed), else stopped")
+    counts = serializers.DictField(child=serializers.IntegerField(),
+                                   help_text="tasks per state (states with no task left out)")
+
+    class Meta:
+        model = JobArray
+        fields = ["id", "name", "count", "state", "counts", "created_at"]
+        read_only_fields = fields
+
+
+class JobArrayDetailSerializer(JobArraySerializer):
+    tasks = ArrayTaskSerializer(many=True, help_text="every task, by index")
+
+    class Meta(JobArraySerializer.Meta):
+        fields = [*JobArraySerializer.Meta.fields, "tasks"]
         read_only_fields = fields

@@ -4,8 +4,8 @@ from __future__ import annotations
 import django_filters
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, status
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema, extend_schema_view
+from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -14,10 +14,10 @@ from agents import services as agent_services
 from agents.api import serializers as agent_s
 from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.tenancy import permissions as perms
-from scheduler import selectors, services
+from scheduler import arrays, selectors, services
 from scheduler.api import serializers as s
 from scheduler.choices import PriorityClass, State, WorkloadKind
-from scheduler.models import Workload
+from scheduler.models import JobArray, Workload
 
 
 class WorkloadFilter(django_filters.FilterSet):
@@ -60,6 +60,11 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
     def create(self, request, *args, **kwargs):
         ser = self.create_serializer(data=request.data)
         ser.is_valid(raise_exception=True)
+        array = ser.validated_data.pop("array", None)  # jobs only: a job array (scheduler/arrays.py)
+        if array is not None:
+            spec = services.WorkloadSpec(kind=self.kind, **ser.validated_data)
+            arr = arrays.job_array_launch(tenant=self.tenant, spec=spec, count=array["count"], user=request.user)
+            return Response(array_data(arr, detail=True), status=status.HTTP_201_CREATED)
         spec = services.WorkloadSpec(kind=self.kind, **ser.validated_data)
         workload = services.workload_launch(tenant=self.tenant, spec=spec, user=request.user)
         return self._detail(workload, status.HTTP_201_CREATED)
@@ -123,17 +128,85 @@ class InstanceViewSet(_WorkloadViewSet):
     create_serializer = s.WorkloadCreateSerializer
 
 
+class JobFilter(WorkloadFilter):
+    array = django_filters.UUIDFilter(field_name="array_id", help_text="only the tasks of this job array")
+    in_array = django_filters.BooleanFilter(field_name="array", lookup_expr="isnull", exclude=True,
+                                            help_text="true: only array tasks; false: only jobs outside arrays")
+
+    class Meta(WorkloadFilter.Meta):
+        fields = [*WorkloadFilter.Meta.fields, "array", "in_array"]
+
+
 @extend_schema_view(create=extend_schema(
-    request=s.JobCreateSerializer, responses={201: s.JobDetailSerializer},
-    description="Submit a batch job. It answers at once with state `pending`; the scheduler places it.",
+    request=s.JobCreateSerializer,
+    responses={201: PolymorphicProxySerializer(
+        component_name="JobOrJobArray", serializers=[s.JobDetailSerializer, s.JobArrayDetailSerializer],
+        resource_type_field_name=None)},
+    description="Submit a batch job. It answers at once with state `pending`; the scheduler places it. "
+                "With `array` it submits that many tasks as one job array and answers with the array.",
 ))
 class JobViewSet(_WorkloadViewSet):
     """Batch jobs: run to completion, retried up to `max_retries`, optionally on several hosts."""
 
     kind = WorkloadKind.JOB
+    filterset_class = JobFilter
     serializer_class = s.JobSerializer
     detail_serializer = s.JobDetailSerializer
     create_serializer = s.JobCreateSerializer
+
+
+def array_data(arr: JobArray, *, detail: bool = False) -> dict:
+    """The array as `JobArraySerializer` / `JobArrayDetailSerializer` render it, without a
+    serializer per task (an array has up to 10,000)."""
+    counts = arrays.task_counts(array_ids=[arr.pk])[arr.pk]
+    return _array_dict(arr, counts, detail=detail)
+
+
+def _array_dict(arr: JobArray, counts, *, detail: bool) -> dict:
+    data = {"id": str(arr.pk), "name": arr.name, "count": arr.count, "state": arrays.array_state(counts),
+            "counts": {k: n for k, n in sorted(counts.items()) if n},
+            "created_at": serializers.DateTimeField().to_representation(arr.created_at)}
+    if detail:
+        data["tasks"] = [{"index": i, "id": str(pk), "state": st, "exit_code": code}
+                         for i, pk, st, code in selectors.job_array_tasks(array=arr)]
+    return data
+
+
+class JobArrayViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+    """Job arrays: many tasks of one job submitted at once (`POST /api/v1/jobs` with `array`)."""
+
+    serializer_class = s.JobArraySerializer
+    ordering_fields = ["created_at", "name"]
+    permission_map = {"list": perms.WORKLOADS_READ, "retrieve": perms.WORKLOADS_READ,
+                      "stop": perms.WORKLOADS_MANAGE}
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return JobArray.objects.none()
+        return selectors.job_array_list(tenant=self.tenant)
+
+    def get_serializer_class(self):
+        return s.JobArrayDetailSerializer if self.action in ("retrieve", "stop") else s.JobArraySerializer
+
+    def list(self, request, *args, **kwargs):
+        """Your job arrays, newest first, each with its tasks counted by state."""
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        items = list(page if page is not None else self.filter_queryset(self.get_queryset()))
+        counts = arrays.task_counts(array_ids=[a.pk for a in items])
+        data = [_array_dict(a, counts[a.pk], detail=False) for a in items]
+        return self.get_paginated_response(data) if page is not None else Response(data)
+
+    def retrieve(self, request, *args, **kwargs):
+        """One array with the state of every task, by index."""
+        return Response(array_data(self.get_object(), detail=True))
+
+    @extend_schema(request=None)
+    @action(detail=True, methods=["post"])
+    def stop(self, request, *args, **kwargs):
+        """Stop the whole array: queued tasks are cancelled, running ones stop (their GPUs are freed)."""
+        arr = self.get_object()
+        arrays.job_array_stop(array=arr)
+        return Response(array_data(arr, detail=True))
 
 
 class SeriesApi(TenantMixin, ApiView):

@@ -656,6 +656,8 @@ def jobs_submit(
     timeout_s: Annotated[int | None, typer.Option("--timeout-s", help="Kill it after this many seconds.")] = None,
     queue: Annotated[str | None, typer.Option(help="Queue name.")] = None,
     spot: Annotated[bool, typer.Option("--spot", help="Spot billing.")] = False,
+    array: Annotated[int | None, typer.Option(
+        "--array", help="Submit N tasks as one job array (1..10000); each gets GPUCLOUD_ARRAY_INDEX 0..N-1.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 3600.0,
     as_json: JsonOpt = False,
@@ -666,13 +668,25 @@ def jobs_submit(
 
         gpucloud jobs submit --type h100.8x --image pytorch/pytorch:2.4.0 -- python train.py --epochs 3
         gpucloud jobs submit -t l40s.1x -i alpine --wait -- sh -c 'echo hi'
+        gpucloud jobs submit -t h100.1x -i busybox --array 100 -- sh -c 'echo $GPUCLOUD_ARRAY_INDEX'
     """
     with client() as gc:
         region = region or _pick_region(gc, instance_type, spot)
         w = gc.jobs.create(name=name or f"job-{secrets.token_hex(2)}", instance_type=instance_type, region=region,
                            image=image, command=command, env=_env_pairs(env or []) or None, nodes=nodes,
                            max_retries=max_retries, timeout_s=timeout_s, queue=queue,
-                           billing="spot" if spot else None)
+                           billing="spot" if spot else None, array=array)
+        if array is not None:
+            if wait:
+                w = _wait_array(gc, w, timeout, as_json)
+            if as_json:
+                emit_json(w)
+            else:
+                out.print(f"{'Array' if wait else 'Submitted array'} {w['name']} ({w['id']}): {w['count']} tasks, "
+                          f"{_counts(w)}", highlight=False)
+            if wait and w["state"] != "succeeded":
+                raise typer.Exit(EXIT_API)
+            return
         if not as_json:
             err.print(f"Submitted {w['name']} ({w['id']}): {_describe(w)}", highlight=False)
         if wait:
@@ -687,17 +701,65 @@ def jobs_submit(
 
 @jobs_app.command("ls")
 def jobs_ls(state: Annotated[list[str] | None, typer.Option("--state", help="Only these states.")] = None,
+            array: Annotated[str | None, typer.Option("--array", help="Only the tasks of this job array.")] = None,
             as_json: JsonOpt = False) -> None:
-    """Your batch jobs. Example: `gpucloud jobs ls --state running`"""
+    """Your batch jobs, then your job arrays (one row each; `--array ID` lists its tasks).
+
+    Examples: `gpucloud jobs ls --state running`, `gpucloud jobs ls --array 3f2a…`
+    """
     with client() as gc:
-        items = list(gc.jobs.list(state=state or None))
+        if array is not None:
+            items = list(gc.jobs.list(state=state or None, array=array))
+            arrays: list[dict[str, Any]] = []
+        else:
+            items = list(gc.jobs.list(state=state or None, in_array=False))
+            arrays = [dict(a) for a in gc.job_arrays.list()]
     if as_json:
-        emit_json(items)
+        emit_json(items if array is not None else {"jobs": items, "arrays": arrays})
+        return
+    if array is not None:
+        table(["INDEX", "STATE", "HOST", "RETRIES", "EXIT", "COST", "ID"],
+              ([j.get("array_index"), j["state"], j.get("host") or "", j.get("retries"), j.get("exit_code"),
+                _money(j.get("cost_so_far")), j["id"]] for j in sorted(items, key=lambda j: j.get("array_index") or 0)),
+              empty="No tasks.")
         return
     table(["NAME", "STATE", "TYPE", "REGION", "NODES", "RETRIES", "EXIT", "COST", "CREATED", "ID"],
           ([j["name"], j["state"], j["instance_type"], j["region"], j.get("nodes"), j.get("retries"),
             j.get("exit_code"), _money(j.get("cost_so_far")), _short(j.get("created_at")), j["id"]] for j in items),
-          empty="No jobs. Submit one: gpucloud jobs submit --type T --image I -- CMD")
+          empty="No jobs. Submit one: gpucloud jobs submit --type T --image I -- CMD" if not arrays else "")
+    if arrays:
+        out.print()
+        table(["ARRAY", "STATE", "TASKS", "BY STATE", "CREATED", "ID"],
+              ([a["name"], a["state"], a["count"], _counts(a), _short(a.get("created_at")), a["id"]] for a in arrays))
+
+
+def _counts(a: dict[str, Any]) -> str:
+    return ", ".join(f"{n} {state}" for state, n in sorted((a.get("counts") or {}).items())) or "none"
+
+
+def _wait_array(gc: Client, a: Any, timeout: float, as_json: bool) -> dict[str, Any]:
+    """Poll the array until every task has ended (raise WaitTimeout after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while a["state"] in ("pending", "running"):
+        if time.monotonic() >= deadline:
+            raise errors.WaitTimeout(f"array {a['name']} is still {a['state']} after {timeout:g} s.", last=dict(a))
+        gc.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        a = gc.job_arrays.get(a["id"])
+        if not as_json:
+            err.print(f"{a['name']}: {_counts(a)}", highlight=False)
+    return dict(a)
+
+
+@jobs_app.command("stop-array")
+def jobs_stop_array(array_id: Annotated[str, typer.Argument(help="The job array's id.")],
+                    as_json: JsonOpt = False) -> None:
+    """Stop every task of a job array. Example: `gpucloud jobs stop-array 3f2a…`"""
+    with client() as gc:
+        a = gc.job_arrays.stop(array_id)
+    if as_json:
+        emit_json(a)
+    else:
+        out.print(f"{a['name']}: {_counts(a)}", highlight=False)
 
 
 @jobs_app.command("show")

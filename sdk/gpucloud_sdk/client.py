@@ -91,6 +91,18 @@ class Workload(TypedDict, total=False):
     retries: int
     timeout_s: int | None
     exit_code: int | None
+    array: str | None  # the job array it is a task of
+    array_index: int | None
+
+
+class JobArray(TypedDict, total=False):
+    id: str
+    name: str
+    count: int
+    state: str  # pending, running, succeeded, failed, stopped
+    counts: dict[str, int]  # tasks per state
+    created_at: str
+    tasks: list[dict[str, Any]]  # {index, id, state, exit_code}: in the detail only
 
 
 class PriceInForce(TypedDict, total=False):
@@ -154,6 +166,7 @@ class Client:
                                   follow_redirects=False)
         self.instances = Instances(self, "instances")
         self.jobs = Jobs(self, "jobs")
+        self.job_arrays = JobArrays(self)
         self.volumes = Volumes(self)
         self.api_keys = ApiKeys(self)
         self.ssh_keys = SshKeys(self)
@@ -437,8 +450,16 @@ class Jobs(_Workloads):
     kind = "job"
 
     @operation("api_v1_jobs_list")
-    def list(self, **filters: Any) -> Iterator[Workload]:  # type: ignore[override]
-        return super().list(**filters)
+    def list(self, *, array: str | None = None, in_array: bool | None = None,  # type: ignore[override]
+             **filters: Any) -> Iterator[Workload]:
+        """Your jobs; `array`: only that job array's tasks; `in_array`: only tasks (True) or only jobs
+        outside arrays (False)."""
+        if array is None and in_array is None:
+            return super().list(**filters)
+        state = filters.pop("state", None)
+        states = [state] if isinstance(state, str) else list(state) if state else None
+        return self._list(state=states, array=array,  # type: ignore[return-value]
+                          in_array=None if in_array is None else str(in_array).lower(), **filters)
 
     @operation("api_v1_jobs_retrieve")
     def get(self, id: str) -> Workload:
@@ -450,12 +471,14 @@ class Jobs(_Workloads):
                ports: list[int] | None = None, ssh_keys: list[str] | None = None, billing: str | None = None,
                priority: str | None = None, max_price: str | float | None = None, queue: str | None = None,
                nodes: int | None = None, max_retries: int | None = None,
-               timeout_s: int | None = None) -> Workload:
-        """Submit a batch job; it answers at once with state `pending`."""
+               timeout_s: int | None = None, array: int | None = None) -> Workload | JobArray:
+        """Submit a batch job; it answers at once with state `pending`. With `array=N` it submits N
+        tasks as one job array (each with GPUCLOUD_ARRAY_INDEX 0..N-1) and answers with the array."""
         body = _body(name=name, instance_type=instance_type, region=region, image=image, command=command,
                      env=env, ports=ports, ssh_keys=ssh_keys, billing=billing, priority=priority,
                      max_price=None if max_price is None else str(max_price), queue=queue, nodes=nodes,
-                     max_retries=max_retries, timeout_s=timeout_s)
+                     max_retries=max_retries, timeout_s=timeout_s,
+                     array=None if array is None else {"count": array})
         return self._create(body)  # type: ignore[return-value]
 
     submit = create
@@ -475,6 +498,26 @@ class Jobs(_Workloads):
     @operation("api_v1_jobs_metrics_retrieve")
     def metrics(self, id: str, *, since: str | None = None, step: int | None = None) -> Json:
         return super().metrics(id, since=since, step=step)
+
+
+class JobArrays(Resource):
+    """Job arrays (`/api/v1/job-arrays`): submitted with `jobs.create(..., array=N)`."""
+
+    path = "job-arrays"
+
+    @operation("api_v1_job_arrays_list")
+    def list(self, *, ordering: str | None = None, page_size: int | None = None) -> Iterator[JobArray]:
+        return self._list(ordering=ordering, page_size=page_size)  # type: ignore[return-value]
+
+    @operation("api_v1_job_arrays_retrieve")
+    def get(self, id: str) -> JobArray:
+        """One array with every task's state, by index."""
+        return self._get(id)  # type: ignore[return-value]
+
+    @operation("api_v1_job_arrays_stop_create")
+    def stop(self, id: str) -> JobArray:
+        """Stop every task of the array."""
+        return self.client.post(f"/api/v1/job-arrays/{id}/stop")  # type: ignore[no-any-return]
 
 
 class Volumes(Resource):

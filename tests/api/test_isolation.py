@@ -15,7 +15,7 @@ from frontend.models import SshKey
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
-from scheduler.models import Workload
+from scheduler.models import JobArray, Workload
 from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db
@@ -54,6 +54,15 @@ def _workload(kind):
             instance_type=InstanceType.objects.get(code="h100.1x"), region=Region.objects.get(code="us-east-1"),
         )
     return make
+
+
+def _job_array(actor):
+    from scheduler.models import JobArray
+
+    task = _workload("job")(actor)
+    array = JobArray.objects.create(tenant=actor.tenant, name=f"array-{actor.tenant.slug}", count=1)
+    Workload.objects.filter(pk=task.pk).update(array=array, array_index=0)
+    return array
 
 
 def _ledger_entry(actor):
@@ -130,6 +139,8 @@ TENANT_OBJECT_ROUTES = {
     "instance-logs": _workload("instance"),
     "job-metrics": _workload("job"),
     "job-logs": _workload("job"),
+    "job-array-detail": _job_array,
+    "job-array-stop": _job_array,
     "ledger-entry-detail": _ledger_entry,
     "invoice-detail": _invoice,
     "budget-detail": _budget,
@@ -147,6 +158,7 @@ TENANT_LIST_ROUTES = {
     "audit-event-list": AuditEvent,
     "instance-list": Workload,
     "job-list": Workload,
+    "job-array-list": JobArray,
     "ledger-entry-list": LedgerEntry,
     "invoice-list": Invoice,
     "budget-list": Budget,

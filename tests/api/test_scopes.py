@@ -34,7 +34,7 @@ from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.choices import Role, Scope
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
-from scheduler.models import Workload
+from scheduler.models import JobArray, Workload
 from tests.api.test_isolation import ED25519
 from tests.conftest import make_actor, make_user
 
@@ -146,6 +146,7 @@ def world(db) -> World:
         "audit-event": AuditEvent.objects.filter(tenant=alice.tenant).first(),
         "instance": workload("instance"),
         "job": workload("job"),
+        "job-array": JobArray.objects.create(tenant=alice.tenant, name="sweep", count=1),
         "region": Region.objects.first(),
         "gpu-model": GpuModel.objects.first(),
         "instance-type": InstanceType.objects.first(),
