@@ -6,6 +6,7 @@ import pytest
 from agents.models import Gpu, Host
 from agents.selectors import host_desired_containers
 from billing.models import Account
+from billing.services import launch_blocks_refresh
 from gpucloud.catalogue.models import Quota
 from gpucloud.tenancy.models import AuditEvent
 from scheduler.choices import State
@@ -139,6 +140,7 @@ def test_the_quota_and_the_balance_refuse_the_whole_array(alice, catalog):
     # tasks that fit the quota one at a time queue: they run as it allows, like any jobs
     assert submit(alice, 20).status_code == 201
     Account.objects.filter(tenant=alice.tenant).update(balance=0)
+    launch_blocks_refresh(tenant_ids=[alice.tenant.pk])  # as the ledger services do after a posting
     resp = submit(alice, 20)
     assert resp.status_code == 402 and resp.json()["error"]["code"] == "insufficient_credit"
     assert JobArray.objects.count() == 1 and Workload.objects.count() == 20
