@@ -85,8 +85,10 @@ def month_began(at: datetime) -> datetime:
 
 
 def account_for(*, tenant_id: Any) -> Account:
-    account, _ = Account.objects.get_or_create(tenant_id=tenant_id,
-                                               defaults={"currency": settings.BILLING_CURRENCY})
+    account, created = Account.objects.get_or_create(tenant_id=tenant_id,
+                                                     defaults={"currency": settings.BILLING_CURRENCY})
+    if created:
+        launch_blocks_refresh(tenant_ids=[tenant_id])  # an account opened at zero admits nothing yet
     return account
 
 
