@@ -346,6 +346,9 @@ HOST_DOWN_AFTER_S = env_int("HOST_DOWN_AFTER_S", 30)
 HOST_LOST_GRACE_S = env_int("HOST_LOST_GRACE_S", 120)
 AGENT_PIDS_LIMIT = env_int("AGENT_PIDS_LIMIT", 4096)
 AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeats need 12/min
+# Long polls (POST /agent/v1/wait, agents/longpoll.py) one web process holds at once; each holds
+# a thread, so keep it below gunicorn's --threads. 0: off (agents wait out their interval).
+AGENT_LONGPOLL_SLOTS = env_int("AGENT_LONGPOLL_SLOTS", 0)
 # GPU samples from heartbeats: raw for an hour, then 1-minute averages for 30 days.
 GPU_SAMPLE_RAW_RETENTION_S = env_int("GPU_SAMPLE_RAW_RETENTION_S", 3600)
 GPU_SAMPLE_MINUTE_RETENTION_DAYS = env_int("GPU_SAMPLE_MINUTE_RETENTION_DAYS", 30)
