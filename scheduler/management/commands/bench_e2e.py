@@ -186,13 +186,13 @@ class Command(BaseCommand):
 
 
 def _prepare(o) -> tuple[list[str], list[str]]:
+    from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
     from agents.services import bootstrap_token_create
     from gpucloud.catalogue.models import Quota, Region
     from gpucloud.tenancy.models import Membership
     from gpucloud.tenancy.services import api_key_create, tenant_create
-    from django.contrib.auth import get_user_model
 
     call_command("seed_catalog", stdout=open(os.devnull, "w"))
     region = Region.objects.get(code=REGION)
@@ -478,9 +478,9 @@ def _idle(procs: _Procs, key: str, o) -> dict:
         status, data = api.post("/api/v1/jobs", _job(100_000 + i, 0.2))
         if status != 201:
             raise CommandError(f"idle submission refused: {status} {data}")
-        w = _wait(lambda: Workload.objects.filter(pk=data["id"], state__in=[
-            State.RUNNING, State.SUCCEEDED, State.FAILED]).first(), procs, 60, "an idle job to run",
-            poll_s=0.05)
+        started = Workload.objects.filter(pk=data["id"], state__in=[
+            State.RUNNING, State.SUCCEEDED, State.FAILED])
+        w = _wait(started.first, procs, 60, "an idle job to run", poll_s=0.05)
         ev = {e.to_state: e.created_at.timestamp() for e in w.events.order_by("-created_at")}
         c2s.append(ev[State.SCHEDULED] - w.created_at.timestamp())
         c2r.append(ev[State.RUNNING] - w.created_at.timestamp())
