@@ -139,8 +139,10 @@ def launch_check(*, tenant: Tenant, instance_type: InstanceType, region: Region,
             code="insufficient_credit",
         )
     now = timezone.now()
+    spend = None
     for budget in Budget.objects.filter(tenant=tenant, hard_stop=True):
-        spend = month_spend(tenant_id=tenant.pk, at=now)
+        if spend is None:  # once, however many budgets
+            spend = month_spend(tenant_id=tenant.pk, at=now)
         if spend >= budget.monthly_amount:
             raise PaymentRequired(
                 f"The budget {budget.name!r} ({budget.monthly_amount} {settings.BILLING_CURRENCY} a month) is "

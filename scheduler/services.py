@@ -58,6 +58,26 @@ class WorkloadSpec:
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
+    """The active instance type and region named in `spec`, offered there at `spec.billing`
+    (their price now is kept on the type as `price_now`, for the launch's answer).
+
+    One query when all is well (the price in force, joined to both); the precise refusals
+    below only when it finds nothing."""
+    price = (Price.objects.filter(instance_type__code=spec.instance_type, instance_type__active=True,
+                                  region__code=spec.region, region__active=True, kind=spec.billing,
+                                  effective_from__lte=timezone.now())
+             .select_related("instance_type__gpu_model", "region").order_by("-effective_from").first())
+    if price is not None:
+        it, region = price.instance_type, price.region
+        it.price_now = price.per_hour
+    else:
+        it, region = _resolve_refusal(spec)
+    if it.gpu_share_milli < 1000 and spec.nodes > 1:
+        raise InvalidInput("A fractional GPU type runs on one node.", fields={"nodes": ["Must be 1."]})
+    return it, region
+
+
+def _resolve_refusal(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
     it = InstanceType.objects.select_related("gpu_model").filter(code=spec.instance_type, active=True).first()
     if it is None:
         raise InvalidInput(f"Unknown instance type {spec.instance_type!r}.",
@@ -67,16 +87,11 @@ def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
     if region is None:
         raise InvalidInput(f"Unknown region {spec.region!r}.", code="unknown_region",
                            fields={"region": [f"No region {spec.region!r}."]})
-    if not Price.objects.filter(instance_type=it, region=region, kind=spec.billing,
-                                effective_from__lte=timezone.now()).exists():
-        raise InvalidInput(
-            f"{it.code} is not offered {spec.billing.replace('_', '-')} in {region.code}.",
-            code="not_offered",
-            fields={"instance_type": [f"Not offered in {region.code} as {spec.billing}."]},
-        )
-    if it.gpu_share_milli < 1000 and spec.nodes > 1:
-        raise InvalidInput("A fractional GPU type runs on one node.", fields={"nodes": ["Must be 1."]})
-    return it, region
+    raise InvalidInput(
+        f"{it.code} is not offered {spec.billing.replace('_', '-')} in {region.code}.",
+        code="not_offered",
+        fields={"instance_type": [f"Not offered in {region.code} as {spec.billing}."]},
+    )
 
 
 def _record(workload: Workload, old: str, new: str, reason: str, now: datetime) -> WorkloadEvent:
@@ -89,20 +104,27 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
     """Refuse at once what no amount of waiting could admit: more GPUs than a quota allows.
 
     Work that fits the limit but not the current usage is queued and waits with a reason.
+    Only the limits matter here (one query): the tenant's quota rows, and its plan's
+    default where it has no tenant-wide row, as the scheduler reads them (snapshot.tenant_views).
     """
-    from scheduler.snapshot import tenant_views
+    from django.conf import settings
+
+    from gpucloud.catalogue.models import Quota
 
     need = it.gpu_milli_total * spec.nodes
-    for view in tenant_views({str(tenant.pk)}):
-        for q in view.quotas:
-            if q.gpu_model not in (None, it.gpu_model.code) or q.region not in (None, region.code):
-                continue
-            if q.max_gpus is not None and need > q.max_gpus * 1000:
-                scope = " ".join(x for x in (q.gpu_model, "GPUs", f"in {q.region}" if q.region else "") if x)
-                raise InvalidInput(
-                    f"This asks for {need / 1000:g} GPUs but your quota allows {q.max_gpus} {scope}.",
-                    code="quota_exceeded", fields={"instance_type": ["More GPUs than your quota allows."]},
-                )
+    rows = list(Quota.objects.filter(tenant_id=tenant.pk).values_list(
+        "gpu_model__code", "region__code", "max_gpus"))
+    if not any(m is None and r is None for m, r, _ in rows):
+        rows.append((None, None, settings.PLAN_QUOTAS.get(tenant.plan, {}).get("max_gpus")))
+    for model, quota_region, max_gpus in rows:
+        if model not in (None, it.gpu_model.code) or quota_region not in (None, region.code):
+            continue
+        if max_gpus is not None and need > max_gpus * 1000:
+            scope = " ".join(x for x in (model, "GPUs", f"in {quota_region}" if quota_region else "") if x)
+            raise InvalidInput(
+                f"This asks for {need / 1000:g} GPUs but your quota allows {max_gpus} {scope}.",
+                code="quota_exceeded", fields={"instance_type": ["More GPUs than your quota allows."]},
+            )
 
 
 @transaction.atomic
@@ -122,7 +144,10 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
         auto_stop_idle_minutes=spec.auto_stop_idle_minutes,
         reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
     )
-    _record(workload, "", State.PENDING, "submitted", now).save()
+    event = _record(workload, "", State.PENDING, "submitted", now)
+    event.save()
+    workload.launch_event = event  # the 201 answer is built from these, without reading them back
+    workload.launch_price = getattr(it, "price_now", None)
     audit_record(tenant=tenant, action=f"{spec.kind}.launch", obj=workload, object_repr=spec.name,
                  data={"instance_type": it.code, "region": region.code, "billing": spec.billing,
                        "priority": spec.priority})

@@ -150,7 +150,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
         if costs is None or obj.pk not in costs:
             from billing.selectors import workload_costs
 
-            costs = workload_costs(workloads=[obj])
+            costs = self._costs = {**(costs or {}), **workload_costs(workloads=[obj])}  # once, not per field
         return costs[obj.pk]
 
     @extend_schema_field(serializers.DecimalField(max_digits=14, decimal_places=4, allow_null=True))

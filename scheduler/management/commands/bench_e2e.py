@@ -147,6 +147,9 @@ class Command(BaseCommand):
                             help="threads per web worker (default: enough for the long polls)")
         parser.add_argument("--api-rate-limit", default="",
                             help="API_RATE_LIMIT for the run (default: the platform's)")
+        parser.add_argument("--profile", type=int, default=0, metavar="N",
+                            help="first profile N job and N instance creates in this process")
+        parser.add_argument("--profile-only", action="store_true", help="only the profile")
         parser.add_argument("--timeout-s", type=float, default=900.0)
         parser.add_argument("--json", action="store_true")
 
@@ -168,9 +171,13 @@ class Command(BaseCommand):
         tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
         try:
             keys, tokens = _prepare(o)
-            connections.close_all()
-            procs = _start(o, Path(tmp.name), tokens)
-            out = _run(o, procs, keys)
+            profile = _profile_creates(keys[0], o["profile"], self.stderr) if o["profile"] else {}
+            if o["profile_only"]:
+                out = profile
+            else:
+                connections.close_all()
+                procs = _start(o, Path(tmp.name), tokens)
+                out = {**_run(o, procs, keys), **profile}
         finally:
             if procs is not None:
                 procs.stop()
@@ -206,6 +213,62 @@ def _prepare(o) -> tuple[list[str], list[str]]:
             for i in range(o["clients"])]
     tokens = [bootstrap_token_create(region=region)[1] for _ in range(o["hosts"])]
     return keys, tokens
+
+
+def _profile_creates(key: str, n: int, err) -> dict:
+    """N job creates and N instance creates through the whole Django stack in this process
+    (middleware, auth, throttle, view, services, the 201 body), under cProfile: CPU ms per
+    create (median) and the functions where it goes (to stderr). The workloads are deleted
+    afterwards, so the run starts from an empty queue."""
+
+    from django.test import Client, override_settings
+
+    from scheduler.models import Workload
+
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_HOST="127.0.0.1")
+    bodies = {
+        "job": lambda i: _job(i, 1.0),
+        "instance": lambda i: {"name": f"nb-{i}", "instance_type": "h100.1x", "region": REGION,
+                               "image": "jupyter/base-notebook"},
+    }
+    out = {}
+    with override_settings(ALLOWED_HOSTS=["127.0.0.1"]):
+        for kind, body in bodies.items():
+            out.update(_profile_one(client, kind, body, n, err))
+    Workload.objects.all().delete()
+    return out
+
+
+def _profile_one(client, kind: str, body, n: int, err) -> dict:
+    """CPU per create measured on n creates without the profiler, then n more under it."""
+    import cProfile
+    import io
+    import pstats
+
+    path = f"/api/v1/{kind}s"
+
+    def post(i: int) -> None:
+        resp = client.post(path, json.dumps(body(i)), content_type="application/json", secure=True)
+        if resp.status_code != 201:
+            raise CommandError(f"profile: {path} answered {resp.status_code}: {resp.content[:300]!r}")
+
+    for i in range(5):  # warm: imports, caches, connections
+        post(i)
+    cpu = []
+    for i in range(n):
+        t = time.process_time()
+        post(i)
+        cpu.append((time.process_time() - t) * 1000)
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n):
+        post(i)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
+    err.write(f"--- POST {path}: {n} creates, CPU ms median {_percentile(cpu, 0.5):.2f} (unprofiled)\n")
+    err.write(buf.getvalue())
+    return {f"{kind}_create_cpu_ms_p50": round(_percentile(cpu, 0.5), 2)}
 
 
 def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
