@@ -6,7 +6,9 @@ from celery import shared_task
 from django.core.cache import cache
 
 from gpucloud.catalogue.models import Region
+from scheduler.choices import HOLDING, State
 from scheduler.cycle import run_cycle
+from scheduler.models import Workload
 from scheduler.reclaim import allocations_audit
 
 logger = logging.getLogger(__name__)
@@ -65,8 +67,14 @@ def schedule_cycle_task(region_id: int) -> dict:
 
 @shared_task(ignore_result=True)
 def schedule_tick_task() -> None:
-    """Beat's tick: one cycle per active region (a no-op when another worker holds the lock)."""
-    for region_id in Region.objects.filter(active=True).values_list("pk", flat=True):
+    """Beat's tick: one cycle per active region with work (queued, or holding GPUs: deadlines,
+    reservations and reclaims move with time), a no-op when another worker holds the lock.
+
+    A region without any is skipped: its cycle would plan nothing, and whatever gives it work
+    (a submission, a requeue) triggers a cycle itself. One query for all regions."""
+    busy = set(Workload.objects.filter(state__in=[State.PENDING, *HOLDING])
+               .values_list("region_id", flat=True).order_by().distinct())
+    for region_id in Region.objects.filter(active=True, pk__in=busy).values_list("pk", flat=True):
         trigger_cycle(region_id)
 
 

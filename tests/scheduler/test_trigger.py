@@ -61,7 +61,11 @@ def test_a_submission_right_after_the_ticks_cycle_read_the_queue_is_placed_by_it
         submitted.append(resp.json()["id"])
 
     with app.connection_for_write() as conn:
-        schedule_tick_task()  # the beat tick: takes the trigger keys, queues a cycle per region
+        first = alice.client().post("/api/v1/jobs", {
+            "name": "first", "instance_type": "h100.1x", "region": "us-east-1", "image": "busybox",
+        }, format="json")
+        assert first.status_code == 201
+        schedule_tick_task()  # the beat tick: a cycle for the region with work
         assert region in _queued_cycles(conn)
         cycle_loaded.connect(submit_after_the_read)
         try:
@@ -69,7 +73,8 @@ def test_a_submission_right_after_the_ticks_cycle_read_the_queue_is_placed_by_it
         finally:
             cycle_loaded.disconnect(submit_after_the_read)
         job = Workload.objects.get(pk=submitted[0])
-        assert pending_when_read == [0] and job.state == State.PENDING  # the tick's cycle missed it
+        assert pending_when_read == [1] and job.state == State.PENDING  # the tick's cycle missed it
+        assert Workload.objects.get(pk=first.json()["id"]).state == State.SCHEDULED
         queued = _queued_cycles(conn)
         assert queued == [region]  # its own trigger, not a later tick
         schedule_cycle_task(region)
@@ -92,3 +97,25 @@ def test_a_burst_of_triggers_queues_one_cycle():
         for _ in range(20):
             trigger_cycle(region)
         assert _queued_cycles(conn) == [region]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tick_runs_cycles_only_where_there_is_work(alice):
+    from django.core.cache import cache
+
+    call_command("seed_catalog", stdout=open("/dev/null", "w"))
+    east, west = (Region.objects.get(code=c).pk for c in ("us-east-1", "us-west-2"))
+    cache.clear()
+    app.control.purge()
+    with app.connection_for_write() as conn:
+        schedule_tick_task()
+        assert _queued_cycles(conn) == []  # an idle platform: no cycles at all
+        resp = alice.client().post("/api/v1/jobs", {
+            "name": "w", "instance_type": "h100.1x", "region": "us-west-2", "image": "busybox",
+        }, format="json")
+        assert resp.status_code == 201
+        assert _queued_cycles(conn) == [west]  # the submission's own trigger
+        cache.clear()  # the trigger's debounce
+        schedule_tick_task()
+        assert _queued_cycles(conn) == [west]  # queued work: its region ticks, no other
+        assert east not in _queued_cycles(conn)
