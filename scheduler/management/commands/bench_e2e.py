@@ -163,6 +163,11 @@ class Command(BaseCommand):
             o["hosts"] = o["hosts"] if o["hosts"] != 64 else 16
         if min(o["hosts"], o["jobs"], o["clients"]) < 1:
             raise CommandError("--hosts, --jobs and --clients must be positive")
+        def stop(signum, frame):  # SIGTERM (and SIGINT where a shell ignores it): clean up, then exit
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
         settings_dict = connection.settings_dict
         settings_dict.setdefault("TEST", {})["NAME"] = f"bench_e2e_{os.getpid()}"
         old_name = settings_dict["NAME"]
@@ -301,13 +306,12 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     procs.start("worker", [py, "-m", "celery", "-A", "gpucloud", "worker", "--concurrency", "2",
                            "--without-gossip", "--without-mingle", "--loglevel", "WARNING"])
     procs.start("beat", [py, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel", "WARNING",
-                         "--schedule", str(tmp / "beat-schedule")],
-                env={"CELERY_REDBEAT_KEY_PREFIX": f"redbeat{os.getpid()}:"})
+                         "--schedule", str(tmp / "beat-schedule")])
     _wait_port(procs, port)
     procs.start("fleet", [py, "-m", "agents.host", "--sim-fleet", str(o["hosts"]),
                           "--server", procs.url, "--gpu-backend", "sim", "--runtime", "sim",  # type: ignore[attr-defined]
                           "--state-dir", str(tmp / "agents"), "--hostname", "e2e",
-                          "--log-level", "WARNING"],
+                          "--log-level", "WARNING", "--request-timeout-s", "120"],
                 env={"GPUCLOUD_BOOTSTRAP_TOKEN": ",".join(tokens)})
     return procs
 
@@ -384,9 +388,11 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
     from agents.models import Gpu, Host
 
     n_gpus = o["hosts"] * 8
-    _wait(lambda: Gpu.objects.filter(host__last_heartbeat_at__isnull=False).count() >= n_gpus,
-          procs, 120, f"{o['hosts']} hosts to register and heartbeat")
-    _wait(lambda: Host.objects.filter(state="ready").count() >= o["hosts"], procs, 60, "hosts READY")
+    # registered, and heartbeating since (a registration's answer lost to a client timeout
+    # would leave a host the agent cannot use: its token was spent)
+    _wait(lambda: Host.objects.filter(state="ready", last_seq__gte=1).count() >= o["hosts"], procs, 300,
+          f"{o['hosts']} hosts to register and heartbeat")
+    assert Gpu.objects.filter(host__state="ready").count() >= n_gpus
     out: dict = {"hosts": o["hosts"], "gpus": n_gpus, "jobs": o["jobs"], "clients": o["clients"],
                  "array": o["array"], "mix": o["mix"], "loadavg_1m_start": round(os.getloadavg()[0], 2)}
     cpu0, pg0 = procs.cpu(), _pg_backend_cpu(connection.settings_dict["NAME"])
