@@ -142,6 +142,8 @@ class Command(BaseCommand):
         parser.add_argument("--duration-s", type=float, default=1.0, help="each job's run time")
         parser.add_argument("--idle-samples", type=int, default=20,
                             help="jobs submitted one at a time on the idle fleet")
+        parser.add_argument("--idle-seconds", type=float, default=20.0,
+                            help="at the end, measure the processes' CPU over this long with no work")
         parser.add_argument("--web-workers", type=int, default=2)
         parser.add_argument("--web-threads", type=int, default=0,
                             help="threads per web worker (default: enough for the long polls)")
@@ -277,6 +279,8 @@ def _profile_one(client, kind: str, body, n: int, err) -> dict:
 
 
 def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
+    from agents.management.commands.bench_heartbeats import _free_port
+
     db = connection.settings_dict
     port = _free_port()
     threads = o["web_threads"] or max(8, o["hosts"] // o["web_workers"] + 8)
@@ -314,14 +318,6 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
                           "--log-level", "WARNING", "--request-timeout-s", "120"],
                 env={"GPUCLOUD_BOOTSTRAP_TOKEN": ",".join(tokens)})
     return procs
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(procs: _Procs, port: int) -> None:
@@ -420,6 +416,12 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
         out["violations"] = _violations()
     elif o["idle_samples"]:
         out.update(_idle(procs, keys[0], o))
+    if o["idle_seconds"] > 0:
+        # the platform with nothing to do: beat's ticks, the fleet's heartbeats, the flushes
+        c0, w0 = procs.cpu(), time.monotonic()
+        time.sleep(o["idle_seconds"])
+        c1, dt = procs.cpu(), time.monotonic() - w0
+        out["idle_cpu_share_of_a_core"] = {k: round((c1[k] - c0[k]) / dt, 3) for k in c1}
     out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     return out
 
