@@ -355,12 +355,22 @@ class _Api:
 
     def post(self, path: str, body: dict) -> tuple[int, dict]:
         payload = json.dumps(body).encode()
+        fresh = False
         while True:
             try:
                 self.conn.request("POST", path, body=payload, headers={
                     "Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
                 resp = self.conn.getresponse()
                 data = resp.read()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                # the server closed the kept-alive connection while it was idle (gunicorn's
+                # keep-alive is 2 s): the request never reached it; once more on a new one
+                self.conn.close()
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+                if fresh:
+                    raise
+                fresh = True
+                continue
             except (OSError, http.client.HTTPException):
                 self.conn.close()
                 self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
@@ -415,7 +425,10 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
     if o["mix"]:
         out["violations"] = _violations()
     elif o["idle_samples"]:
-        out.update(_idle(procs, keys[0], o))
+        try:
+            out.update(_idle(procs, keys[0], o))
+        except (CommandError, OSError, http.client.HTTPException) as e:  # keep the burst's figures
+            out["idle_error"] = str(e)[:300]
     if o["idle_seconds"] > 0:
         # the platform with nothing to do: beat's ticks, the fleet's heartbeats, the flushes
         c0, w0 = procs.cpu(), time.monotonic()
