@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+from django.db import connection
 from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
@@ -206,8 +207,13 @@ class HostWaitApi(_AgentApi):
         host = request.auth
         if req.host_id != str(host.pk):
             raise exceptions.AuthenticationFailed("This token belongs to another host.")
-        changed = longpoll.enabled() and longpoll.wait(
-            host_id=str(host.pk), since=req.version, timeout_s=req.timeout_s)
+        changed = False
+        if longpoll.enabled():
+            # A parked long poll holds no database connection (the agent API has no atomic
+            # requests): with DB_CONN_MAX_AGE each thread would otherwise keep one, and a fleet
+            # of waits would take PostgreSQL's max_connections from everything else.
+            connection.close()
+            changed = longpoll.wait(host_id=str(host.pk), since=req.version, timeout_s=req.timeout_s)
         return Response(WaitResponse(changed=changed).to_dict())
 
 
