@@ -31,7 +31,7 @@ def test_bench_e2e_runs_a_small_configuration_and_leaves_nothing_behind():
            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
     proc = subprocess.run(
         [sys.executable, "manage.py", "bench_e2e", "--hosts", "2", "--jobs", "12", "--clients", "2",
-         "--idle-samples", "2", "--web-workers", "1", "--json"],
+         "--idle-samples", "2", "--idle-seconds", "1", "--web-workers", "1", "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,6 +42,7 @@ def test_bench_e2e_runs_a_small_configuration_and_leaves_nothing_behind():
         assert isinstance(out[key], (int, float)), key
     assert out["states"] == {"succeeded": 12} and out["submit_errors"] == 0
     assert out["idle_samples"] == 2
+    assert set(out["idle_cpu_share_of_a_core"]) == {"web", "worker", "beat", "fleet"}
     assert set(out["cpu_ms_per_job"]) == {"web", "worker", "beat", "fleet", "postgres"}
     assert len(out["process_groups"]) == 4
     assert not [g for g in out["process_groups"] if _group_alive(g)]
