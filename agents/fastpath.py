@@ -181,7 +181,8 @@ def _prefix() -> str:
 
 def _cfg() -> str:
     """Part of every cached answer's key: settings that shape the answer."""
-    return f"{_SCHEMA}.{settings.AGENT_PIDS_LIMIT}.{float(settings.AGENT_HEARTBEAT_INTERVAL_S)}"
+    return (f"{_SCHEMA}.{settings.AGENT_PIDS_LIMIT}.{float(settings.AGENT_HEARTBEAT_INTERVAL_S)}"
+            f".{int(settings.AGENT_LONGPOLL_SLOTS > 0)}")
 
 
 @cache

@@ -9,6 +9,13 @@ Endpoints (both ``POST``, JSON bodies, ``Content-Type: application/json``)::
 
     /agent/v1/register   RegisterRequest  -> RegisterResponse   (no auth; bootstrap token in body)
     /agent/v1/heartbeat  Heartbeat        -> HeartbeatResponse  (Authorization: Bearer <host token>)
+    /agent/v1/wait       WaitRequest      -> WaitResponse       (same auth; a long poll)
+
+The wait: a heartbeat answer may carry ``desired_version`` (only where the control plane
+holds long polls). The agent then sends it back in a ``WaitRequest``, which the control
+plane answers as soon as the host's desired state has moved past that version (at once if
+it already has), or after ``timeout_s`` with ``changed: false``. On ``changed`` the agent
+heartbeats at once: placements reach it without waiting for its interval.
 
 Versioning: every top-level message carries ``"protocol_version": 1``. A receiver refuses
 another major version (``ProtocolError``); unknown keys are ignored so either side may add
@@ -29,6 +36,8 @@ PROTOCOL_VERSION: Final = 1
 
 REGISTER_PATH: Final = "/agent/v1/register"
 HEARTBEAT_PATH: Final = "/agent/v1/heartbeat"
+WAIT_PATH: Final = "/agent/v1/wait"
+WAIT_MAX_S: Final = 60.0  # the longest wait a request may ask for
 
 ContainerState = Literal["running", "exited", "created", "missing"]
 CONTAINER_STATES: Final[frozenset[str]] = frozenset({"running", "exited", "created", "missing"})
@@ -764,15 +773,21 @@ class HeartbeatResponse:
     host_token: str | None = None
     # Log tails wanted in the next heartbeat (optional; an older agent ignores them).
     logs_requests: list[LogsRequest] = field(default_factory=list)
+    # The version of the host's desired state this answer was read at, where the control
+    # plane holds long polls (``WaitRequest``); None: it does not, wait out the interval.
+    desired_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "protocol_version": PROTOCOL_VERSION,
             "desired": [d.to_dict() for d in self.desired],
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "host_token": self.host_token,
             "logs_requests": [q.to_dict() for q in self.logs_requests],
         }
+        if self.desired_version is not None:
+            out["desired_version"] = self.desired_version
+        return out
 
     @classmethod
     def from_dict(cls, data: object) -> HeartbeatResponse:
@@ -790,4 +805,51 @@ class HeartbeatResponse:
             heartbeat_interval_s=interval,
             host_token=token or None,
             logs_requests=r.list_("logs_requests", LogsRequest.from_dict),
+            desired_version=r.opt_str("desired_version", max_len=64),
         )
+
+
+@dataclass(frozen=True)
+class WaitRequest:
+    """Answer when the desired state of ``host_id`` is past ``version``, or after ``timeout_s``."""
+
+    host_id: str
+    version: str
+    timeout_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "host_id": self.host_id,
+            "version": self.version,
+            "timeout_s": self.timeout_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> WaitRequest:
+        r = _Reader(data, "")
+        r.version()
+        timeout = r.float_("timeout_s")
+        if timeout > WAIT_MAX_S:
+            raise ProtocolError("timeout_s", f"must be <= {WAIT_MAX_S:g}")
+        return cls(
+            host_id=r.str_("host_id"),
+            version=r.str_("version", empty=True, max_len=64),
+            timeout_s=timeout,
+        )
+
+
+@dataclass(frozen=True)
+class WaitResponse:
+    """``changed``: the desired state moved (heartbeat now); false: the wait timed out."""
+
+    changed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"protocol_version": PROTOCOL_VERSION, "changed": self.changed}
+
+    @classmethod
+    def from_dict(cls, data: object) -> WaitResponse:
+        r = _Reader(data, "")
+        r.version()
+        return cls(changed=r.bool_("changed"))

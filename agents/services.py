@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -65,7 +66,12 @@ from scheduler.cycle import policy_for
 from scheduler.hooks import cycle_wanted
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload
-from scheduler.services import workload_requeue_or_end, workload_stopped, workload_transition
+from scheduler.services import (
+    workload_requeue_or_end,
+    workload_stopped,
+    workload_transition,
+    workloads_transition,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -697,8 +703,47 @@ class _Mover:
                 self.end(w, f"container exited with code {code}", exit_code=code)
 
 
+def _bulk_moves(host: Host, w: Workload, o: ObservedContainer, groups: dict) -> bool:
+    """Put the common transitions (a container seen running; a job that exited 0) in `groups`,
+    to apply many at once (`_apply_bulk`); False for the rest, which `_Mover` handles one by
+    one. Each group is what `_Mover.observe` would do, step for step."""
+    if w.state not in (State.SCHEDULED, State.STARTING, State.RUNNING):
+        return False
+    if o.state == "running" and w.state != State.RUNNING:
+        groups[(w.state, State.RUNNING, "container running")].append(w)
+        return True
+    if o.state == "exited" and w.kind == WorkloadKind.JOB and o.exit_code == 0:
+        if w.state != State.RUNNING:  # it ran between two heartbeats: RUNNING first
+            groups[(w.state, State.RUNNING, "container running")].append(w)
+        groups[(State.RUNNING, State.SUCCEEDED, "exited with code 0")].append(w)
+        return True
+    return False
+
+
+def _apply_bulk(host: Host, groups: dict, now: datetime, outcome: HeartbeatOutcome) -> None:
+    """The grouped transitions: per group one guarded UPDATE, one INSERT of events, one
+    release of allocations (scheduler.services.workloads_transition), RUNNING before the ends."""
+    order = sorted(groups, key=lambda k: k[1] != State.RUNNING)
+    freed = False
+    for old, to, reason in order:
+        with transaction.atomic():
+            moved = set(workloads_transition(ids=[w.pk for w in groups[(old, to, reason)]], old=old,
+                                             to=to, reason=reason, now=now))
+            if to == State.SUCCEEDED and moved:
+                # Not a state: the exit code is a fact reported alongside it.
+                Workload.objects.filter(pk__in=list(moved)).update(exit_code=0)
+                freed = True
+        for w in groups[(old, to, reason)]:
+            if w.pk in moved:
+                w.state = to
+                outcome.transitions.append((str(w.pk), to))
+    if freed:
+        _trigger_cycle_on_commit(host.region_id)  # GPUs are free
+
+
 def host_heartbeat(
-    *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None
+    *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
+    bulk: bool = True,
 ) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
@@ -752,15 +797,20 @@ def host_heartbeat(
         _store_logs(locked, hb.logs, now, attempts)
     if hb.containers is None:
         return outcome  # the agent could not list its runtime: infer nothing
-    # Each transition is its own guarded update and transaction (scheduler.services).
+    # The common transitions in bulk (`bulk`, the default; False: one by one, as before);
+    # every other one is its own guarded update and transaction (scheduler.services).
     mover = _Mover(locked, now, outcome)
     reported = set()
+    groups: dict[tuple[str, str, str], list[Workload]] = defaultdict(list)
     for o in hb.containers:
         reported.add(o.instance_id)
         w = attempts.get(o.instance_id)
         if w is None:
             continue  # an earlier attempt, or work that is no longer here: the agent stops it
-        mover.observe(w, o)
+        if not (bulk and _bulk_moves(locked, w, o, groups)):
+            mover.observe(w, o)
+    if groups:
+        _apply_bulk(locked, groups, now, outcome)
     for iid, w in attempts.items():
         if iid not in reported and w.state == State.STOPPING:
             if w.nodes > 1:

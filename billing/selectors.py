@@ -120,6 +120,13 @@ class Cost:
     so_far: Decimal
 
 
+def launched_cost(*, workload: Any, per_hour: Decimal | None) -> Cost:
+    """What `workload_costs` says of a workload just launched, without asking the database:
+    nothing posted, nothing run, the price in force now (`per_hour`, read by the launch)."""
+    return Cost(hourly=None if per_hour is None else per_hour * workload.nodes,
+                so_far=pricing.cents(Decimal(0)))
+
+
 def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> dict[Any, Cost]:
     """Hourly price now and cost so far for each workload, in three queries whatever their number.
 

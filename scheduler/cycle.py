@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import OperationalError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F
+from django.dispatch import Signal
 from django.utils import timezone
 
 from gpucloud.lib import promstore
@@ -29,6 +30,10 @@ from scheduler.models import RegionSchedulerSettings, Workload
 from scheduler.services import TIMEOUT_PREFIX, workload_requeue_or_end, workload_transition
 
 logger = logging.getLogger(__name__)
+
+# Sent with `region_id` once a cycle has read its queue and before it plans: what commits from
+# here on is not in this cycle (tests use it to order a submission against a running cycle).
+cycle_loaded = Signal()
 
 # First key of the two-int advisory lock: "gpuc" in ASCII, so other users of advisory locks don't collide.
 _LOCK_NAMESPACE = 0x67707563
@@ -176,6 +181,7 @@ def _cycle(region_id: int, now: datetime) -> CycleStats:
     with transaction.atomic():
         _enforce_deadlines(region_id, now, stats)
     cycle = snapshot.build(region_id=region_id)
+    cycle_loaded.send(sender=None, region_id=region_id)
     stats.pending = len(cycle.queue)
     stats.hosts = len(cycle.snapshot.hosts)
     stats.gpus = sum(len(h.gpus) for h in cycle.snapshot.hosts)

@@ -16,21 +16,22 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agents.models import Gpu, Host
-from gpucloud.catalogue.models import InstanceType, Price, Region
+from gpucloud.catalogue.models import InstanceType, Price, Quota, Region
 from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError, PaymentRequired
 from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, hooks
 from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
+from scheduler.core.model import QuotaRule
 from scheduler.core.quota import quota_applies, quota_never_fits_gpus
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
-from scheduler.snapshot import tenant_views
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,26 @@ class WorkloadSpec:
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
+    """The active instance type and region named in `spec`, offered there at `spec.billing`
+    (their price now is kept on the type as `price_now`, for the launch's answer).
+
+    One query when all is well (the price in force, joined to both); the precise refusals
+    below only when it finds nothing."""
+    price = (Price.objects.filter(instance_type__code=spec.instance_type, instance_type__active=True,
+                                  region__code=spec.region, region__active=True, kind=spec.billing,
+                                  effective_from__lte=timezone.now())
+             .select_related("instance_type__gpu_model", "region").order_by("-effective_from").first())
+    if price is not None:
+        it, region = price.instance_type, price.region
+        it.price_now = price.per_hour
+    else:
+        it, region = _resolve_refusal(spec)
+    if it.gpu_share_milli < 1000 and spec.nodes > 1:
+        raise InvalidInput("A fractional GPU type runs on one node.", fields={"nodes": ["Must be 1."]})
+    return it, region
+
+
+def _resolve_refusal(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
     it = InstanceType.objects.select_related("gpu_model").filter(code=spec.instance_type, active=True).first()
     if it is None:
         raise InvalidInput(f"Unknown instance type {spec.instance_type!r}.",
@@ -68,16 +89,11 @@ def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
     if region is None:
         raise InvalidInput(f"Unknown region {spec.region!r}.", code="unknown_region",
                            fields={"region": [f"No region {spec.region!r}."]})
-    if not Price.objects.filter(instance_type=it, region=region, kind=spec.billing,
-                                effective_from__lte=timezone.now()).exists():
-        raise InvalidInput(
-            f"{it.code} is not offered {spec.billing.replace('_', '-')} in {region.code}.",
-            code="not_offered",
-            fields={"instance_type": [f"Not offered in {region.code} as {spec.billing}."]},
-        )
-    if it.gpu_share_milli < 1000 and spec.nodes > 1:
-        raise InvalidInput("A fractional GPU type runs on one node.", fields={"nodes": ["Must be 1."]})
-    return it, region
+    raise InvalidInput(
+        f"{it.code} is not offered {spec.billing.replace('_', '-')} in {region.code}.",
+        code="not_offered",
+        fields={"instance_type": [f"Not offered in {region.code} as {spec.billing}."]},
+    )
 
 
 def _record(workload: Workload, old: str, new: str, reason: str, now: datetime) -> WorkloadEvent:
@@ -90,18 +106,25 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
     """Refuse at once what no amount of waiting could admit: more GPUs than a quota allows.
 
     Work that fits the limit but not the current usage is queued and waits with a reason.
+    Only the limits matter here (one query): the tenant's quota rows, and its plan's
+    default where it has no tenant-wide row, as the scheduler reads them (snapshot.tenant_views).
     """
     need = it.gpu_milli_total * spec.nodes
-    for view in tenant_views({str(tenant.pk)}):
-        for q in view.quotas:
-            if not quota_applies(q, it.gpu_model.code, region.code):
-                continue
-            if quota_never_fits_gpus(q, need):
-                scope = " ".join(x for x in (q.gpu_model, "GPUs", f"in {q.region}" if q.region else "") if x)
-                raise InvalidInput(
-                    f"This asks for {need / 1000:g} GPUs but your quota allows {q.max_gpus} {scope}.",
-                    code="quota_exceeded", fields={"instance_type": ["More GPUs than your quota allows."]},
-                )
+    # Only the limits are read (not the usage the snapshot's tenant views count): a request
+    # larger than a limit never fits, whatever runs now. The rules are the core's.
+    rules = [QuotaRule(max_gpus=max_gpus, gpu_model=model, region=quota_region) for model, quota_region, max_gpus
+             in Quota.objects.filter(tenant_id=tenant.pk).values_list("gpu_model__code", "region__code", "max_gpus")]
+    if not any(r.gpu_model is None and r.region is None for r in rules):
+        rules.append(QuotaRule(max_gpus=settings.PLAN_QUOTAS.get(tenant.plan, {}).get("max_gpus")))
+    for q in rules:
+        if not quota_applies(q, it.gpu_model.code, region.code):
+            continue
+        if quota_never_fits_gpus(q, need):
+            scope = " ".join(x for x in (q.gpu_model, "GPUs", f"in {q.region}" if q.region else "") if x)
+            raise InvalidInput(
+                f"This asks for {need / 1000:g} GPUs but your quota allows {q.max_gpus} {scope}.",
+                code="quota_exceeded", fields={"instance_type": ["More GPUs than your quota allows."]},
+            )
 
 
 # The words for billing's admission facts (`Tenant.launch_blocked_reason`, kept by billing).
@@ -146,7 +169,10 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
         auto_stop_idle_minutes=spec.auto_stop_idle_minutes,
         reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
     )
-    _record(workload, "", State.PENDING, "submitted", now).save()
+    event = _record(workload, "", State.PENDING, "submitted", now)
+    event.save()
+    workload.launch_event = event  # the 201 answer is built from these, without reading them back
+    workload.launch_price = getattr(it, "price_now", None)
     audit_record(tenant=tenant, action=f"{spec.kind}.launch", obj=workload, object_repr=spec.name,
                  data={"instance_type": it.code, "region": region.code, "billing": spec.billing,
                        "priority": spec.priority})

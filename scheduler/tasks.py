@@ -7,30 +7,75 @@ from django.core.cache import cache
 
 from gpucloud.catalogue.models import Region
 from scheduler.autostop import instances_idle_stop
+from scheduler.choices import HOLDING, State
 from scheduler.cycle import run_cycle
+from scheduler.models import Workload
 from scheduler.reclaim import allocations_audit
 
 logger = logging.getLogger(__name__)
 
-# A burst of submissions asks for one cycle, not one per submission.
+# A burst of submissions asks for one cycle, not one per submission: the trigger key is held
+# from the trigger until that cycle has run (or for _DEBOUNCE_S, whichever is first).
 _DEBOUNCE_S = 1
 
 
+def _trigger_key(region_id: int) -> str:
+    return f"scheduler:trigger:{region_id}"
+
+
+def _generation_key(region_id: int) -> str:
+    return f"scheduler:generation:{region_id}"
+
+
+def generation(region_id: int) -> int:
+    """How many triggers `region_id` has had: a cycle that saw it unchanged from its start to
+    its end saw every submission that asked for it."""
+    return int(cache.get(_generation_key(region_id)) or 0)
+
+
 def trigger_cycle(region_id: int) -> None:
-    """Ask for a cycle of `region_id` soon; debounced through the shared cache."""
-    if cache.add(f"scheduler:trigger:{region_id}", 1, timeout=_DEBOUNCE_S):
+    """Ask for a cycle of `region_id` soon (called after the change committed).
+
+    The generation counter is bumped on every call; a cycle is queued only when none is
+    queued already (the trigger key). A cycle that started before this call's change
+    committed cannot have read it, but it sees the generation move and queues another when
+    it ends (`schedule_cycle_task`), so no trigger is lost to the debounce, the beat tick's
+    included, and a burst still costs one cycle at a time.
+    """
+    key = _generation_key(region_id)
+    cache.add(key, 0, timeout=None)
+    try:
+        cache.incr(key)
+    except ValueError:  # evicted between the two calls: it counts from here
+        cache.add(key, 1, timeout=None)
+    if cache.add(_trigger_key(region_id), 1, timeout=_DEBOUNCE_S):
         schedule_cycle_task.delay(region_id)
 
 
 @shared_task(soft_time_limit=60, time_limit=90, ignore_result=True)
 def schedule_cycle_task(region_id: int) -> dict:
-    return run_cycle(region_id=region_id).as_dict()
+    seen = generation(region_id)  # before the cycle reads the queue
+    stats = run_cycle(region_id=region_id)
+    if stats.ran:
+        # Free the trigger first, then look: a trigger after the delete queues its own cycle,
+        # one before it moved the generation we read next.
+        cache.delete(_trigger_key(region_id))
+        if generation(region_id) != seen and cache.add(_trigger_key(region_id), 1, timeout=_DEBOUNCE_S):
+            schedule_cycle_task.delay(region_id)
+    # Not ran: the cycle holding the region's lock looks at the generation when it ends.
+    return stats.as_dict()
 
 
 @shared_task(ignore_result=True)
 def schedule_tick_task() -> None:
-    """Beat's tick: one cycle per active region (a no-op when another worker holds the lock)."""
-    for region_id in Region.objects.filter(active=True).values_list("pk", flat=True):
+    """Beat's tick: one cycle per active region with work (queued, or holding GPUs: deadlines,
+    reservations and reclaims move with time), a no-op when another worker holds the lock.
+
+    A region without any is skipped: its cycle would plan nothing, and whatever gives it work
+    (a submission, a requeue) triggers a cycle itself. One query for all regions."""
+    busy = set(Workload.objects.filter(state__in=[State.PENDING, *HOLDING])
+               .values_list("region_id", flat=True).order_by().distinct())
+    for region_id in Region.objects.filter(active=True, pk__in=busy).values_list("pk", flat=True):
         trigger_cycle(region_id)
 
 

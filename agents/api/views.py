@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+from django.db import connection
 from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
@@ -29,7 +30,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import fastpath
+from agents import fastpath, longpoll
 from agents.models import Host
 from agents.protocol import (
     Heartbeat,
@@ -37,6 +38,8 @@ from agents.protocol import (
     ProtocolError,
     RegisterRequest,
     RegisterResponse,
+    WaitRequest,
+    WaitResponse,
 )
 from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
 from agents.services import host_heartbeat, host_register
@@ -178,6 +181,7 @@ class HostHeartbeatApi(_AgentApi):
             desired=host_desired_containers(host=host, allocations=outcome.allocations),
             heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
             logs_requests=host_logs_requests(host=host),
+            desired_version=answer_version if claim is not None and longpoll.enabled() else None,
         ).to_dict()
         if claim is not None and (claim.digest or claim.token_hash):
             if not outcome.applied or outcome.unknown_gpus:
@@ -189,6 +193,28 @@ class HostHeartbeatApi(_AgentApi):
                 token_ok=bool(claim.token_hash) and outcome.token_hash == claim.token_hash,
             )
         return Response(body)
+
+
+@extend_schema(exclude=True)
+class HostWaitApi(_AgentApi):
+    """POST /agent/v1/wait: WaitRequest -> WaitResponse, a long poll (agents/longpoll.py)."""
+
+    authentication_classes = [HostTokenAuthentication]
+    permission_classes = [IsHost]
+
+    def post(self, request):
+        req = _parse(WaitRequest, request.data)
+        host = request.auth
+        if req.host_id != str(host.pk):
+            raise exceptions.AuthenticationFailed("This token belongs to another host.")
+        changed = False
+        if longpoll.enabled():
+            # A parked long poll holds no database connection (the agent API has no atomic
+            # requests): with DB_CONN_MAX_AGE each thread would otherwise keep one, and a fleet
+            # of waits would take PostgreSQL's max_connections from everything else.
+            connection.close()
+            changed = longpoll.wait(host_id=str(host.pk), since=req.version, timeout_s=req.timeout_s)
+        return Response(WaitResponse(changed=changed).to_dict())
 
 
 def _claim(request) -> fastpath.Claim | None:

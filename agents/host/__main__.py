@@ -102,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agents.host: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_level)
+    if cfg.sim_fleet:
+        return run_fleet(cfg)
     try:
         backend, runtime, resources = build(cfg)
     except Exception as e:
@@ -125,6 +127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if tunnel is not None:
             tunnel.stop()
+
+
+def run_fleet(cfg: AgentConfig) -> int:
+    """``--sim-fleet N``: N simulated hosts in this process (agents/host/fleet.py)."""
+    from agents.host.fleet import Fleet
+
+    fleet = Fleet(cfg)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("signal received; stopping the fleet", extra={"signal": signum})
+        fleet.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return fleet.run()
 
 
 def start_tunnel(cfg: AgentConfig, agent: Agent, runtime: Runtime) -> AgentTunnel | None:

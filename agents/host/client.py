@@ -12,11 +12,14 @@ from agents.protocol import (
     HEARTBEAT_PATH,
     PROTOCOL_VERSION,
     REGISTER_PATH,
+    WAIT_PATH,
     Heartbeat,
     HeartbeatResponse,
     ProtocolError,
     RegisterRequest,
     RegisterResponse,
+    WaitRequest,
+    WaitResponse,
 )
 
 USER_AGENT: Final = f"gpucloud-agent/{__version__}"
@@ -47,7 +50,9 @@ class ControlPlaneClient:
         self.server = server.rstrip("/")
         self.timeout_s = timeout_s
 
-    def _post(self, path: str, body: dict[str, Any], token: str | None) -> Any:
+    def _post(
+        self, path: str, body: dict[str, Any], token: str | None, timeout_s: float | None = None
+    ) -> Any:
         headers = {
             "Content-Type": "application/json",
             "Accept": "application/json",
@@ -60,7 +65,7 @@ class ControlPlaneClient:
             self.server + path, data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             detail = _error_text(e)
@@ -89,6 +94,15 @@ class ControlPlaneClient:
             return HeartbeatResponse.from_dict(data)
         except ProtocolError as e:
             raise Unreachable(f"{HEARTBEAT_PATH}: bad reply: {e}") from None
+
+    def wait(self, token: str, req: WaitRequest) -> WaitResponse:
+        """The long poll: returns when the desired state moved past ``req.version`` or the
+        wait timed out (``changed`` False)."""
+        data = self._post(WAIT_PATH, req.to_dict(), token, timeout_s=req.timeout_s + self.timeout_s)
+        try:
+            return WaitResponse.from_dict(data)
+        except ProtocolError as e:
+            raise Unreachable(f"{WAIT_PATH}: bad reply: {e}") from None
 
 
 def _error_text(e: urllib.error.HTTPError) -> str:

@@ -47,6 +47,10 @@ class AgentConfig:
     sim_gpus: int = 8
     sim_model: str = "H100"
     sim_seed: int = 0
+    # >0: run this many simulated hosts in one process (agents/host/fleet.py), named
+    # <hostname>-000.., each with its own state under <state-dir>/<its name>; the bootstrap
+    # token is then N tokens, comma-separated (each admits one host).
+    sim_fleet: int = 0
     state_dir: Path = Path("/var/lib/gpucloud-agent")
     hostname: str = ""
     once: bool = False
@@ -101,6 +105,14 @@ class AgentConfig:
             raise ConfigError("--docker-disk-gib must be >= 0")
         if cfg.sim_gpus < 0:
             raise ConfigError("--sim-gpus must be >= 0")
+        if cfg.sim_fleet < 0:
+            raise ConfigError("--sim-fleet must be >= 0")
+        if cfg.sim_fleet and (cfg.gpu_backend != "sim" or cfg.runtime != "sim"):
+            raise ConfigError("--sim-fleet needs --gpu-backend sim and --runtime sim")
+        if cfg.sim_fleet and len(cfg.bootstrap_token.split(",")) not in (1, cfg.sim_fleet):
+            raise ConfigError("--sim-fleet N takes one bootstrap token per host, comma-separated")
+        if cfg.sim_fleet and cfg.gateway_url:
+            raise ConfigError("--sim-fleet runs without a gateway tunnel")
         if cfg.gateway_url and not all(u.strip().startswith(("ws://", "wss://")) for u in cfg.gateway_url.split(",")):
             raise ConfigError("--gateway-url / GPUCLOUD_GATEWAY_URL must be a ws(s):// URL")
         for name in ("request_timeout_s", "backoff_base_s", "backoff_cap_s", "default_interval_s"):
@@ -174,6 +186,9 @@ def parse_args(
     p.add_argument("--sim-gpus", type=int)
     p.add_argument("--sim-model")
     p.add_argument("--sim-seed", type=int)
+    p.add_argument(
+        "--sim-fleet", type=int, metavar="N", help="run N simulated hosts in this process (0)"
+    )
     p.add_argument("--state-dir", type=Path, help="where the host token is kept")
     p.add_argument("--hostname", help="name to register under (default: this machine's)")
     p.add_argument("--once", action="store_const", const=True, help="one iteration, then exit")

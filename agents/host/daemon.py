@@ -29,7 +29,12 @@ from pathlib import Path
 from typing import Protocol
 
 from agents.host import __version__
-from agents.host.client import ControlPlaneClient, ControlPlaneError, Rejected, Unauthorized
+from agents.host.client import (
+    ControlPlaneClient,
+    ControlPlaneError,
+    Rejected,
+    Unauthorized,
+)
 from agents.host.config import AgentConfig
 from agents.host.gpu import GpuBackend
 from agents.host.reconcile import Action, Remove, ReportExit, Start, Stop, reconcile
@@ -48,6 +53,7 @@ from agents.protocol import (
     ObservedContainer,
     RegisterRequest,
     RegisterResponse,
+    WaitRequest,
     clip_log,
     json_size,
 )
@@ -164,8 +170,15 @@ class Agent:
         # empty instead, so no log text can keep the host from reporting (and going DOWN).
         self._refused_tails: set[str] = set()
         self._stop = threading.Event()
-        # Set by a tunnel WAKE (the desired state changed) or a stop: ends the wait early.
+        # Set by a tunnel WAKE or a long poll (the desired state changed) or a stop: ends the
+        # wait early.
         self._wake = threading.Event()
+        # The long poll (protocol WaitRequest): the desired_version of the last heartbeat
+        # answer, and how many answers carried one (each allows one poll).
+        self._poll_cond = threading.Condition()
+        self._desired_version: str | None = None
+        self._answers = 0
+        self._acted = False  # the last iteration started or stopped a container
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -173,6 +186,11 @@ class Agent:
         """Ask the loop to exit after the current iteration (safe from a signal handler)."""
         self._stop.set()
         self._wake.set()
+        if self._poll_cond.acquire(blocking=False):  # a signal handler must not block on it
+            try:
+                self._poll_cond.notify_all()
+            finally:
+                self._poll_cond.release()
 
     def wake(self) -> None:
         """Heartbeat now instead of at the next interval (safe from any thread)."""
@@ -192,12 +210,16 @@ class Agent:
                 "version": __version__,
             },
         )
+        if not self.config.once and callable(getattr(self.client, "wait", None)):
+            threading.Thread(
+                target=self._poll_loop, name=f"longpoll-{self.config.hostname}", daemon=True
+            ).start()
         try:
             while not self._stop.is_set():
                 delay = self.iterate()
                 if self.config.once:
                     return 0 if self.last_ok else 1
-                self._wake.wait(delay)  # returns early on request_stop() or wake()
+                self._wake.wait(self._next_wait(delay))  # early on stop or wake
                 self._wake.clear()
         finally:
             try:
@@ -210,6 +232,68 @@ class Agent:
     @property
     def host_id(self) -> str | None:
         return self.state.host_id if self.state else None
+
+    def _next_wait(self, delay: float) -> float:
+        """The wait before the next heartbeat: ``delay`` +-10 % (agents started together do
+        not stay in lock-step), but at once after starting or stopping containers (report
+        their new states now), and no later than the runtime's next change it can foresee
+        (a simulated job's end), so the control plane does not keep GPUs booked for work
+        that is no longer running."""
+        if not self.last_ok:
+            return delay  # a backoff: jittered already
+        if self._acted:
+            return 0.0
+        wait = delay * self.rng.uniform(0.9, 1.1)
+        foresee = getattr(self.runtime, "next_change_in", None)
+        if callable(foresee):
+            try:
+                ahead = foresee()
+            except Exception:
+                ahead = None
+            if ahead is not None:
+                wait = min(wait, max(0.0, float(ahead)) + 0.01)
+        return wait
+
+    # --- the long poll --------------------------------------------------------------------
+
+    def _poll_loop(self) -> None:
+        """One long poll per heartbeat answer that carried a ``desired_version``: it returns
+        when the desired state moves past that version (then heartbeat at once) or times out
+        after about an interval, when the next heartbeat is due anyway. Never spins: a poll
+        refused or answered early waits for the next answer."""
+        polled = 0
+        while True:
+            with self._poll_cond:
+                while self._answers == polled and not self._stop.is_set():
+                    self._poll_cond.wait(timeout=60.0)
+                if self._stop.is_set():
+                    return
+                polled = self._answers
+                version, state, interval = self._desired_version, self.state, self.interval_s
+            if version is None or state is None:
+                continue
+            try:
+                resp = self.client.wait(  # type: ignore[attr-defined]
+                    state.host_token,
+                    WaitRequest(state.host_id, version, timeout_s=min(max(1.0, interval), 60.0)),
+                )
+            except Rejected as e:
+                logger.warning(
+                    "long poll refused; waiting out the interval instead",
+                    extra={"host_id": state.host_id, "error": str(e)},
+                )
+                return
+            except ControlPlaneError:
+                continue  # the next heartbeat says whether the control plane is back
+            if resp.changed:
+                self.wake()
+
+    def _answered(self, version: str | None) -> None:
+        with self._poll_cond:
+            self._desired_version = version
+            if version is not None:
+                self._answers += 1
+                self._poll_cond.notify_all()
 
     # --- one iteration ------------------------------------------------------------------
 
@@ -282,6 +366,7 @@ class Agent:
             save_state(self.config.state_dir, self.state)
             logger.info("host token rotated", extra={"host_id": self.state.host_id})
         self.desired = resp.desired
+        self._answered(resp.desired_version)
         self._log_requests = list(resp.logs_requests)
         sent = {t.instance_id for t in hb.logs}
         self._tailed |= self._final_tails & sent
@@ -291,7 +376,9 @@ class Agent:
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
             actions = reconcile(self.desired, view, known=self._known)
-            self._apply(actions)
+            self._acted = self._apply(actions) > 0
+        else:
+            self._acted = False
         wanted = {d.instance_id for d in self.desired}
         if observed is not None:
             self._known = (self._known | wanted) & ({o.instance_id for o in view} | wanted)
@@ -411,12 +498,15 @@ class Agent:
             logger.error("gpu sample failed", extra={"host_id": self.host_id, "error": str(e)})
             return []
 
-    def _apply(self, actions: list[Action]) -> None:
+    def _apply(self, actions: list[Action]) -> int:
+        """Carry out ``actions``; how many containers were started or stopped."""
+        changed = 0
         for a in actions:
             iid = a.instance_id
             try:
                 if isinstance(a, Start):
                     cid = self.runtime.run(a.spec)
+                    changed += 1
                     logger.info(
                         "container started",
                         extra={
@@ -428,6 +518,7 @@ class Agent:
                     )
                 elif isinstance(a, Stop):
                     self.runtime.stop(iid)
+                    changed += 1
                     logger.info(
                         "container stopped", extra={"host_id": self.host_id, "instance_id": iid}
                     )
@@ -459,3 +550,4 @@ class Agent:
                         "error": str(e),
                     },
                 )
+        return changed

@@ -117,6 +117,15 @@ class SimRuntime:
                 c.state, c.exit_code, c.finished_at = "exited", c.exit_code_on_end, c.ends_at
                 c.log.append(f"job finished with exit code {c.exit_code}")
 
+    def next_change_in(self) -> float | None:
+        """Seconds until the next running job ends by itself; None if none will."""
+        ends = [
+            c.ends_at
+            for c in self._containers.values()
+            if c.state == "running" and c.ends_at is not None
+        ]
+        return max(0.0, min(ends) - self._clock()) if ends else None
+
     def gpu_load(self) -> dict[str, list[tuple[int, float]]]:
         """GPU UUID -> [(milli, load)] of the running containers on it."""
         self._tick()

@@ -158,7 +158,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
         # A list fills `_costs` for its whole page at once (CostedListSerializer): no N+1.
         costs = getattr(self, "_costs", None)
         if costs is None or obj.pk not in costs:
-            costs = workload_costs(workloads=[obj])
+            costs = self._costs = {**(costs or {}), **workload_costs(workloads=[obj])}  # once, not per field
         return costs[obj.pk]
 
     @extend_schema_field(serializers.DecimalField(max_digits=14, decimal_places=4, allow_null=True))

@@ -58,8 +58,8 @@ def test_a_placement_and_a_stop_reach_a_tunnelled_agent_without_waiting_for_its_
         running = lambda: {c.instance_id.split(".")[0] for c in sim.runtime.list() if c.state == "running"}  # noqa: E731
         wait_until(lambda: str(w.pk) in running(), "the woken agent to start the container")
         assert gw.gw.wakes_sent >= 1
-        # (it reports the container at its next heartbeat: RUNNING then, as without a tunnel)
-        assert state(w) == State.SCHEDULED
+        # having started it, the agent reports it at once, not at its next interval
+        wait_until(lambda: state(w) == State.RUNNING, "the agent to report the container running")
 
         r = alice.client().post(f"/api/v1/instances/{w.pk}/stop")  # not desired any more
         assert r.status_code == 200

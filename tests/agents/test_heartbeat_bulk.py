@@ -1,0 +1,81 @@
+"""The changed-heartbeat bulk path stores what the one-by-one path stored.
+
+Two hosts get the same work in the same states; the same heartbeat (containers running, jobs
+exited 0 with and without having been seen running, an exit 1, an instance that exited, one
+still running) goes through `host_heartbeat(bulk=False)` on one and `bulk=True` on the other.
+The workloads, their events, allocations and the hosts' and GPUs' books must come out equal.
+"""
+from __future__ import annotations
+
+import pytest
+
+from agents.models import Gpu, Host
+from agents.protocol import Heartbeat, ObservedContainer
+from agents.selectors import host_allocations, host_attempts
+from agents.services import host_heartbeat
+from scheduler.choices import State
+from scheduler.models import Allocation, Workload
+from scheduler.services import workload_transition
+from tests.agents.test_agent_api import place, region, triggered  # noqa: F401
+from tests.scheduler.fleet import make_hosts
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# (name, kind, state before, what the container reports, exit code)
+SCENARIO = [
+    ("sched-running", "job", State.SCHEDULED, "running", None),
+    ("starting-running", "job", State.STARTING, "running", None),
+    ("sched-exit0", "job", State.SCHEDULED, "exited", 0),
+    ("running-exit0", "job", State.RUNNING, "exited", 0),
+    ("running-exit0-b", "job", State.RUNNING, "exited", 0),
+    ("running-exit1", "job", State.RUNNING, "exited", 1),
+    ("instance-exited", "instance", State.RUNNING, "exited", 0),
+    ("still-running", "instance", State.RUNNING, "running", None),
+]
+
+
+def _setup(host: Host, tenant) -> Heartbeat:
+    for name, kind, before, _, _ in SCENARIO:
+        w = place(host, tenant, kind=kind)
+        Workload.objects.filter(pk=w.pk).update(name=name)
+        w.refresh_from_db()
+        if before in (State.STARTING, State.RUNNING):
+            assert workload_transition(workload=w, to=State.STARTING, reason="setup")
+        if before == State.RUNNING:
+            assert workload_transition(workload=w, to=State.RUNNING, reason="setup")
+    attempts = host_attempts(host=host, allocations=host_allocations(host=host))
+    by_name = {w.name: iid for iid, w in attempts.items()}
+    containers = [ObservedContainer(instance_id=by_name[name], state=reported, exit_code=code)
+                  for name, _, _, reported, code in SCENARIO]
+    return Heartbeat(host_id=str(host.pk), seq=5, containers=containers)
+
+
+def _stored(host: Host) -> dict:
+    work = {}
+    for w in Workload.objects.filter(allocations__host=host).distinct():
+        work[w.name] = (w.state, w.exit_code, w.reason, w.started_at is not None, w.ended_at is not None,
+                        [(e.from_state, e.to_state, e.reason) for e in w.events.order_by("created_at", "id")],
+                        Allocation.objects.filter(workload=w, active=True).count())
+    host.refresh_from_db()
+    gpus = sorted((g.index, g.used_milli, g.whole) for g in Gpu.objects.filter(host=host))
+    return {"work": work, "host": (host.used_vcpus, host.used_memory_mib), "gpus": gpus}
+
+
+def test_the_bulk_path_stores_what_the_one_by_one_path_stored(region, alice, triggered):  # noqa: F811
+    one, many = make_hosts(n=2)
+    hb_one, hb_many = _setup(one, alice.tenant), _setup(many, alice.tenant)
+
+    out_one = host_heartbeat(host=one, hb=hb_one, bulk=False)
+    out_many = host_heartbeat(host=many, hb=hb_many, bulk=True)
+
+    a, b = _stored(one), _stored(many)
+    assert a == b
+    assert sorted(s for _, s in out_one.transitions) == sorted(s for _, s in out_many.transitions)
+    # and it did something: every case moved as the lifecycle says
+    states = {name: row[0] for name, row in b["work"].items()}
+    assert states == {"sched-running": State.RUNNING, "starting-running": State.RUNNING,
+                      "sched-exit0": State.SUCCEEDED, "running-exit0": State.SUCCEEDED,
+                      "running-exit0-b": State.SUCCEEDED, "running-exit1": State.FAILED,
+                      "instance-exited": State.FAILED, "still-running": State.RUNNING}
+    assert b["work"]["sched-exit0"][5][-2:] == [(State.SCHEDULED, State.RUNNING, "container running"),
+                                               (State.RUNNING, State.SUCCEEDED, "exited with code 0")]

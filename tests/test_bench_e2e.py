@@ -1,0 +1,48 @@
+"""`manage.py bench_e2e` works, in a tiny configuration: the real processes, its own database,
+every job done, the figures in one JSON line, no process left behind (no speed assertion)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                return True
+    return False
+
+
+def test_bench_e2e_runs_a_small_configuration_and_leaves_nothing_behind():
+    db = settings.DATABASES["default"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.settings", "SECRET_KEY": "bench-test",
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "bench_e2e", "--hosts", "2", "--jobs", "12", "--clients", "2",
+         "--idle-samples", "2", "--idle-seconds", "1", "--web-workers", "1", "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("submit_jobs_per_s", "dispatch_jobs_per_s", "completion_jobs_per_s",
+                "create_to_running_p50_s", "create_to_running_p99_s", "server_cpu_ms_per_job",
+                "booked_not_running_share"):
+        assert isinstance(out[key], (int, float)), key
+    assert out["states"] == {"succeeded": 12} and out["submit_errors"] == 0
+    assert out["idle_samples"] == 2
+    assert set(out["idle_cpu_share_of_a_core"]) == {"web", "worker", "beat", "fleet"}
+    assert set(out["cpu_ms_per_job"]) == {"web", "worker", "beat", "fleet", "postgres"}
+    assert len(out["process_groups"]) == 4
+    assert not [g for g in out["process_groups"] if _group_alive(g)]
