@@ -45,6 +45,7 @@ from django.utils import timezone
 
 from agents import fastpath
 from agents.choices import AdminState, HostState
+from agents.gangs import gang_report
 from agents.liveness import is_lost
 from agents.models import BootstrapToken, ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import (
@@ -671,8 +672,6 @@ class _Mover:
 
     def part(self, w: Workload, iid: str, state: str, exit_code: int | None = None, error: str = "") -> None:
         """A report about one part of a multi-host job: the gang rule decides (agents.gangs)."""
-        from agents.gangs import gang_report
-
         self.outcome.transitions += gang_report(host=self.host, workload=w, attempt=iid, state=state,
                                                 exit_code=exit_code, error=error or "", now=self.now)
 
@@ -706,7 +705,10 @@ class _Mover:
 def _bulk_moves(host: Host, w: Workload, o: ObservedContainer, groups: dict) -> bool:
     """Put the common transitions (a container seen running; a job that exited 0) in `groups`,
     to apply many at once (`_apply_bulk`); False for the rest, which `_Mover` handles one by
-    one. Each group is what `_Mover.observe` would do, step for step."""
+    one. Each group is what `_Mover.observe` would do, step for step. Not the parts of a gang:
+    the gang rule judges each of those (agents.gangs)."""
+    if w.nodes > 1:
+        return False
     if w.state not in (State.SCHEDULED, State.STARTING, State.RUNNING):
         return False
     if o.state == "running" and w.state != State.RUNNING:
