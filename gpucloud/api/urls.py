@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
+from alarms.api import views as alarms
 from billing.api import views as billing
 from frontend.api import views as ssh_keys
 from gpucloud.api.errors import not_found
@@ -35,6 +36,7 @@ router.register("ledger", billing.LedgerViewSet, basename="ledger-entry")
 router.register("invoices", billing.InvoiceViewSet, basename="invoice")
 router.register("budgets", billing.BudgetViewSet, basename="budget")
 router.register("ssh-keys", ssh_keys.SshKeyViewSet, basename="ssh-key")
+router.register("alarms", alarms.AlarmViewSet, basename="alarm")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),

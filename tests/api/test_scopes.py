@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
 
+from alarms.services import alarm_create
 from billing.models import Invoice, LedgerEntry
 from billing.services import budget_create
 from frontend.services import ssh_key_add
@@ -154,6 +155,8 @@ def world(db) -> World:
                                           period_end=date(2025, 2, 1)),
         "budget": budget_create(tenant=alice.tenant, name="b", monthly_amount=Decimal("100")),
         "ssh-key": ssh_key_add(membership=alice.membership, name="laptop", public_key=ED25519),
+        "alarm": alarm_create(tenant=alice.tenant, name="queue", target_kind="tenant", metric="queued_gpus",
+                              threshold=4, comparison="gt")[0],
     }
     bodies = {
         ("tenant", "PATCH"): {"name": "Acme 2"},
@@ -167,6 +170,11 @@ def world(db) -> World:
         ("budget-detail", "PUT"): {"name": "b3", "monthly_amount": "20"},
         ("budget-detail", "PATCH"): {"monthly_amount": "20"},
         ("ssh-key-list", "POST"): {"name": "desk", "public_key": ED25519},
+        ("alarm-list", "POST"): {"name": "a2", "target_kind": "tenant", "metric": "queue_wait", "threshold": 600,
+                                 "comparison": "gt"},
+        ("alarm-detail", "PUT"): {"name": "a3", "target_kind": "tenant", "metric": "spend_rate", "threshold": 50,
+                                  "comparison": "ge"},
+        ("alarm-detail", "PATCH"): {"threshold": 8},
     }
     for secret in keys.values():  # first use is recorded; do it before any snapshot
         _client(secret).get("/api/v1/tenant")
