@@ -285,6 +285,7 @@ SPECTACULAR_SETTINGS = {
         "PriceKindEnum": "gpucloud.catalogue.choices.PriceKind",
         "WorkloadStateEnum": "scheduler.choices.State",
         "WorkloadKindEnum": "scheduler.choices.WorkloadKind",
+        "AlarmStateEnum": "alarms.choices.AlarmState",
     },
 }
 
