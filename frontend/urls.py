@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 
 from frontend import account_views as account
-from frontend import views
+from frontend import alarm_views, views
 from scheduler.choices import WorkloadKind
 
 
@@ -41,6 +41,9 @@ console = [
     path("launch/price", views.launch_price, name="launch_price"),
     *_workload_routes("instances", WorkloadKind.INSTANCE, "instance"),
     *_workload_routes("jobs", WorkloadKind.JOB, "job"),
+    path("alarms/", alarm_views.alarm_list, name="alarms"),
+    path("alarms/<uuid:pk>/", alarm_views.alarm_detail, name="alarm"),
+    path("alarms/<uuid:pk>/delete", alarm_views.alarm_delete, name="alarm_delete"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),

@@ -30,7 +30,11 @@ def acme(alice, victor, catalog):
     ssh_key_add(membership=alice.membership, name="laptop",
                 public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0cmFpbmluZ2tleWZvcnRlc3RzIGxvbmc alice@laptop")
     invoice = invoice_refresh(tenant_id=alice.tenant.pk, month=timezone.now().date())
-    return {"instance": instance, "job": job, "invoice": invoice}
+    from alarms.services import alarm_create
+
+    alarm = alarm_create(tenant=alice.tenant, name="gpu utilisation over eighty percent", target_kind="workload",
+                         target_id=str(instance.pk), metric="gpu_util", threshold=80, comparison="gt")[0]
+    return {"instance": instance, "job": job, "invoice": invoice, "alarm": alarm}
 
 
 def test_every_page_fits_a_phone(phone, live_server, alice, acme):
@@ -40,7 +44,8 @@ def test_every_page_fits_a_phone(phone, live_server, alice, acme):
         "jobs": "/console/jobs/", "job": f"/console/jobs/{acme['job'].pk}/", "usage": "/console/usage/",
         "invoice": f"/console/invoices/{acme['invoice'].pk}/", "api-keys": "/console/settings/api-keys/",
         "ssh-keys": "/console/settings/ssh-keys/", "members": "/console/settings/members/",
-        "quotas": "/console/settings/quotas/",
+        "quotas": "/console/settings/quotas/", "alarms": "/console/alarms/",
+        "alarm": f"/console/alarms/{acme['alarm'].pk}/",
     }
     for name, url in {"signin": "/console/signin/", "signup": "/console/signup/", "home": "/"}.items():
         phone.goto(url)
