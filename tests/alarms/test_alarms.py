@@ -253,3 +253,39 @@ def test_another_app_registers_an_action_type(alice, instance):
             register_action(before)
         else:
             del action_types()["scaling_policy"]  # type: ignore[attr-defined]
+
+
+def test_a_failing_webhook_backs_off_then_gives_up_and_a_refused_url_is_never_retried(alice, instance, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = True
+    settings.ALARM_ACTION_MAX_ATTEMPTS = 2
+    assert [services.backoff_s(n) for n in range(1, 10)] == [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]
+    services.alarm_create(tenant=alice.tenant, name="hot", target_kind="workload", target_id=str(instance.pk),
+                          metric="gpu_util", threshold=80, comparison="gt",
+                          actions={"alarm": [{"type": "webhook", "url": "http://127.0.0.1:9/nobody-listens"}],
+                                   "ok": [{"type": "webhook", "url": "http://127.0.0.1:9/nobody-listens"}]})
+    feed(instance, [(-50, 99.0), (10, 5.0)])
+    services.alarms_evaluate_due(now=at(20))
+    [run] = AlarmAction.objects.all()
+    assert services.alarm_action_run(run_id=run.pk, now=at(21)) == ActionStatus.PENDING
+    run.refresh_from_db()
+    assert run.attempts == 1 and run.next_attempt_at == at(51) and run.last_error
+    assert services.alarm_action_run(run_id=run.pk, now=at(51)) == ActionStatus.FAILED
+    run.refresh_from_db()
+    assert run.attempts == 2 and services.alarm_actions_due(now=at(10_000)) == []
+    # the operator no longer allows private addresses: the OK webhook is refused, once, without retries
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    services.alarms_evaluate_due(now=at(80))
+    ok_run = AlarmAction.objects.get(history__new_state="OK")
+    assert services.alarm_action_run(run_id=ok_run.pk, now=at(81)) == ActionStatus.FAILED
+    ok_run.refresh_from_db()
+    assert ok_run.attempts == 1 and "https" in ok_run.last_error
+
+
+def test_a_sealed_secret_opens_only_under_its_secret_key(settings):
+    from gpucloud.lib.secretbox import SealedError, seal
+
+    sealed = seal("whsec_abc")
+    assert "whsec_abc" not in sealed and open_sealed(sealed) == "whsec_abc"
+    settings.SECRET_KEY = "another-key"
+    with pytest.raises(SealedError):
+        open_sealed(sealed)
