@@ -352,7 +352,8 @@ SERIES_METRICS: dict[str, tuple[str, str]] = {
     "power": ("power_w", "watts"),
 }
 SERIES_STATS = ("avg", "max", "min", "p95")
-_PG_STAT = {"avg": "AVG(v)", "max": "MAX(v)", "min": "MIN(v)",
+# (+ "sum", which alarms use and GET /api/v1/metrics does not offer)
+_PG_STAT = {"avg": "AVG(v)", "max": "MAX(v)", "min": "MIN(v)", "sum": "SUM(v)",
             "p95": "percentile_cont(0.95) WITHIN GROUP (ORDER BY v)"}
 
 
@@ -450,7 +451,7 @@ def workload_series(
             grouped: dict[float, list[float]] = defaultdict(list)
             for b, v in cur.fetchall():
                 grouped[b].append(v)
-        agg = {"avg": lambda v: sum(v) / len(v), "max": max, "min": min, "p95": _p95}[stat]
+        agg = {"avg": lambda v: sum(v) / len(v), "max": max, "min": min, "sum": sum, "p95": _p95}[stat]
         rows = [(b, agg(v)) for b, v in sorted(grouped.items())]
     out["points"] = [{"t": at(b), "value": _round(v)} for b, v in rows if b >= first]
     return out

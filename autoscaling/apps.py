@@ -7,3 +7,9 @@ class AutoscalingConfig(AppConfig):
     """Autoscaling groups of instances, their policies and scheduled actions, and batch pools."""
 
     name = "autoscaling"
+
+    def ready(self) -> None:
+        # Step scaling policies are an alarm action (alarms sits below: it never imports us).
+        from autoscaling import alarm_actions
+
+        alarm_actions.register()

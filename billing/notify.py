@@ -49,11 +49,12 @@ def verify(*, secret: str, header: str, body: bytes, tolerance_s: int = 300, now
     return hmac.compare_digest(sign(secret=secret, timestamp=timestamp, body=body), header)
 
 
-def webhook_post(*, url: str, secret: str, payload: dict[str, Any]) -> None:
+def webhook_post(*, url: str, secret: str, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
     """Sign and POST one event. Raises `OutboundRefused` when the URL may not be called (nothing
-    is sent; retrying will not help) and `DeliveryError` when the receiver failed (worth a retry)."""
+    is sent; retrying will not help) and `DeliveryError` when the receiver failed (worth a retry).
+    `headers`: more headers to send (an event name, a delivery id)."""
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "gpucloud-webhooks/1",
+    headers = {**(headers or {}), "Content-Type": "application/json", "User-Agent": "gpucloud-webhooks/1",
                SIGNATURE_HEADER: sign(secret=secret, timestamp=int(time.time()), body=body)}
     outcome = "failed"
     try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 
 from frontend import account_views as account
-from frontend import groups, views
+from frontend import alarm_views, groups, views
 from scheduler.choices import WorkloadKind
 
 
@@ -50,6 +50,9 @@ console = [
     path("groups/<uuid:pk>/schedule", groups.group_schedule, name="group_schedule"),
     path("groups/<uuid:pk>/delete", groups.group_delete, name="group_delete"),
     path("jobs/arrays/<uuid:pk>/stop", views.job_array_stop, name="job_array_stop"),
+    path("alarms/", alarm_views.alarm_list, name="alarms"),
+    path("alarms/<uuid:pk>/", alarm_views.alarm_detail, name="alarm"),
+    path("alarms/<uuid:pk>/delete", alarm_views.alarm_delete, name="alarm_delete"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),

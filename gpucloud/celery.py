@@ -26,6 +26,9 @@ app.conf.beat_schedule = {
     "hosts-liveness": {"task": "agents.tasks.hosts_liveness_task", "schedule": 5.0},
     # Instances launched with auto_stop_idle_minutes stop once every GPU has idled that long.
     "idle-autostop": {"task": "scheduler.tasks.idle_autostop_task", "schedule": 60.0},
+    # Alarms: evaluate the due ones (each once per period, whichever worker), retry failed actions.
+    "alarms-tick": {"task": "alarms.tasks.alarms_tick_task", "schedule": 10.0, "options": {"expires": 30}},
+    "alarm-actions-retry": {"task": "alarms.tasks.alarm_actions_retry_task", "schedule": 15.0},
     # Heartbeats answered from Redis (agents/fastpath.py): samples and liveness -> PostgreSQL.
     "heartbeats-flush": {"task": "agents.tasks.heartbeats_flush_task", "schedule": 1.0,
                          "options": {"expires": 10}},

@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "scheduler",
     "billing",
     "agents",
+    "alarms",
     "frontend",
     "autoscaling",
 ]
@@ -294,6 +295,7 @@ SPECTACULAR_SETTINGS = {
         "ScalingPolicyMetricEnum": "autoscaling.choices.PolicyMetric",
         "ActivityKindEnum": "autoscaling.choices.ActivityKind",
         "JobArrayStateEnum": "scheduler.arrays.ARRAY_STATES",
+        "AlarmStateEnum": "alarms.choices.AlarmState",
     },
 }
 
@@ -387,6 +389,10 @@ METERING_INTERVAL_S = env_int("METERING_INTERVAL_S", 60)
 METERING_SETTLE_S = env_int("METERING_SETTLE_S", 30)
 SPOT_FLOOR_FRACTION = env_decimal("SPOT_FLOOR_FRACTION", "0.30")  # where no SpotFloor row says
 SPOT_RECOMPUTE_S = env_int("SPOT_RECOMPUTE_S", 60)
+# Alarms (docs/alarms.md): a period is evaluated once it ended this long ago (its samples have
+# arrived); a failing action (a webhook answering 5xx) is tried this many times with backoff.
+ALARM_EVAL_DELAY_S = env_int("ALARM_EVAL_DELAY_S", 15)
+ALARM_ACTION_MAX_ATTEMPTS = env_int("ALARM_ACTION_MAX_ATTEMPTS", 8)
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpucloud <noreply@localhost>")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")

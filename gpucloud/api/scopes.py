@@ -123,6 +123,14 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("budget-detail", "PUT"): ADMIN,
     ("budget-detail", "PATCH"): ADMIN,
     ("budget-detail", "DELETE"): ADMIN,
+    # --- alarms (workloads.read / workloads.manage: an alarm may stop a workload)
+    ("alarm-list", "GET"): READ,
+    ("alarm-list", "POST"): WRITE,
+    ("alarm-detail", "GET"): READ,
+    ("alarm-detail", "PUT"): WRITE,
+    ("alarm-detail", "PATCH"): WRITE,
+    ("alarm-detail", "DELETE"): WRITE,
+    ("alarm-history", "GET"): READ,
     # --- the schema and its browser
     ("schema", "GET"): READ,
     ("api-docs", "GET"): READ,

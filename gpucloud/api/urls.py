@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
+from alarms.api import views as alarms
 from autoscaling.api import views as autoscaling
 from billing.api import views as billing
 from frontend.api import views as ssh_keys
@@ -40,6 +41,7 @@ router.register("ssh-keys", ssh_keys.SshKeyViewSet, basename="ssh-key")
 router.register("autoscaling-groups", autoscaling.AutoscalingGroupViewSet, basename="autoscaling-group")
 router.register("scaling-policies", autoscaling.ScalingPolicyViewSet, basename="scaling-policy")
 router.register("scheduled-actions", autoscaling.ScheduledActionViewSet, basename="scheduled-action")
+router.register("alarms", alarms.AlarmViewSet, basename="alarm")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),

@@ -48,6 +48,9 @@ app.add_typer(keys_app, name="keys")
 ssh_keys_app = typer.Typer(no_args_is_help=True,
                            help="Your SSH public keys: the gateway lets them in to your instances.")
 app.add_typer(ssh_keys_app, name="ssh-keys")
+alarms_app = typer.Typer(no_args_is_help=True,
+                         help="Alarms on a workload's GPU metrics or your tenant's spend and queue (docs/alarms.md).")
+app.add_typer(alarms_app, name="alarms")
 
 _state: dict[str, Any] = {"profile": None}
 
@@ -834,6 +837,111 @@ def volumes_rm(name: Annotated[str, typer.Argument(help="Volume name or id.")]) 
         v = gc.volumes.find(name)
         gc.volumes.delete(v["id"])
     out.print(f"Deleted volume {v.get('name')} ({v.get('id')}).", highlight=False)
+
+
+# --- alarms -------------------------------------------------------------------------------------------
+
+_COMPARISONS = {">": "gt", ">=": "ge", "<": "lt", "<=": "le"}
+
+
+def _rule(a: dict[str, Any]) -> str:
+    sign = {v: k for k, v in _COMPARISONS.items()}.get(a.get("comparison", ""), a.get("comparison"))
+    return (f"{a.get('statistic')}({a.get('metric')}) {sign} {a.get('threshold'):g} for "
+            f"{a.get('datapoints_to_alarm')} of {a.get('evaluation_periods')} x {a.get('period')} s")
+
+
+@alarms_app.command("ls")
+def alarms_ls(as_json: JsonOpt = False) -> None:
+    """Your alarms and their states. Example: `gpucloud alarms ls`"""
+    with client() as gc:
+        items = list(gc.alarms.list())
+    if as_json:
+        emit_json(items)
+        return
+    table(["NAME", "STATE", "TARGET", "RULE", "SINCE", "ID"],
+          ([a["name"], a["state"], f"{a['target_kind']} {a['target_id']}".strip(), _rule(a),
+            _short(a.get("state_changed_at")), a["id"]] for a in items),
+          empty="No alarms. Create one: gpucloud alarms create NAME --workload W --metric gpu_util --gt 80")
+
+
+@alarms_app.command("create")
+def alarms_create(
+    name: Annotated[str, typer.Argument()],
+    metric: Annotated[str, typer.Option(help="gpu_util, gpu_mem_used, gpu_temp, power, cost_rate (a workload); "
+                                             "spend_rate, queued_gpus, queue_wait (--tenant).")],
+    threshold: Annotated[float, typer.Option(help="The value compared with.")],
+    comparison: Annotated[str, typer.Option(help="gt, ge, lt, le (or >, >=, <, <=).")] = "gt",
+    workload: Annotated[str | None, typer.Option(help="An instance's (or job's) name or id.")] = None,
+    tenant: Annotated[bool, typer.Option("--tenant", help="Watch your tenant's metric.")] = False,
+    stat: Annotated[str, typer.Option(help="avg, max, min, p95 or sum per period.")] = "avg",
+    period: Annotated[int, typer.Option(help="Seconds, a multiple of 60.")] = 60,
+    periods: Annotated[int, typer.Option(help="Evaluation periods (N).")] = 1,
+    datapoints: Annotated[int | None, typer.Option(help="Datapoints to alarm (M of N; default N).")] = None,
+    missing: Annotated[str, typer.Option(help="missing, ignore, breaching or not_breaching.")] = "missing",
+    webhook: Annotated[list[str] | None, typer.Option(help="POST signed state changes here (repeatable).")] = None,
+    email: Annotated[bool, typer.Option("--email", help="E-mail the tenant's owners and admins.")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the workload when the alarm fires.")] = False,
+    on_ok: Annotated[bool, typer.Option("--on-ok", help="Also e-mail/POST when it returns to OK.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create an alarm.
+
+    Example: `gpucloud alarms create hot --workload nb --metric gpu_util --threshold 80 --periods 2 --webhook https://x`
+    """
+    if tenant == (workload is not None):
+        fail(EXIT_USAGE, "Give either --workload NAME or --tenant.")
+    notify: list[dict[str, Any]] = [{"type": "webhook", "url": u} for u in webhook or []]
+    if email:
+        notify.append({"type": "email"})
+    with client() as gc:
+        target_id = None
+        if workload is not None:
+            try:
+                target_id = gc.instances.find(workload)["id"]
+            except errors.NotFound:
+                target_id = gc.jobs.find(workload)["id"]
+        a = gc.alarms.create(name=name, target_kind="tenant" if tenant else "workload", target_id=target_id,
+                             metric=metric, threshold=threshold, comparison=_COMPARISONS.get(comparison, comparison),
+                             statistic=stat, period=period, evaluation_periods=periods,
+                             datapoints_to_alarm=datapoints or periods, treat_missing_data=missing,
+                             actions={"alarm": notify + ([{"type": "stop_workload"}] if stop else []),
+                                      "ok": notify if on_ok else []})
+    if as_json:
+        emit_json(a)
+        return
+    out.print(f"Created alarm {a['name']} ({a['id']}): {_rule(a)}.", highlight=False)
+    if webhook:
+        out.print(f"Webhook signing secret (shown once): {a['webhook_secret']}", highlight=False)
+
+
+@alarms_app.command("show")
+def alarms_show(name: Annotated[str, typer.Argument(help="Alarm name or id.")], as_json: JsonOpt = False) -> None:
+    """An alarm, its last datapoints and its history. Example: `gpucloud alarms show hot`"""
+    with client() as gc:
+        a = gc.alarms.find(name)
+        history = list(gc.alarms.history(a["id"]))
+    if as_json:
+        emit_json({**a, "history": history})
+        return
+    out.print(f"{a['name']} ({a['id']}): {a['state']} since {_short(a.get('state_changed_at'))}", highlight=False)
+    out.print(f"  {a['target_kind']} {a['target_id']}: {_rule(a)}, missing data: {a['treat_missing_data']}",
+              highlight=False)
+    out.print(f"  {a['state_reason']}", highlight=False)
+    points = ", ".join("-" if d["value"] is None else f"{d['value']:g}" for d in a.get("datapoints") or [])
+    out.print(f"  last datapoints: [{points}]", highlight=False)
+    table(["WHEN", "FROM", "TO", "ACTIONS", "REASON"],
+          ([_short(h["created_at"]), h["old_state"], h["new_state"],
+            ", ".join(f"{x['type']} {x['status']}" for x in h["actions"]), h["reason"]] for h in history),
+          empty="No state changes yet.")
+
+
+@alarms_app.command("rm")
+def alarms_rm(name: Annotated[str, typer.Argument(help="Alarm name or id.")]) -> None:
+    """Delete an alarm. Example: `gpucloud alarms rm hot`"""
+    with client() as gc:
+        a = gc.alarms.find(name)
+        gc.alarms.delete(a["id"])
+    out.print(f"Deleted alarm {a['name']} ({a['id']}).", highlight=False)
 
 
 # --- billing ------------------------------------------------------------------------------------------

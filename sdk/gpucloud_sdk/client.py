@@ -190,6 +190,7 @@ class Client:
         self.groups = AutoscalingGroups(self)
         self.scaling_policies = ScalingPolicies(self)
         self.scheduled_actions = ScheduledActions(self)
+        self.alarms = Alarms(self)
 
     # context manager
     def __enter__(self) -> Client:
@@ -839,6 +840,62 @@ class Metrics(Resource):
         `start`/`end` ISO 8601 (the API's `from`/`to`), `step` seconds per point."""
         params = {"workload": workload, "metric": metric, "stat": stat, "from": start, "to": end, "step": step}
         return self.client.get("/api/v1/metrics", **{k: v for k, v in params.items() if v is not None})
+
+
+class Alarms(Resource):
+    """CloudWatch-style alarms (`/api/v1/alarms`): a metric of a workload or of the tenant, a rule,
+    a state (OK, ALARM, INSUFFICIENT_DATA) and actions on state changes (docs/alarms.md)."""
+
+    path = "alarms"
+
+    @operation("api_v1_alarms_list")
+    def list(self, *, ordering: str | None = None) -> Iterator[Json]:
+        return self._list(ordering=ordering)
+
+    @operation("api_v1_alarms_retrieve")
+    def get(self, id: str) -> Json:
+        return self._get(id)
+
+    @operation("api_v1_alarms_create")
+    def create(self, *, name: str, target_kind: str, metric: str, threshold: float, comparison: str,
+               target_id: str | None = None, statistic: str | None = None, period: int | None = None,
+               evaluation_periods: int | None = None, datapoints_to_alarm: int | None = None,
+               treat_missing_data: str | None = None, actions: dict[str, list[Json]] | None = None,
+               description: str | None = None, enabled: bool | None = None) -> Json:
+        """The answer's `webhook_secret` signs the alarm's webhooks: it is shown this once."""
+        return self._create(_body(name=name, target_kind=target_kind, target_id=target_id, metric=metric,
+                                  threshold=threshold, comparison=comparison, statistic=statistic, period=period,
+                                  evaluation_periods=evaluation_periods, datapoints_to_alarm=datapoints_to_alarm,
+                                  treat_missing_data=treat_missing_data, actions=actions, description=description,
+                                  enabled=enabled))
+
+    @operation("api_v1_alarms_update")
+    def replace(self, id: str, **fields: Any) -> Json:
+        return self.client.put(f"/api/v1/alarms/{id}", fields)  # type: ignore[no-any-return]
+
+    @operation("api_v1_alarms_partial_update")
+    def update(self, id: str, **changes: Any) -> Json:
+        return self.client.patch(f"/api/v1/alarms/{id}", changes)  # type: ignore[no-any-return]
+
+    @operation("api_v1_alarms_destroy")
+    def delete(self, id: str) -> None:
+        self._delete(id)
+
+    @operation("api_v1_alarms_history_list")
+    def history(self, id: str) -> Iterator[Json]:
+        """State changes, newest first, each with its reason, datapoints and actions' delivery log."""
+        return self.client.paginate(f"/api/v1/alarms/{id}/history")
+
+    def find(self, name_or_id: str) -> Json:
+        if _looks_like_id(name_or_id):
+            try:
+                return self.get(name_or_id)
+            except errors.NotFound:
+                pass
+        matches = [a for a in self.list() if a.get("name") == name_or_id]
+        if not matches:
+            raise errors.NotFound(f"No alarm named {name_or_id!r}.", status=404, code="not_found")
+        return matches[0]  # names are unique per tenant
 
 
 def _body(**fields: Any) -> Json:

@@ -39,6 +39,10 @@ ENDPOINTS = [
     ("post", "/api/v1/budgets", {"name": "cap", "monthly_amount": "100"},
      ["name", "monthly_amount", "thresholds", "notify_email", "webhook_url", "hard_stop"]),
     ("patch", "/api/v1/tenant", {"name": "Acme"}, ["name"]),
+    ("post", "/api/v1/alarms", {"name": "queue", "target_kind": "tenant", "metric": "queued_gpus", "threshold": 4,
+                                "comparison": "gt"},
+     ["name", "description", "target_kind", "target_id", "metric", "statistic", "period", "evaluation_periods",
+      "datapoints_to_alarm", "threshold", "comparison", "treat_missing_data", "actions", "enabled"]),
 ]
 
 
@@ -66,7 +70,7 @@ def test_no_field_value_makes_a_server_error(method, url, base, fields, alice, c
 
 LISTS = ["/api/v1/instances", "/api/v1/jobs", "/api/v1/audit-events", "/api/v1/ledger", "/api/v1/invoices",
          "/api/v1/prices", "/api/v1/spot-prices", "/api/v1/usage", "/api/v1/instance-types", "/api/v1/budgets",
-         "/api/v1/members", "/api/v1/api-keys"]
+         "/api/v1/members", "/api/v1/api-keys", "/api/v1/alarms"]
 QUERIES = ["page=-1", "page=abc", "page=99999", "page_size=100000", "page_size=-3", "state=bogus", "ordering=bogus",
            "region=nul%00", "from=yesterday", "to=2026-13-45", "since=1e309", "gpu_model=%F0%9F%92%A5",
            "kind=x", "group_by=bogus", "cursor=zzz"]

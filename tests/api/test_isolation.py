@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from alarms.models import Alarm
 from autoscaling.models import AutoscalingGroup, ScalingPolicy, ScheduledAction
 from billing.models import Budget, Invoice, LedgerEntry
 from frontend.models import SshKey
@@ -88,6 +89,15 @@ def _budget(actor):
     return budget_create(tenant=actor.tenant, name=f"budget-{actor.tenant.slug}", monthly_amount=Decimal("100"))
 
 
+def _alarm(actor):
+    from alarms.models import Alarm
+    from alarms.services import alarm_create
+
+    n = Alarm.objects.filter(tenant=actor.tenant).count()
+    return alarm_create(tenant=actor.tenant, name=f"alarm-{actor.tenant.slug}-{n}", target_kind="tenant",
+                        metric="queued_gpus", threshold=4, comparison="gt")[0]
+
+
 def _ssh_key(actor):
     from frontend.services import ssh_key_add
 
@@ -149,6 +159,8 @@ TENANT_OBJECT_ROUTES = {
     "autoscaling-group-protection": _group,
     "scaling-policy-detail": _policy,
     "scheduled-action-detail": _scheduled,
+    "alarm-detail": _alarm,
+    "alarm-history": _alarm,
 }
 # route name -> the model whose rows a list must restrict to the tenant
 TENANT_LIST_ROUTES = {
@@ -166,6 +178,7 @@ TENANT_LIST_ROUTES = {
     "autoscaling-group-list": AutoscalingGroup,
     "scaling-policy-list": ScalingPolicy,
     "scheduled-action-list": ScheduledAction,
+    "alarm-list": Alarm,
 }
 # route name -> (query parameter naming the object, factory, other parameters): GET with another
 # tenant's id is 404

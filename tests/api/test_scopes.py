@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
 
+from alarms.services import alarm_create
 from autoscaling.services import group_create, policy_create, scheduled_create
 from billing.models import Invoice, LedgerEntry
 from billing.services import budget_create
@@ -156,6 +157,8 @@ def world(db) -> World:
                                           period_end=date(2025, 2, 1)),
         "budget": budget_create(tenant=alice.tenant, name="b", monthly_amount=Decimal("100")),
         "ssh-key": ssh_key_add(membership=alice.membership, name="laptop", public_key=ED25519),
+        "alarm": alarm_create(tenant=alice.tenant, name="queue", target_kind="tenant", metric="queued_gpus",
+                              threshold=4, comparison="gt")[0],
     }
     group = group_create(tenant=alice.tenant, name="g", instance_type="h100.1x", region="us-east-1",
                          image="busybox", max_size=2)
@@ -186,6 +189,11 @@ def world(db) -> World:
         ("scheduled-action-list", "POST"): {"group": str(group.pk), "name": "s2", "cron": "0 8 * * *",
                                             "desired": 1},
         ("scheduled-action-detail", "PATCH"): {"desired": 2},
+        ("alarm-list", "POST"): {"name": "a2", "target_kind": "tenant", "metric": "queue_wait", "threshold": 600,
+                                 "comparison": "gt"},
+        ("alarm-detail", "PUT"): {"name": "a3", "target_kind": "tenant", "metric": "spend_rate", "threshold": 50,
+                                  "comparison": "ge"},
+        ("alarm-detail", "PATCH"): {"threshold": 8},
     }
     for secret in keys.values():  # first use is recorded; do it before any snapshot
         _client(secret).get("/api/v1/tenant")

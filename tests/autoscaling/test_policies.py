@@ -13,7 +13,7 @@ from django.utils import timezone
 from autoscaling import services
 from autoscaling.models import AutoscalingGroup
 from scheduler.models import Workload
-from tests.agents.test_agent_api import region, triggered  # noqa: F401 (fixtures)
+from tests.agents.test_agent_api import region, registered, triggered  # noqa: F401 (fixtures)
 from tests.autoscaling.test_groups import causes, live, make_group, prices  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
@@ -96,3 +96,36 @@ def test_the_reconciliation_is_in_the_beat_schedule_and_skips_a_group_evaluated_
     assert services.reconcile_all(now=t + timedelta(seconds=5)) == 0  # a second worker's tick
     assert services.reconcile_all(now=t + timedelta(seconds=20)) == 1
     assert len(live(group)) == 1
+
+
+def test_an_alarm_runs_a_step_policy_and_refuses_another_tenants(prices, alice, charlie, registered):
+    """The wiring of the two apps: `scaling_policy` is an alarm action (autoscaling.alarm_actions),
+    validated against the tenant's own step policies and run when the alarm goes ALARM."""
+    from agents.models import GpuSample, Host
+    from alarms import services as alarms
+    from alarms.models import AlarmAction
+    from gpucloud.lib.errors import InvalidInput
+    from tests.agents.test_agent_api import place
+
+    group = make_group(alice, min_size=1, desired=1, max_size=4)
+    policy = services.policy_create(group=group, name="up", kind="step", adjustment_type="change_in_capacity",
+                                    steps=[{"lower": 0, "upper": None, "adjustment": 2}], cooldown_s=300)
+    target = services.policy_create(group=group, name="util", kind="target_tracking", metric="gpu_util", target=50)
+    action = {"alarm": [{"type": "scaling_policy", "policy": str(policy.pk)}]}
+    rule = {"target_kind": "tenant", "metric": "queued_gpus", "threshold": 1, "comparison": "ge"}
+    for tenant, policy_id in ((charlie.tenant, policy.pk), (alice.tenant, target.pk), (alice.tenant, "nope")):
+        with pytest.raises(InvalidInput):
+            alarms.alarm_create(tenant=tenant, name="x", **rule,
+                                actions={"alarm": [{"type": "scaling_policy", "policy": str(policy_id)}]})
+    w = place(Host.objects.get(), alice.tenant)
+    t0 = timezone.now().replace(second=0, microsecond=0) + timedelta(minutes=2)  # the alarm is due from now on
+    w.allocations.update(created_at=t0 - timedelta(hours=1))
+    alarms.alarm_create(tenant=alice.tenant, name="hot", target_kind="workload", target_id=str(w.pk),
+                        metric="gpu_util", threshold=80, comparison="gt", period=60, evaluation_periods=1,
+                        datapoints_to_alarm=1, actions=action)
+    GpuSample.objects.create(gpu_id=w.allocations.get().gpu_id, time=t0 + timedelta(seconds=10), gpu_util=97.0)
+    alarms.alarms_evaluate_due(now=t0 + timedelta(seconds=80))
+    [run] = AlarmAction.objects.filter(type="scaling_policy")
+    assert alarms.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=81)) == "done"
+    assert AlarmAction.objects.get(pk=run.pk).outcome.startswith("scaled 1 → 3: step policy up")
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3

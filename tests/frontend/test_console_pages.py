@@ -37,7 +37,11 @@ def acme(alice, victor, catalog):
                          min_size=1, max_size=4, desired=2, job_queue="render-frames-queue")
     scheduled_create(group=group, name="weeknights", cron="0 20 * * 1-5", timezone="Europe/Berlin", desired=1)
     reconcile_group(group.pk)
-    return {"instance": instance, "job": job, "invoice": invoice, "group": group}
+    from alarms.services import alarm_create
+
+    alarm = alarm_create(tenant=alice.tenant, name="gpu utilisation over eighty percent", target_kind="workload",
+                         target_id=str(instance.pk), metric="gpu_util", threshold=80, comparison="gt")[0]
+    return {"instance": instance, "job": job, "invoice": invoice, "group": group, "alarm": alarm}
 
 
 def test_every_page_fits_a_phone(phone, live_server, alice, acme):
@@ -49,6 +53,8 @@ def test_every_page_fits_a_phone(phone, live_server, alice, acme):
         "ssh-keys": "/console/settings/ssh-keys/", "members": "/console/settings/members/",
         "quotas": "/console/settings/quotas/", "groups": "/console/groups/", "group-create": "/console/groups/new",
         "group": f"/console/groups/{acme['group'].pk}/",
+        "alarms": "/console/alarms/",
+        "alarm": f"/console/alarms/{acme['alarm'].pk}/",
     }
     for name, url in {"signin": "/console/signin/", "signup": "/console/signup/", "home": "/"}.items():
         phone.goto(url)

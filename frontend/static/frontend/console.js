@@ -119,6 +119,29 @@
     window.addEventListener("resize", () => chart.setSize({ width: width(el), height: 220 }));
   }
 
+  // An alarm's metric per period with its threshold as a dashed line (frontend/alarm_views.py _chart).
+  function setupAlarmChart(root) {
+    const el = root.querySelector("[data-alarm-chart]");
+    const src = root.querySelector("#alarm-data");
+    if (!el || !src || el.dataset.ready) return;
+    el.dataset.ready = "1";
+    const data = JSON.parse(src.textContent);
+    if (!data.t.length) return;
+    const unit = data.unit ? " " + data.unit : "";
+    const chart = new uPlot({
+      title: data.title, width: width(el), height: 240,
+      scales: { x: { time: true }, y: { auto: true } },
+      axes: [{ incrs: TIME_INCRS }, { size: 70 }],
+      series: [{},
+        { label: "value", stroke: PALETTE[0], width: 1.5, spanGaps: false,
+          value: (u, v) => (v == null ? "–" : v + unit) },
+        { label: "threshold", stroke: "#d14343", width: 1.5, dash: [6, 4], points: { show: false },
+          value: (u, v) => (v == null ? "–" : v + unit) }],
+    }, [data.t, data.v, data.t.map(() => data.threshold)], el);
+    el.dataset.drawn = "1";
+    window.addEventListener("resize", () => chart.setSize({ width: width(el), height: 240 }));
+  }
+
   // ---- join a tenant: the invitation link carries its token after "#", which browsers never send
   // to the server (no access log, ?next= or Referer holds it). Keep it for this tab while the user
   // signs in, take it off the address bar, and fill in the form: joining stays a click on "Join".
@@ -152,7 +175,7 @@
     }, () => { /* clipboard refused: the text stays selectable */ });
   });
 
-  function setup(root) { setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); }
+  function setup(root) { setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); setupAlarmChart(root); }
   document.addEventListener("DOMContentLoaded", () => { setupInvitation(); setup(document); });
   document.addEventListener("htmx:load", (e) => setup(e.target));
 })();

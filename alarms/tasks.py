@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import logging
+import time
+
+from celery import shared_task
+
+from alarms import services
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(ignore_result=True, soft_time_limit=120, time_limit=180)
+def alarms_tick_task() -> int:
+    """Beat's tick: evaluate the alarms that are due (each once per period, whichever worker)."""
+    started = time.monotonic()
+    done = services.alarms_evaluate_due()
+    if done:
+        logger.info("alarms evaluated n=%s seconds=%.3f", len(done), time.monotonic() - started)
+    return len(done)
+
+
+@shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
+def alarm_action_task(run_id: int) -> None:
+    """One attempt of one action (after the state change committed, or a retry whose time came)."""
+    services.alarm_action_run(run_id=run_id)
+
+
+@shared_task(ignore_result=True)
+def alarm_actions_retry_task() -> int:
+    """Beat's sweep: queue the actions whose retry time has come (the claim makes a double queue harmless)."""
+    due = services.alarm_actions_due()
+    for run_id in due:
+        alarm_action_task.delay(run_id)
+    return len(due)
