@@ -102,17 +102,31 @@ def _paginate(request, rows, *, noun: str, per_page: int = PAGE_SIZE, anchor: st
 
 
 def home(request):
-    """The landing page: signed-in users go to their console; others see the catalogue."""
+    """The landing page: signed-in users go to their console; others see what can be rented."""
     if request.user.is_authenticated:
         return redirect("console:dashboard")
     types = list(instance_type_list())
     prices = prices_in_force(instance_types=types)
+    # only what can be rented: priced where some host could ever run it
+    rentable: dict[int, dict[str, int]] = {}
+    for a in agent_selectors.availability(instance_types=types, prices=prices):
+        if a.can_host:
+            rentable.setdefault(a.instance_type.pk, {})[a.region] = a.available_now
     rows = []
     for it in types:
-        on_demand = [p for p in prices[it.pk] if p.kind == "on_demand"]
+        where = rentable.get(it.pk, {})
+        on_demand = [p for p in prices[it.pk] if p.kind == "on_demand" and p.region in where]
         cheapest = min(on_demand, key=lambda p: p.per_hour, default=None)
-        rows.append({"type": it, "price": cheapest})
+        if cheapest is not None:
+            rows.append({"type": it, "price": cheapest, "free": sum(where.values())})
     return render(request, "frontend/home.html", {"rows": rows})
+
+
+def favicon(request):
+    """What browsers ask for without a <link rel="icon"> (the API's pages): the console's icon."""
+    from django.templatetags.static import static
+
+    return redirect(static("frontend/favicon.svg"), permanent=True)
 
 
 def healthz(request):
@@ -237,8 +251,11 @@ def catalogue(request):
     types = list(instance_type_list())
     if gpu:
         types = [t for t in types if t.gpu_model.code == gpu]
+    only_free = request.GET.get("available") in ("1", "on", "true")
     prices = prices_in_force(instance_types=types)
-    available = agent_selectors.launchable_counts(instance_types=types, region_codes=[region] if region else None)
+    available = {(a.instance_type.pk, a.region): a.available_now for a in agent_selectors.availability(
+        instance_types=types, region_codes=[region] if region else None, tenant=request.console.tenant,
+        prices=prices)}
     rows = []
     for it in types:
         by_region: dict[str, dict] = {}
@@ -249,7 +266,11 @@ def catalogue(request):
         for code, kinds in by_region.items():
             rows.append({"type": it, "region": code, "on_demand": kinds.get("on_demand"),
                          "spot": kinds.get("spot"), "available": available.get((it.pk, code), 0)})
+    if only_free:
+        rows = [r for r in rows if r["available"] > 0]
     rows = _catalogue_sort(rows, sort, direction == "desc")
+    # what would start now first, in the chosen order; then what would queue
+    rows = [r for r in rows if r["available"] > 0] + [r for r in rows if r["available"] <= 0]
     # One entry per sortable header: its label, where a click goes (the other direction when it
     # is the sorted column, else ascending) and its aria-sort value.
     columns = {key: {"key": key, "label": label, "current": key == sort,
@@ -258,6 +279,7 @@ def catalogue(request):
                for key, (label, _) in SORTS.items()}
     ctx = {"rows": rows, "regions": region_list().order_by("code"), "gpus": gpu_model_list().order_by("code"),
            "region": region, "gpu": gpu, "sort": sort, "dir": direction, "columns": columns,
+           "only_free": only_free,
            "sort_words": SORT_WORDS[sort]}
     template = "frontend/partials/catalogue_table.html" if request.htmx else "frontend/catalogue.html"
     return render(request, template, ctx)
@@ -266,29 +288,33 @@ def catalogue(request):
 # ------------------------------------------------------------------ launch
 
 
-def _launch_price(instance_type: str, region: str, free: dict[str, int] | None = None) -> dict:
+def _launch_price(instance_type: str, region: str, tenant, free: dict[str, int] | None = None) -> dict:
     """What the box beside the launch form shows: the price of a type in a region now, on
-    demand and spot, and whether it would start at once, wait, or be refused there.
-    `free` is `_free_by_region` of the type when the caller has it already."""
+    demand and spot, and whether it would start at once, wait, or be refused there (and why;
+    the Launch button is disabled then). `free` is `_free_by_region` of the type when the caller
+    has it already."""
     it = instance_type_list().filter(code=instance_type).first()
     reg = region_list().filter(code=region).first()
     out: dict = {"type": it, "region": reg, "on_demand": None, "spot": None}
     if it and reg:
+        from scheduler.feasibility import launch_unsatisfiable
+
         now = timezone.now()
         for kind in (Billing.ON_DEMAND, Billing.SPOT):
             price = price_at(instance_type=it, region=reg, kind=kind, at=now)
             out[kind] = price.per_hour if price else None
-        free = _free_by_region(it) if free is None else free
+        free = _free_by_region(it, tenant) if free is None else free
         out["fits_now"] = free.get(reg.code, 0)
-        out["refused"] = reg.code not in agent_selectors.regions_that_could_host(it)
+        out["refused"] = launch_unsatisfiable(instance_type=it, region=reg)
         out["free_elsewhere"] = [(code, n) for code, n in free.items() if code != reg.code]
     return out
 
 
-def _free_by_region(it) -> dict[str, int]:
-    """{region code: how many of `it` fit on free GPUs now}, most first, only where some fit."""
-    counts = agent_selectors.launchable_counts(instance_types=[it])
-    free = sorted(((code, n) for (_pk, code), n in counts.items() if n > 0), key=lambda cn: (-cn[1], cn[0]))
+def _free_by_region(it, tenant) -> dict[str, int]:
+    """{region code: how many of `it` the scheduler would start now for `tenant`}, most first,
+    only where some would."""
+    rows = agent_selectors.availability(instance_types=[it], tenant=tenant)
+    free = sorted(((r.region, r.available_now) for r in rows if r.available_now > 0), key=lambda cn: (-cn[1], cn[0]))
     return dict(free)
 
 
@@ -322,14 +348,14 @@ def launch(request):
     if not form.is_bound and not initial["region"]:
         # no region asked for: the one where most of the type fits now, not the alphabet's first
         it = instance_type_list().filter(code=initial["instance_type"] or first["instance_type"]).first()
-        free = _free_by_region(it) if it else {}
+        free = _free_by_region(it, console.tenant) if it else {}
         best = next(iter(free), "")
         if best:
             initial["region"] = best
             form = LaunchForm(initial=initial, saved_keys=saved)
     values = form.data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
-                          values.get("region") or first["region"], free)
+                          values.get("region") or first["region"], console.tenant, free)
     ctx = {"form": form, "price": price, "spot": bool(values.get("spot")),
            "templates_json": {k: {"image": t.image, "ports": t.ports, "command": t.command}
                               for k, t in IMAGE_TEMPLATES.items()}}
@@ -339,7 +365,8 @@ def launch(request):
 @console_view(read=perms.WORKLOADS_LAUNCH)
 def launch_price(request):
     """The partial under the launch form: what an hour costs, on demand and spot."""
-    price = _launch_price(request.GET.get("instance_type", ""), request.GET.get("region", ""))
+    price = _launch_price(request.GET.get("instance_type", ""), request.GET.get("region", ""),
+                          request.console.tenant)
     return render(request, "frontend/partials/launch_price.html",
                   {"price": price, "spot": request.GET.get("spot") in ("on", "true", "1")})
 
@@ -384,7 +411,12 @@ def workload_list(request, kind: str):
 def _live_context(request, workload) -> dict:
     cost = billing_selectors.workload_costs(workloads=[workload])[workload.pk]
     allocations = sorted(workload.active_allocations, key=lambda a: (a.host.name, a.gpu_id))
+    ran_on = not allocations  # holds no GPUs now: show where its last run ran, if it ran
+    if ran_on:
+        allocations = sorted(workload_selectors.workload_last_allocations(workload=workload),
+                             key=lambda a: (a.host.name, a.gpu_id))
     return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations,
+            "ran_on": ran_on and bool(allocations),
             "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
             "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
             and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1],
@@ -443,6 +475,19 @@ def workload_stop(request, kind: str, pk):
         messages.error(request, f"Could not stop {workload.name}: {exc.message}")
     else:
         messages.success(request, f"Stopping {workload.name}.")
+    return redirect(_detail_url(workload))
+
+
+@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+def workload_start(request, kind: str, pk):
+    """Start a stopped instance again: back through the queue with the same configuration."""
+    workload = _workload(request, kind, pk)
+    try:
+        workload_services.workload_start(workload=workload)
+    except ServiceError as exc:
+        messages.error(request, f"Could not start {workload.name}: {exc.message}")
+    else:
+        messages.success(request, f"{workload.name} is queued again; the scheduler places it in a moment.")
     return redirect(_detail_url(workload))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
+from agents.api.availability import AvailabilityApi
 from billing.api import views as billing
 from frontend.api import views as ssh_keys
 from gpucloud.api.errors import not_found
@@ -45,6 +46,7 @@ urlpatterns = [
     path("balance", billing.BalanceApi.as_view(), name="balance"),
     path("usage", billing.UsageApi.as_view(), name="usage"),
     path("metrics", scheduler.SeriesApi.as_view(), name="metrics"),
+    path("availability", AvailabilityApi.as_view(), name="availability"),
     *router.urls,
     # Unknown API paths answer in the API's error shape, also with DEBUG on.
     re_path(r"^.*$", not_found, name="api-not-found"),
