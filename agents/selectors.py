@@ -173,8 +173,9 @@ def workload_metrics(
     """Utilisation of `workload`'s GPUs since `since`, averaged per `step` seconds.
 
     Per GPU it held (any attempt, only while it held it), and the average over its GPUs
-    per step ("what the instance used"). Raw samples serve a range they still cover with
-    a step under a minute; otherwise the 1-minute averages. One query per source.
+    per step ("what the instance used"). Raw samples serve a range they still cover (the
+    default, the last hour, included: so points show within a workload's first minute,
+    before any roll-up); otherwise the 1-minute averages. One query per source.
     Precondition: `workload` was read through a tenant-scoped selector.
     """
     from scheduler.snapshot import Epoch  # seconds since 1970, computed by the database
@@ -182,7 +183,7 @@ def workload_metrics(
     now = now or timezone.now()
     raw_from = now - timedelta(seconds=settings.GPU_SAMPLE_RAW_RETENTION_S)
     # (a minute of slack: "the last hour" computed a moment earlier still counts)
-    use_raw = step < 60 and since >= raw_from - timedelta(seconds=60)
+    use_raw = since >= raw_from - timedelta(seconds=60)
     model, tcol = (GpuSample, "time") if use_raw else (GpuSampleMinute, "minute")
     spans = list(
         Allocation.objects.filter(workload=workload)

@@ -326,13 +326,16 @@ def launch(request):
                "kind": request.GET.get("kind", "instance"),
                "image": IMAGE_TEMPLATES["pytorch"].image, "command": IMAGE_TEMPLATES["pytorch"].command}
     form = LaunchForm(request.POST or None, initial=initial, saved_keys=saved)
-    if request.method == "POST" and form.is_valid():
-        kind = form.cleaned_data["kind"]
+    if request.method == "POST":
+        form_ok = form.is_valid()
+        kind = form.cleaned_data.get("kind") or WorkloadKind.INSTANCE
         serializer = workload_s.JobCreateSerializer if kind == WorkloadKind.JOB else workload_s.WorkloadCreateSerializer
         ser = serializer(data=form.api_data())
         if not ser.is_valid():
-            apply_errors(form, ser.errors, field_map=LaunchForm.FIELD_MAP)
-        else:
+            # every field's error at once: the API's words beside the form's own (one per field)
+            apply_errors(form, {k: v for k, v in ser.errors.items()
+                                if LaunchForm.FIELD_MAP.get(k, k) not in form.errors}, field_map=LaunchForm.FIELD_MAP)
+        elif form_ok:
             try:
                 workload = workload_services.workload_launch(
                     tenant=console.tenant, spec=workload_services.WorkloadSpec(kind=kind, **ser.validated_data),
@@ -396,7 +399,8 @@ def _kind(kind: str) -> dict:
 
 @console_view(read=perms.WORKLOADS_READ)
 def workload_list(request, kind: str):
-    show = request.GET.get("show", "active")
+    # a job's end is its result: job lists show finished jobs unless asked for active ones only
+    show = request.GET.get("show", "all" if kind == WorkloadKind.JOB else "active")
     qs = workload_selectors.workload_list(tenant=request.console.tenant, kind=kind)
     if show == "active":
         qs = qs.filter(state__in=ACTIVE)
@@ -466,29 +470,28 @@ def workload_logs(request, kind: str, pk):
                   {"tail": tail, "w": workload, "poll_s": POLL_S * 2, **_kind(kind)})
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
-def workload_stop(request, kind: str, pk):
+def _workload_action(request, kind: str, pk, service, verb: str, done: str):
+    """Run `service(workload=…)` on the tenant's workload; say how it went; back to its page."""
     workload = _workload(request, kind, pk)
     try:
-        workload_services.workload_stop(workload=workload)
+        service(workload=workload)
     except ServiceError as exc:
-        messages.error(request, f"Could not stop {workload.name}: {exc.message}")
+        messages.error(request, f"Could not {verb} {workload.name}: {exc.message}")
     else:
-        messages.success(request, f"Stopping {workload.name}.")
+        messages.success(request, done.format(name=workload.name))
     return redirect(_detail_url(workload))
+
+
+@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+def workload_stop(request, kind: str, pk):
+    return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.")
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
 def workload_start(request, kind: str, pk):
     """Start a stopped instance again: back through the queue with the same configuration."""
-    workload = _workload(request, kind, pk)
-    try:
-        workload_services.workload_start(workload=workload)
-    except ServiceError as exc:
-        messages.error(request, f"Could not start {workload.name}: {exc.message}")
-    else:
-        messages.success(request, f"{workload.name} is queued again; the scheduler places it in a moment.")
-    return redirect(_detail_url(workload))
+    return _workload_action(request, kind, pk, workload_services.workload_start, "start",
+                            "{name} is queued again; the scheduler places it in a moment.")
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)

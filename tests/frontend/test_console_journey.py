@@ -25,7 +25,7 @@ def test_new_user_rents_a_gpu_from_sign_up_to_usage(fast_metering, page, live_se
     # sign up: a user and the tenant they own, signed in at once
     page.goto("/")
     page.get_by_role("link", name="Create an account").click()
-    page.get_by_label("Email").fill("nia@newco.test")
+    page.get_by_label("E-mail").fill("nia@newco.test")
     page.get_by_label("Your name").fill("Nia New")
     page.get_by_label("Organisation").fill("Newco")
     page.get_by_label("Password").fill("a long passphrase 42")

@@ -73,3 +73,71 @@ def test_the_landing_page_shows_only_what_can_be_rented_and_has_an_icon(catalog)
     assert 'rel="icon" href="/static/frontend/favicon.svg"' in response.content.decode()
     icon = Client().get("/favicon.ico")
     assert icon.status_code == 301 and icon["Location"] == "/static/frontend/favicon.svg"
+
+
+def test_the_job_list_shows_finished_jobs_with_a_filter_for_active_ones(alice, fleet):
+    from scheduler.services import workload_transition
+
+    done = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
+        kind="job", name="done-job", instance_type="h100.1x", region="us-east-1", image="busybox"))
+    run_cycle(region_id=region_id())
+    done.refresh_from_db()
+    assert workload_transition(workload=done, to=State.RUNNING)
+    assert workload_transition(workload=done, to=State.SUCCEEDED, exit_code=0)
+    workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
+        kind="job", name="queued-job", instance_type="h100.8x", region="us-east-1", image="busybox"))
+    client = signed_in(alice)
+    shown = client.get("/console/jobs/")
+    assert {w.name for w, _ in shown.context["rows"]} == {"done-job", "queued-job"}
+    assert 'href="?show=active">Active only' in shown.content.decode()
+    active = client.get("/console/jobs/", {"show": "active"})
+    assert {w.name for w, _ in active.context["rows"]} == {"queued-job"}
+
+
+def test_an_operator_without_a_tenant_is_sent_to_the_fleet_page_not_a_403(db):
+    from django.contrib.auth import get_user_model
+
+    operator = get_user_model().objects.create_superuser(username="ops@x.test", email="ops@x.test", password="pw")
+    client = Client()
+    client.force_login(operator)
+    response = client.get("/console/")
+    assert response.status_code == 302 and response["Location"] == "/admin/fleet/"
+    assert client.get("/admin/fleet/").status_code == 200
+    nobody = get_user_model().objects.create_user(username="n@x.test", email="n@x.test", password="pw")
+    client.force_login(nobody)
+    assert client.get("/console/").status_code == 403  # a user in no tenant still reads why
+
+
+def test_a_draft_invoice_says_when_it_was_last_refreshed(alice, catalog):
+    from django.utils import timezone
+
+    from billing.services import invoice_refresh
+
+    invoice = invoice_refresh(tenant_id=alice.tenant.pk, month=timezone.now().date())
+    page = signed_in(alice).get(f"/console/invoices/{invoice.pk}/").content.decode()
+    assert "Last refreshed" in page and invoice.updated_at.strftime("%Y-%m-%d %H:%M") in page
+    body = alice.client().get(f"/api/v1/invoices/{invoice.pk}").json()
+    assert body["status"] == "draft" and body["refreshed_at"]
+
+
+def test_sign_in_asks_for_an_e_mail_address_and_says_so_when_it_fails(alice):
+    page = Client().get("/console/signin/").content.decode()
+    assert ">E-mail</label>" in page and "sername" not in page
+    failed = Client().post("/console/signin/", {"username": "alice@acme.test", "password": "wrong"})
+    assert "That e-mail address and password do not match an account." in failed.content.decode()
+
+
+def test_launch_form_errors_show_all_at_once_beside_each_field_with_a_summary_and_the_input_kept(alice, fleet):
+    from tests.frontend.test_console_views import LAUNCH
+
+    response = signed_in(alice).post("/console/launch/", {**LAUNCH, "name": "", "image": "Not An Image!",
+                                                          "ports": "22, 22", "env": "EPOCHS=3"})
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert set(errors) >= {"name", "image", "ports"}, errors  # the form's own and the API's, together
+    html = response.content.decode()
+    summary = html.split('id="error-summary"', 1)[1].split("</div>", 1)[0]
+    for label in ("Name", "Image", "Ports"):
+        assert f">{label}</a>:" in summary, summary
+    assert 'value="Not An Image!"' in html and "EPOCHS=3" in html  # what was typed stays
+    assert not Workload.objects.exists()
