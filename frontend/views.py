@@ -514,7 +514,8 @@ def _month_start(now: datetime) -> datetime:
 
 
 @console_view(read=perms.BILLING_READ)
-def usage(request):
+def usage(request, budget_form: BudgetForm | None = None):
+    """Usage and billing; `budget_form`: a budget form that did not save, shown with its errors."""
     tenant = request.console.tenant
     now = timezone.now().astimezone(UTC)
     start, end = _month_start(now), now + timedelta(seconds=1)
@@ -536,9 +537,9 @@ def usage(request):
                        "amount": [float(r.amount) for r in by_day],
                        # the whole window, so one day of usage is not stretched over the axis
                        "from": int(since.timestamp()), "to": int(since.timestamp()) + 31 * 86400},
-        "budget_form": BudgetForm(),
+        "budget_form": budget_form or BudgetForm(),
     })
-    return render(request, "frontend/usage.html", ctx)
+    return render(request, "frontend/usage.html", ctx, status=200 if budget_form is None else 400)
 
 
 def _invoice(request, pk):
@@ -572,9 +573,8 @@ def budget_create(request):
             messages.success(request, f"Budget {budget.name!r} saved: {budget.monthly_amount} a month.")
             return redirect("console:usage")
         apply_errors(form, ser.errors)
-    messages.error(request, "The budget was not saved: " + "; ".join(
-        f"{'' if k == '__all__' else k + ': '}{' '.join(v)}" for k, v in form.errors.items()))
-    return redirect("console:usage")
+    # the usage page again, the form with each error beside its field, a summary and what was typed
+    return usage.__wrapped__(request, budget_form=form)
 
 
 @console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)

@@ -122,7 +122,7 @@ def test_a_draft_invoice_says_when_it_was_last_refreshed(alice, catalog):
 
 def test_sign_in_asks_for_an_e_mail_address_and_says_so_when_it_fails(alice):
     page = Client().get("/console/signin/").content.decode()
-    assert ">E-mail</label>" in page and "sername" not in page
+    assert ">E-mail</label>" in page and "Username" not in page
     failed = Client().post("/console/signin/", {"username": "alice@acme.test", "password": "wrong"})
     assert "That e-mail address and password do not match an account." in failed.content.decode()
 
@@ -141,3 +141,13 @@ def test_launch_form_errors_show_all_at_once_beside_each_field_with_a_summary_an
         assert f">{label}</a>:" in summary, summary
     assert 'value="Not An Image!"' in html and "EPOCHS=3" in html  # what was typed stays
     assert not Workload.objects.exists()
+
+
+def test_budget_form_errors_stand_beside_their_fields_with_the_input_kept(alice, catalog):
+    response = signed_in(alice).post("/console/budgets/", {"name": "team-budget", "monthly_amount": "lots",
+                                                           "thresholds": "50, 80", "webhook_url": "not a url"})
+    assert response.status_code == 400
+    errors = response.context["budget_form"].errors
+    assert set(errors) == {"monthly_amount", "webhook_url"}, errors
+    html = response.content.decode()
+    assert 'id="error-summary"' in html and 'value="team-budget"' in html and 'value="lots"' in html

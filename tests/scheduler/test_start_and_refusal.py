@@ -84,8 +84,8 @@ def test_a_stopped_queued_instance_has_no_queue_position(alice, charlie, catalog
     ("/api/v1/instances", {"instance_type": "a100.1x"}, "the fleet has no A100 GPUs in us-east-1"),
     ("/api/v1/instances", {"instance_type": "h100.8x"},
      "asks for 8 H100 GPUs on one host but the largest H100 host in us-east-1 has 4"),
-    ("/api/v1/jobs", {"instance_type": "h100.4x", "nodes": 3},
-     "asks for 3 hosts with 4 H100 GPUs each but the fleet in us-east-1 has 2"),
+    ("/api/v1/jobs", {"instance_type": "h100.2x", "nodes": 3},
+     "asks for 3 hosts with 2 H100 GPUs each but the fleet in us-east-1 has 2"),
     ("/api/v1/instances", {"region": "us-west-2"}, "the fleet has no H100 GPUs in us-west-2"),
 ])
 def test_a_launch_no_host_could_ever_run_is_409_unsatisfiable_and_creates_nothing(alice, catalog, url, over,
