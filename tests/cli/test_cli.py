@@ -137,7 +137,14 @@ def test_exit_codes_of_the_error_paths(cli, alice, catalog):
     env = {"GPUCLOUD_URL": cli.url, "GPUCLOUD_API_KEY": alice.key}  # the environment instead of a profile
     missing = cli("show", "no-such-instance", **env)
     assert missing.returncode == 3 and "No instance named 'no-such-instance'" in missing.stderr
-    # nothing can place it (no host): --wait gives up with exit 4
+    # no host could ever run it: refused at once (409 unsatisfiable), exit 1, the reason said
+    refused = cli("launch", "h100.1x", "--name", "never", "--region", "eu-central-1", **env)
+    assert refused.returncode == 1 and "the fleet has no H100 GPUs in eu-central-1" in refused.stderr, refused.both
+    # nothing can place it now (its only host is down, and may come back): --wait gives up with exit 4
+    from tests.scheduler.fleet import make_hosts
+
+    [host] = make_hosts(region="eu-central-1", n=1)
+    type(host).objects.filter(pk=host.pk).update(state="down")
     waited = cli("launch", "h100.1x", "--name", "stuck", "--region", "eu-central-1", "--wait", "--timeout", "2",
                  **env)
     assert waited.returncode == 4, waited.both
