@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -213,15 +215,16 @@ def workload_metrics(
     """Utilisation of `workload`'s GPUs since `since`, averaged per `step` seconds.
 
     Per GPU it held (any attempt, only while it held it), and the average over its GPUs
-    per step ("what the instance used"). Raw samples serve a range they still cover with
-    a step under a minute; otherwise the 1-minute averages. One query per source.
+    per step ("what the instance used"). Raw samples serve a range they still cover (the
+    default, the last hour, included: so points show within a workload's first minute,
+    before any roll-up); otherwise the 1-minute averages. One query per source.
     Precondition: `workload` was read through a tenant-scoped selector.
     """
 
     now = now or timezone.now()
     raw_from = now - timedelta(seconds=settings.GPU_SAMPLE_RAW_RETENTION_S)
     # (a minute of slack: "the last hour" computed a moment earlier still counts)
-    use_raw = step < 60 and since >= raw_from - timedelta(seconds=60)
+    use_raw = since >= raw_from - timedelta(seconds=60)
     model, tcol = (GpuSample, "time") if use_raw else (GpuSampleMinute, "minute")
     spans = list(
         Allocation.objects.filter(workload=workload)
@@ -340,6 +343,94 @@ def regions_that_could_host(instance_type) -> set[str]:
         .values("host_id", "host__region__code").annotate(n=Count("uuid")).filter(n__gte=need)
         .values_list("host__region__code", flat=True)
     )
+
+
+# --- availability: what would start now, per instance type and region ----------------------
+
+# What-if launches counted per (type, region): `available_now` is at most this many.
+AVAILABILITY_COUNT_MAX = 256
+_PROBE = "availability-probe"
+
+
+@dataclass(frozen=True)
+class Availability:
+    instance_type: Any  # gpucloud.catalogue.models.InstanceType
+    region: str
+    available_now: int  # launches of one node that would start in the next cycle
+    can_host: bool  # some host of the region could ever run one
+    reason: str  # why it never could ("" when it can)
+
+
+def availability(*, instance_types: list, region_codes: list[str] | None = None, tenant=None,
+                 now: datetime | None = None, prices: dict | None = None) -> list[Availability]:
+    """Per instance type and region where it is priced: how many launches would start now, and
+    whether the region's fleet could ever run it (and why not).
+
+    `available_now` is the scheduler's own answer, not an estimate: `launchable_counts` bounds it
+    from above (free GPUs, vCPUs, memory), then the region's next cycle is planned by the core
+    with that many one-node launches (on demand, standard class) added behind the queue, and
+    the ones it would place are counted. So the queue ahead, NVLink islands, reservations,
+    quotas and the GPU-sharing rule (a GPU's shares go to one tenant unless its model allows
+    cross-tenant sharing) count as they will. For `tenant` (the API's `/availability`) its own
+    shared GPUs, quotas and budget count; without one (the public catalogue), a new tenant's.
+    Nothing is written. Queries: prices (unless `prices`, from `prices_in_force`, is given), fleet
+    capabilities, then only where some host could run one: regions, free capacity, and one
+    snapshot per region where something is free; never one per instance type.
+    """
+    from dataclasses import replace
+
+    from gpucloud.catalogue.models import Region
+    from gpucloud.catalogue.selectors import prices_in_force
+    from scheduler import core, snapshot
+    from scheduler.cycle import policy_for
+    from scheduler.feasibility import fleet_capabilities, unsatisfiable_reason
+
+    now = now or timezone.now()
+    types = list(instance_types)
+    if prices is None:
+        prices = prices_in_force(instance_types=types, at=now)
+    pairs = [(it, code) for it in types for code in sorted({p.region for p in prices.get(it.pk, ())})
+             if not region_codes or code in region_codes]
+    if not pairs:
+        return []
+    caps = fleet_capabilities(region_codes=sorted({code for _, code in pairs}),
+                              gpu_model_ids=list({it.gpu_model_id for it, _ in pairs}))
+    reasons = {(it.pk, code): unsatisfiable_reason(instance_type=it, region=code,
+                                                   hosts=caps.get((code, it.gpu_model.code), []))
+               for it, code in pairs}
+    could = [(it, code) for it, code in pairs if not reasons[(it.pk, code)]]
+    upper = launchable_counts(instance_types=list({it.pk: it for it, _ in could}.values()),
+                              region_codes=sorted({code for _, code in could})) if could else {}
+    todo: dict[str, list[tuple[Any, int]]] = defaultdict(list)
+    for it, code in could:
+        n = min(upper.get((it.pk, code), 0), AVAILABILITY_COUNT_MAX)
+        if n > 0:
+            todo[code].append((it, n))
+    regions = {r.code: r for r in Region.objects.filter(code__in=list(todo))} if todo else {}
+    placed: dict[tuple[int, str], int] = {}
+    t = now.timestamp()
+    for code, items in todo.items():
+        region = regions[code]
+        cycle = snapshot.build(region_id=region.pk)
+        snap = cycle.snapshot
+        tenant_id = _PROBE if tenant is None else str(tenant.pk)
+        if tenant is not None and all(v.tenant_id != tenant_id for v in snap.tenants):
+            snap = replace(snap, tenants=(*snap.tenants, *snapshot.tenant_views({tenant_id})))
+        policy = policy_for(region.pk)
+        for it, n in items:
+            fractional = it.gpu_share_milli < 1000
+            probes = tuple(core.PlacementRequest(
+                request_id=f"{_PROBE}-{i}", tenant_id=tenant_id, gpu_model=it.gpu_model.code,
+                gpus_per_node=0 if fractional else it.gpu_count, gpu_milli=it.gpu_share_milli, nodes=1,
+                vcpus=it.vcpus, memory_mib=it.memory_gib * 1024, region=code, kind="instance",
+                priority="standard", billing="on_demand", submitted_at=t,
+            ) for i in range(n))
+            plan = core.plan(snap, (*cycle.queue, *probes), policy, now=t)
+            placed[(it.pk, code)] = sum(1 for d in plan.decisions
+                                        if isinstance(d, core.Place) and d.request_id.startswith(_PROBE))
+    return [Availability(instance_type=it, region=code, available_now=placed.get((it.pk, code), 0),
+                         can_host=not reasons[(it.pk, code)], reason=reasons[(it.pk, code)])
+            for it, code in pairs]
 
 
 # --- the tenant metrics API (GET /api/v1/metrics) ------------------------------------------

@@ -1075,6 +1075,10 @@ def workload_logs_request(
     now = now or timezone.now()
     log, _ = ContainerLog.objects.get_or_create(workload=workload)
     where = workload_attempt(workload=workload) if workload.state in HOLDING else None
+    # `pending` while nothing answered yet: no text at all, or the last request still unanswered.
+    # Once a tail arrived (the agent clears the request it answers) the text is current, though
+    # every call asks again for a fresher one.
+    waiting = where is not None and (log.captured_at is None or log.requested_at is not None)
     if where is not None:
         host_id, attempt = where
         ContainerLog.objects.filter(pk=log.pk).update(
@@ -1082,5 +1086,4 @@ def workload_logs_request(
         )
         fastpath.hosts_changed(host_ids=[host_id])  # the request rides on the next answer
         log.refresh_from_db()
-    return LogTail(text=log.text, captured_at=log.captured_at,
-                   pending=log.requested_at is not None and workload.state in HOLDING)
+    return LogTail(text=log.text, captured_at=log.captured_at, pending=waiting)

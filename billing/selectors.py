@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Prefetch, QuerySet, Sum
+from django.db.models import F, Max, Prefetch, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -21,6 +21,7 @@ from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import State
+from scheduler.models import WorkloadEvent
 
 
 def ledger_list(*, tenant: Tenant) -> QuerySet[LedgerEntry]:
@@ -128,10 +129,11 @@ def launched_cost(*, workload: Any, per_hour: Decimal | None) -> Cost:
 
 
 def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> dict[Any, Cost]:
-    """Hourly price now and cost so far for each workload, in three queries whatever their number.
+    """Hourly price now and cost so far for each workload, in four queries whatever their number.
 
     cost so far = what the ledger posted + the running seconds after the metering
-    watermark (not posted yet) at today's price. An estimate until metered; the ledger
+    watermark (not posted yet) at today's price, up to now while it runs, else up to when
+    its last run ended (so it never goes backwards when a run ends). An estimate until metered; the ledger
     is the bill.
     """
     now = now or timezone.now()
@@ -152,14 +154,23 @@ def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> 
             .annotate(a=Sum("amount")).values_list("workload_id", "a"):
         posted[wid] = -(amount or Decimal(0))
     watermarks = dict(Meter.objects.filter(pk__in=ids).values_list("pk", "metered_until"))
+    # Work that stopped running since it started (stopping, stopped, ended): its last run lasted
+    # until it left RUNNING. Counting those seconds until metering posts them keeps "cost so far"
+    # from going backwards when a run ends.
+    ran = [w.pk for w in workloads if w.state != State.RUNNING and w.started_at]
+    left_running = dict(
+        WorkloadEvent.objects.filter(workload_id__in=ran, from_state=State.RUNNING)
+        .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
+    ) if ran else {}
     out = {}
     for w in workloads:
         per_hour = prices.get((w.instance_type_id, w.region_id, w.billing))
         hourly = None if per_hour is None else per_hour * w.nodes
         so_far = posted[w.pk]
-        if w.state == State.RUNNING and w.started_at and hourly is not None:
+        until = now if w.state == State.RUNNING else left_running.get(w.pk)
+        if until is not None and w.started_at and hourly is not None:
             since = max(w.started_at, watermarks.get(w.pk, w.started_at))
-            unposted = max(0, epoch_floor(now) - epoch_floor(since))
+            unposted = max(0, epoch_floor(until) - epoch_floor(since))
             so_far += hourly * unposted / 3600
         out[w.pk] = Cost(hourly=hourly, so_far=pricing.cents(so_far))
     return out

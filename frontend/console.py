@@ -20,7 +20,7 @@ from typing import Any
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from rest_framework.exceptions import NotFound
 
@@ -111,6 +111,8 @@ def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> 
                 # An X-Tenant header naming a tenant that is not among the user's.
                 raise Http404("No such tenant among yours.") from None
             if membership is None:
+                if request.user.is_staff and request.method in SAFE_METHODS:
+                    return redirect("admin-fleet")  # an operator without a tenant: the fleet page
                 return render(request, "frontend/no_tenant.html", status=403)
             granted = perms.effective_permissions(
                 role=membership.role, scopes=None, suspended=membership.tenant.is_suspended

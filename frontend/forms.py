@@ -35,12 +35,18 @@ IMAGE_TEMPLATES: dict[str, ImageTemplate] = {
 
 
 class SignInForm(AuthenticationForm):
-    username = forms.EmailField(label="Email", widget=forms.EmailInput(attrs={"autofocus": True,
-                                                                                "autocomplete": "email"}))
+    username = forms.EmailField(label="E-mail", widget=forms.EmailInput(attrs={"autofocus": True,
+                                                                                 "autocomplete": "email"}))
+    error_messages = {
+        **AuthenticationForm.error_messages,
+        # the people signing in know an e-mail address, not a "username"
+        "invalid_login": "That e-mail address and password do not match an account. Both are as you typed them "
+                         "at sign-up; the password is case-sensitive.",
+    }
 
 
 class SignUpForm(forms.Form):
-    email = forms.EmailField(label="Email", max_length=254,
+    email = forms.EmailField(label="E-mail", max_length=254,
                              widget=forms.EmailInput(attrs={"autocomplete": "email"}))
     name = forms.CharField(label="Your name", max_length=150, required=False,
                            widget=forms.TextInput(attrs={"autocomplete": "name"}))
@@ -143,12 +149,12 @@ class LaunchForm(forms.Form):
 
     def api_data(self) -> dict:
         """The body the API's create serializer validates."""
-        d = self.cleaned_data
+        d = self.cleaned_data  # also of an invalid form (its valid fields): the API then says the rest at once
         keys = _lines(d.get("ssh_keys") or "")
         keys += [self.saved_keys[pk].public_key for pk in d.get("saved_ssh_keys") or [] if pk in self.saved_keys]
         body = {
-            "name": d["name"], "instance_type": d["instance_type"], "region": d["region"],
-            "image": d["image"], "command": d.get("command") or "", "env": d["env_dict"],
+            "name": d.get("name", ""), "instance_type": d.get("instance_type", ""), "region": d.get("region", ""),
+            "image": d.get("image", ""), "command": d.get("command") or "", "env": d.get("env_dict", {}),
             "ports": [_as_int(p.strip()) for p in (d.get("ports") or "").replace(" ", ",").split(",") if p.strip()],
             "ssh_keys": keys, "billing": "spot" if d.get("spot") else "on_demand",
         }

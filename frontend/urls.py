@@ -17,6 +17,8 @@ def _workload_routes(prefix: str, kind: str, name: str) -> list:
         path(f"{prefix}/<uuid:pk>/logs", views.workload_logs, k, name=f"{name}_logs"),
         path(f"{prefix}/<uuid:pk>/stop", views.workload_stop, k, name=f"{name}_stop"),
         path(f"{prefix}/<uuid:pk>/terminate", views.workload_terminate, k, name=f"{name}_terminate"),
+        *([path(f"{prefix}/<uuid:pk>/start", views.workload_start, k, name=f"{name}_start")]
+          if kind == WorkloadKind.INSTANCE else []),
     ]
 
 
@@ -70,6 +72,8 @@ console = [
 
 urlpatterns = [
     path("", views.home, name="home"),
+    # what browsers ask for without a <link rel="icon">, e.g. for the API's pages
+    path("favicon.ico", views.favicon, name="favicon"),
     path("healthz", views.healthz, name="healthz"),
     path("console/", include((console, "console"))),
 ]

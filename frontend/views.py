@@ -103,17 +103,31 @@ def _paginate(request, rows, *, noun: str, per_page: int = PAGE_SIZE, anchor: st
 
 
 def home(request):
-    """The landing page: signed-in users go to their console; others see the catalogue."""
+    """The landing page: signed-in users go to their console; others see what can be rented."""
     if request.user.is_authenticated:
         return redirect("console:dashboard")
     types = list(instance_type_list())
     prices = prices_in_force(instance_types=types)
+    # only what can be rented: priced where some host could ever run it
+    rentable: dict[int, dict[str, int]] = {}
+    for a in agent_selectors.availability(instance_types=types, prices=prices):
+        if a.can_host:
+            rentable.setdefault(a.instance_type.pk, {})[a.region] = a.available_now
     rows = []
     for it in types:
-        on_demand = [p for p in prices[it.pk] if p.kind == "on_demand"]
+        where = rentable.get(it.pk, {})
+        on_demand = [p for p in prices[it.pk] if p.kind == "on_demand" and p.region in where]
         cheapest = min(on_demand, key=lambda p: p.per_hour, default=None)
-        rows.append({"type": it, "price": cheapest})
+        if cheapest is not None:
+            rows.append({"type": it, "price": cheapest, "free": sum(where.values())})
     return render(request, "frontend/home.html", {"rows": rows})
+
+
+def favicon(request):
+    """What browsers ask for without a <link rel="icon"> (the API's pages): the console's icon."""
+    from django.templatetags.static import static
+
+    return redirect(static("frontend/favicon.svg"), permanent=True)
 
 
 def healthz(request):
@@ -238,8 +252,11 @@ def catalogue(request):
     types = list(instance_type_list())
     if gpu:
         types = [t for t in types if t.gpu_model.code == gpu]
+    only_free = request.GET.get("available") in ("1", "on", "true")
     prices = prices_in_force(instance_types=types)
-    available = agent_selectors.launchable_counts(instance_types=types, region_codes=[region] if region else None)
+    available = {(a.instance_type.pk, a.region): a.available_now for a in agent_selectors.availability(
+        instance_types=types, region_codes=[region] if region else None, tenant=request.console.tenant,
+        prices=prices)}
     rows = []
     for it in types:
         by_region: dict[str, dict] = {}
@@ -250,7 +267,11 @@ def catalogue(request):
         for code, kinds in by_region.items():
             rows.append({"type": it, "region": code, "on_demand": kinds.get("on_demand"),
                          "spot": kinds.get("spot"), "available": available.get((it.pk, code), 0)})
+    if only_free:
+        rows = [r for r in rows if r["available"] > 0]
     rows = _catalogue_sort(rows, sort, direction == "desc")
+    # what would start now first, in the chosen order; then what would queue
+    rows = [r for r in rows if r["available"] > 0] + [r for r in rows if r["available"] <= 0]
     # One entry per sortable header: its label, where a click goes (the other direction when it
     # is the sorted column, else ascending) and its aria-sort value.
     columns = {key: {"key": key, "label": label, "current": key == sort,
@@ -259,6 +280,7 @@ def catalogue(request):
                for key, (label, _) in SORTS.items()}
     ctx = {"rows": rows, "regions": region_list().order_by("code"), "gpus": gpu_model_list().order_by("code"),
            "region": region, "gpu": gpu, "sort": sort, "dir": direction, "columns": columns,
+           "only_free": only_free,
            "sort_words": SORT_WORDS[sort]}
     template = "frontend/partials/catalogue_table.html" if request.htmx else "frontend/catalogue.html"
     return render(request, template, ctx)
@@ -267,29 +289,33 @@ def catalogue(request):
 # ------------------------------------------------------------------ launch
 
 
-def _launch_price(instance_type: str, region: str, free: dict[str, int] | None = None) -> dict:
+def _launch_price(instance_type: str, region: str, tenant, free: dict[str, int] | None = None) -> dict:
     """What the box beside the launch form shows: the price of a type in a region now, on
-    demand and spot, and whether it would start at once, wait, or be refused there.
-    `free` is `_free_by_region` of the type when the caller has it already."""
+    demand and spot, and whether it would start at once, wait, or be refused there (and why;
+    the Launch button is disabled then). `free` is `_free_by_region` of the type when the caller
+    has it already."""
     it = instance_type_list().filter(code=instance_type).first()
     reg = region_list().filter(code=region).first()
     out: dict = {"type": it, "region": reg, "on_demand": None, "spot": None}
     if it and reg:
+        from scheduler.feasibility import launch_unsatisfiable
+
         now = timezone.now()
         for kind in (Billing.ON_DEMAND, Billing.SPOT):
             price = price_at(instance_type=it, region=reg, kind=kind, at=now)
             out[kind] = price.per_hour if price else None
-        free = _free_by_region(it) if free is None else free
+        free = _free_by_region(it, tenant) if free is None else free
         out["fits_now"] = free.get(reg.code, 0)
-        out["refused"] = reg.code not in agent_selectors.regions_that_could_host(it)
+        out["refused"] = launch_unsatisfiable(instance_type=it, region=reg)
         out["free_elsewhere"] = [(code, n) for code, n in free.items() if code != reg.code]
     return out
 
 
-def _free_by_region(it) -> dict[str, int]:
-    """{region code: how many of `it` fit on free GPUs now}, most first, only where some fit."""
-    counts = agent_selectors.launchable_counts(instance_types=[it])
-    free = sorted(((code, n) for (_pk, code), n in counts.items() if n > 0), key=lambda cn: (-cn[1], cn[0]))
+def _free_by_region(it, tenant) -> dict[str, int]:
+    """{region code: how many of `it` the scheduler would start now for `tenant`}, most first,
+    only where some would."""
+    rows = agent_selectors.availability(instance_types=[it], tenant=tenant)
+    free = sorted(((r.region, r.available_now) for r in rows if r.available_now > 0), key=lambda cn: (-cn[1], cn[0]))
     return dict(free)
 
 
@@ -301,13 +327,16 @@ def launch(request):
                "kind": request.GET.get("kind", "instance"),
                "image": IMAGE_TEMPLATES["pytorch"].image, "command": IMAGE_TEMPLATES["pytorch"].command}
     form = LaunchForm(request.POST or None, initial=initial, saved_keys=saved)
-    if request.method == "POST" and form.is_valid():
-        kind = form.cleaned_data["kind"]
+    if request.method == "POST":
+        form_ok = form.is_valid()
+        kind = form.cleaned_data.get("kind") or WorkloadKind.INSTANCE
         serializer = workload_s.JobCreateSerializer if kind == WorkloadKind.JOB else workload_s.WorkloadCreateSerializer
         ser = serializer(data=form.api_data())
         if not ser.is_valid():
-            apply_errors(form, ser.errors, field_map=LaunchForm.FIELD_MAP)
-        else:
+            # every field's error at once: the API's words beside the form's own (one per field)
+            apply_errors(form, {k: v for k, v in ser.errors.items()
+                                if LaunchForm.FIELD_MAP.get(k, k) not in form.errors}, field_map=LaunchForm.FIELD_MAP)
+        elif form_ok:
             try:
                 workload = workload_services.workload_launch(
                     tenant=console.tenant, spec=workload_services.WorkloadSpec(kind=kind, **ser.validated_data),
@@ -323,14 +352,14 @@ def launch(request):
     if not form.is_bound and not initial["region"]:
         # no region asked for: the one where most of the type fits now, not the alphabet's first
         it = instance_type_list().filter(code=initial["instance_type"] or first["instance_type"]).first()
-        free = _free_by_region(it) if it else {}
+        free = _free_by_region(it, console.tenant) if it else {}
         best = next(iter(free), "")
         if best:
             initial["region"] = best
             form = LaunchForm(initial=initial, saved_keys=saved)
     values = form.data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
-                          values.get("region") or first["region"], free)
+                          values.get("region") or first["region"], console.tenant, free)
     ctx = {"form": form, "price": price, "spot": bool(values.get("spot")),
            "templates_json": {k: {"image": t.image, "ports": t.ports, "command": t.command}
                               for k, t in IMAGE_TEMPLATES.items()}}
@@ -340,7 +369,8 @@ def launch(request):
 @console_view(read=perms.WORKLOADS_LAUNCH)
 def launch_price(request):
     """The partial under the launch form: what an hour costs, on demand and spot."""
-    price = _launch_price(request.GET.get("instance_type", ""), request.GET.get("region", ""))
+    price = _launch_price(request.GET.get("instance_type", ""), request.GET.get("region", ""),
+                          request.console.tenant)
     return render(request, "frontend/partials/launch_price.html",
                   {"price": price, "spot": request.GET.get("spot") in ("on", "true", "1")})
 
@@ -370,7 +400,8 @@ def _kind(kind: str) -> dict:
 
 @console_view(read=perms.WORKLOADS_READ)
 def workload_list(request, kind: str):
-    show = request.GET.get("show", "active")
+    # a job's end is its result: job lists show finished jobs unless asked for active ones only
+    show = request.GET.get("show", "all" if kind == WorkloadKind.JOB else "active")
     qs = workload_selectors.workload_list(tenant=request.console.tenant, kind=kind)
     if show == "active":
         qs = qs.filter(state__in=ACTIVE)
@@ -430,7 +461,12 @@ def job_array_stop(request, pk):
 def _live_context(request, workload) -> dict:
     cost = billing_selectors.workload_costs(workloads=[workload])[workload.pk]
     allocations = sorted(workload.active_allocations, key=lambda a: (a.host.name, a.gpu_id))
+    ran_on = not allocations  # holds no GPUs now: show where its last run ran, if it ran
+    if ran_on:
+        allocations = sorted(workload_selectors.workload_last_allocations(workload=workload),
+                             key=lambda a: (a.host.name, a.gpu_id))
     return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations,
+            "ran_on": ran_on and bool(allocations),
             "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
             "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
             and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1],
@@ -492,16 +528,28 @@ def workload_logs(request, kind: str, pk):
                   {"tail": tail, "w": workload, "poll_s": POLL_S * 2, **_kind(kind)})
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
-def workload_stop(request, kind: str, pk):
+def _workload_action(request, kind: str, pk, service, verb: str, done: str):
+    """Run `service(workload=…)` on the tenant's workload; say how it went; back to its page."""
     workload = _workload(request, kind, pk)
     try:
-        workload_services.workload_stop(workload=workload)
+        service(workload=workload)
     except ServiceError as exc:
-        messages.error(request, f"Could not stop {workload.name}: {exc.message}")
+        messages.error(request, f"Could not {verb} {workload.name}: {exc.message}")
     else:
-        messages.success(request, f"Stopping {workload.name}.")
+        messages.success(request, done.format(name=workload.name))
     return redirect(_detail_url(workload))
+
+
+@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+def workload_stop(request, kind: str, pk):
+    return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.")
+
+
+@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+def workload_start(request, kind: str, pk):
+    """Start a stopped instance again: back through the queue with the same configuration."""
+    return _workload_action(request, kind, pk, workload_services.workload_start, "start",
+                            "{name} is queued again; the scheduler places it in a moment.")
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
@@ -520,7 +568,8 @@ def workload_terminate(request, kind: str, pk):
 
 
 @console_view(read=perms.BILLING_READ)
-def usage(request):
+def usage(request, budget_form: BudgetForm | None = None):
+    """Usage and billing; `budget_form`: a budget form that did not save, shown with its errors."""
     tenant = request.console.tenant
     now = timezone.now().astimezone(UTC)
     start, end = billing_services.month_began(now), now + timedelta(seconds=1)
@@ -542,9 +591,9 @@ def usage(request):
                        "amount": [float(r.amount) for r in by_day],
                        # the whole window, so one day of usage is not stretched over the axis
                        "from": int(since.timestamp()), "to": int(since.timestamp()) + 31 * 86400},
-        "budget_form": BudgetForm(),
+        "budget_form": budget_form or BudgetForm(),
     })
-    return render(request, "frontend/usage.html", ctx)
+    return render(request, "frontend/usage.html", ctx, status=200 if budget_form is None else 400)
 
 
 def _invoice(request, pk):
@@ -578,9 +627,8 @@ def budget_create(request):
             messages.success(request, f"Budget {budget.name!r} saved: {budget.monthly_amount} a month.")
             return redirect("console:usage")
         apply_errors(form, ser.errors)
-    messages.error(request, "The budget was not saved: " + "; ".join(
-        f"{'' if k == '__all__' else k + ': '}{' '.join(v)}" for k, v in form.errors.items()))
-    return redirect("console:usage")
+    # the usage page again, the form with each error beside its field, a summary and what was typed
+    return usage.__wrapped__(request, budget_form=form)
 
 
 @console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)

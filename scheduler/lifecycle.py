@@ -1,5 +1,7 @@
 """The lifecycle of an instance or batch job: the legal edges, and nothing else. Pure.
 
+    ┌──── start: a stopped instance goes back through the queue ◀──── STOPPED (either)
+    ▼
     PENDING ──place──▶ SCHEDULED ──agent creates──▶ STARTING ──container up──▶ RUNNING
        ▲  │                │  │                         │  │                  │  │  │
        │  │ cancel         │  └────── stop ─────────────┼──┼──▶ STOPPING ◀────┘  │  │
@@ -12,6 +14,10 @@
        │                                                                            │
        └──────────── LOST (host down past grace) ◀── SCHEDULED/STARTING/RUNNING     │
                                                    SUCCEEDED ◀──── exit 0 ──────────┘
+
+STOPPED is where an instance rests: `start` sends it back to PENDING with the same
+configuration (its GPUs were released when it stopped; billing stopped with them). A
+`DELETE` (terminate) ends it for good. SUCCEEDED is final.
 
 Only `scheduler.services.workload_transition` writes a state, through `can_transition`.
 A multi-host job moves along these edges as all its parts say (`scheduler.gang`).
@@ -37,7 +43,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     State.FAILED: frozenset({State.PENDING}),
     State.PREEMPTED: frozenset({State.PENDING}),
     State.LOST: frozenset({State.PENDING}),
-    State.STOPPED: frozenset(),
+    # An instance started again (scheduler.services.workload_start) goes back to the queue.
+    State.STOPPED: frozenset({State.PENDING}),
     State.SUCCEEDED: frozenset(),
 }
 

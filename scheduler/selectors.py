@@ -32,6 +32,17 @@ def workload_get(*, tenant: Tenant, pk) -> Workload:
     return workload
 
 
+def workload_last_allocations(*, workload: Workload) -> list[Allocation]:
+    """The allocations of its last run once it holds none: where it ran ("ran on"). One query.
+
+    Released together when the run ended (one transaction), so they share `released_at`.
+    Precondition: `workload` was read through a tenant-scoped selector.
+    """
+    rows = list(Allocation.objects.filter(workload=workload, active=False, released_at__isnull=False)
+                .select_related("host").order_by("-released_at", "gpu_id"))
+    return [a for a in rows if a.released_at == rows[0].released_at] if rows else []
+
+
 def workload_detail_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
     return workload_list(tenant=tenant, kind=kind).prefetch_related(
         Prefetch("events", queryset=WorkloadEvent.objects.order_by("created_at", "id"))

@@ -30,6 +30,7 @@ from scheduler import bulk, hooks
 from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
 from scheduler.core.model import QuotaRule
 from scheduler.core.quota import quota_applies, quota_never_fits_gpus
+from scheduler.feasibility import check_satisfiable
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
 
@@ -160,6 +161,7 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
     it, region = _resolve(spec)
     _check_quota_ceiling(tenant, it, region, spec)
     _check_admission(tenant, it, region, spec, timezone.now())
+    check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)  # 409: no host could ever run it
     now = timezone.now()
     workload = Workload.objects.create(
         tenant=tenant, kind=spec.kind, name=spec.name, instance_type=it, region=region,
@@ -196,6 +198,8 @@ def _timestamps(new: str, now: datetime) -> dict[str, Any]:
     if new == State.PENDING:
         # back in the queue: age counts from now, the notice is gone
         values.update(queued_at=now, stop_by=None, preempted_for=None, started_at=None, ended_at=None)
+    else:
+        values["queue_position"] = None  # only queued work stands in the queue
     return values
 
 
@@ -306,6 +310,36 @@ def workload_stop(*, workload: Workload, reason: str = "stopped by user") -> Wor
         target = State.STOPPING
     workload_transition(workload=workload, to=target, reason=reason)
     audit_record(tenant=workload.tenant, action=f"{workload.kind}.stop", obj=workload,
+                 object_repr=workload.name)
+    return workload
+
+
+@transaction.atomic
+def workload_start(*, workload: Workload) -> Workload:
+    """Start a stopped instance again: back through the queue with the same configuration.
+
+    Refused as a launch would be (the type no longer offered there, no host that could ever
+    run it, quota, credit); `409 not_stopped` unless it is STOPPED. Under the row lock, so a
+    racing stop, start or delete takes turns with it.
+    """
+    workload = Workload.objects.select_for_update().get(pk=workload.pk)
+    if workload.deleted_at is not None:
+        raise NotFoundError(f"No such {workload.kind}.")
+    if workload.kind != WorkloadKind.INSTANCE:
+        raise Conflict("Only an instance starts again; submit a new job instead.", code="not_stopped")
+    if workload.state != State.STOPPED:
+        raise Conflict(f"Only a stopped instance can start; {workload.name} is {workload.state}.",
+                       code="not_stopped")
+    spec = WorkloadSpec(kind=workload.kind, name=workload.name, instance_type=workload.instance_type.code,
+                        region=workload.region.code, image=workload.image, billing=workload.billing,
+                        nodes=workload.nodes, max_price=workload.max_price)
+    it, region = _resolve(spec)
+    _check_quota_ceiling(workload.tenant, it, region, spec)
+    _check_admission(workload.tenant, it, region, spec, timezone.now())
+    check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)
+    workload_transition(workload=workload, to=State.PENDING, reason="started again by its owner; "
+                        "waiting for the scheduler")
+    audit_record(tenant=workload.tenant, action=f"{workload.kind}.start", obj=workload,
                  object_repr=workload.name)
     return workload
 

@@ -96,6 +96,15 @@ def catalog(db):
 
 
 @pytest.fixture
+def fleet(catalog):
+    """One host with 8 H100 GPUs in us-east-1, so a launch there is not refused as unsatisfiable
+    (no host could ever run it) for want of any fleet."""
+    from tests.scheduler.fleet import make_hosts
+
+    return make_hosts(n=1)
+
+
+@pytest.fixture
 def anon():
     from rest_framework.test import APIClient
 

@@ -109,7 +109,11 @@ def test_demo_stays_up_under_load_and_restarts_a_killed_worker(tmp_path: Path):
         print(f"\nsoak: the demo is up after {time.monotonic() - t0:.1f} s")
         # worker, beat, web, gateway and three agents
         procs = wait_for(lambda: c if len(c := children(demo.pid)) == 7 else None, 60, "seven children")
-        # Warm up: one instance through the whole path (API -> broker -> worker -> agent).
+        # The simulated hosts have joined (before, a launch is refused: no host could run it) ...
+        wait_for(lambda: any(a["available_now"] for a in api.call(
+            "GET", "/api/v1/availability", params={"instance_type": "h100.1x", "region": "us-east-1"}).json()),
+            60, "the simulated hosts join", 0.5)
+        # ... warm up: one instance through the whole path (API -> broker -> worker -> agent).
         first = api.launch("warm-up", "h100.1x")
         wait_for(lambda: api.state(first) == "running", 120, "the first instance runs", 0.5)
         # The demo's gateway: the printed ssh line works (OpenSSH into the sim's fake shell).

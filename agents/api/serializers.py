@@ -75,7 +75,9 @@ class LogsSerializer(serializers.Serializer):
     text = serializers.CharField(allow_blank=True, help_text="the last lines stored")
     captured_at = serializers.DateTimeField(allow_null=True, help_text="when the agent read them")
     pending = serializers.BooleanField(
-        help_text="a fresher tail was asked of the agent; ask again after its next heartbeat"
+        help_text="it runs and no tail answered the last request yet (none at all, or an earlier "
+                  "request is still unanswered): ask again after the host's next heartbeat; false once "
+                  "text arrived (each call still asks the agent for a fresher tail)"
     )
 
 

@@ -38,11 +38,15 @@ class InvoiceLineSerializer(serializers.ModelSerializer):
 class InvoiceSerializer(serializers.ModelSerializer):
     number = serializers.CharField(read_only=True)
     lines = InvoiceLineSerializer(many=True, read_only=True)
+    refreshed_at = serializers.DateTimeField(
+        source="updated_at", read_only=True,
+        help_text="when its lines were last rebuilt from the metered usage (a draft is rebuilt as usage "
+                  "is metered, until it is issued)")
 
     class Meta:
         model = Invoice
         fields = ["id", "number", "period_start", "period_end", "status", "currency", "total", "issued_at", "paid_at",
-                  "lines"]
+                  "refreshed_at", "lines"]
         read_only_fields = fields
 
 

@@ -18,7 +18,8 @@ _TEXT = {
     "404": "No such object in your tenant, no such page, or (a browser session's `X-Tenant`) "
            "no such tenant among yours.",
     "409": "The request conflicts with the current state: a duplicate, the last owner, "
-           "or a state that does not allow it.",
+           "a state that does not allow it (`not_stopped`), or work no host of the region could "
+           "ever run (`unsatisfiable`; nothing was created).",
     "413": "The request body is too large.",
     "415": "The body is not JSON: the API reads `application/json` only.",
     "429": "Rate limit reached; retry after the Retry-After header's seconds.",

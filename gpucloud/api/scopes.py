@@ -62,6 +62,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("instance-detail", "GET"): READ,
     ("instance-detail", "DELETE"): WRITE,  # workloads.manage
     ("instance-stop", "POST"): WRITE,
+    ("instance-start", "POST"): WRITE,  # workloads.manage
     ("instance-metrics", "GET"): READ,
     ("instance-logs", "GET"): READ,
     ("job-list", "GET"): READ,
@@ -109,6 +110,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("price-list", "GET"): READ,
     ("price-detail", "GET"): READ,
     ("quotas", "GET"): READ,
+    ("availability", "GET"): READ,  # what the tenant could start now (workloads.read)
     # --- billing
     ("spot-price-list", "GET"): READ,
     ("balance", "GET"): READ,

@@ -4,6 +4,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
+from agents.api.availability import AvailabilityApi
 from alarms.api import views as alarms
 from autoscaling.api import views as autoscaling
 from billing.api import views as billing
@@ -52,6 +53,7 @@ urlpatterns = [
     path("balance", billing.BalanceApi.as_view(), name="balance"),
     path("usage", billing.UsageApi.as_view(), name="usage"),
     path("metrics", scheduler.SeriesApi.as_view(), name="metrics"),
+    path("availability", AvailabilityApi.as_view(), name="availability"),
     *router.urls,
     # Unknown API paths answer in the API's error shape, also with DEBUG on.
     re_path(r"^.*$", not_found, name="api-not-found"),

@@ -3,6 +3,10 @@
 Quotas live here, the work that uses them in the scheduler. The scheduler registers its
 count in `SchedulerConfig.ready()`: `usage(tenant)` answers (GPU milli, workloads), each
 keyed by (GPU model code, region code). Nothing registered: nothing is used.
+
+What the fleet could start now is the agents' (the hosts) and the scheduler's (the plan):
+agents register `availability(instance_types=, prices=)` in `AgentsConfig.ready()`, and the
+instance types' API shows it. Nothing registered: no availability rows.
 """
 from __future__ import annotations
 
@@ -29,3 +33,16 @@ def usage(*, tenant: Any) -> tuple[Counts, Counts]:
         for k, v in n.items():
             instances[k] = instances.get(k, 0) + v
     return gpu_milli, instances
+
+
+_availability: list[Callable[..., list[Any]]] = []
+
+
+def on_availability(fn: Callable[..., list[Any]]) -> None:
+    """`fn(instance_types=..., prices=...)` returns availability rows (each with `instance_type`)."""
+    if fn not in _availability:
+        _availability.append(fn)
+
+
+def availability(*, instance_types: list[Any], prices: Any) -> list[Any]:
+    return [row for fn in _availability for row in fn(instance_types=instance_types, prices=prices)]

@@ -181,12 +181,31 @@ class WorkloadSerializer(serializers.ModelSerializer):
         return [a.gpu_id for a in sorted(obj.active_allocations, key=lambda a: (a.host.name, a.gpu_id))]
 
 
+class RanOnSerializer(serializers.Serializer):
+    hosts = serializers.ListField(child=serializers.CharField())
+    gpus = serializers.ListField(child=serializers.CharField(), help_text="UUIDs of the GPUs it held")
+
+
 class WorkloadDetailSerializer(WorkloadSerializer):
     events = EventSerializer(many=True, read_only=True)
+    ran_on = serializers.SerializerMethodField(
+        help_text="where its last run ran, once it holds no GPUs (stopped, ended, queued again); "
+                  "null when it never ran or holds GPUs now (see `hosts`, `gpus`)")
 
     class Meta(WorkloadSerializer.Meta):
-        fields = [*WorkloadSerializer.Meta.fields, "events"]
+        fields = [*WorkloadSerializer.Meta.fields, "events", "ran_on"]
         read_only_fields = fields
+
+    @extend_schema_field(RanOnSerializer(allow_null=True))
+    def get_ran_on(self, obj) -> dict | None:
+        if obj.active_allocations:
+            return None
+        from scheduler.selectors import workload_last_allocations
+
+        last = workload_last_allocations(workload=obj)
+        if not last:
+            return None
+        return {"hosts": sorted({a.host.name for a in last}), "gpus": [a.gpu_id for a in last]}
 
 
 class ConnectSerializer(serializers.Serializer):

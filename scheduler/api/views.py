@@ -1,4 +1,4 @@
-"""Instances and batch jobs: launch, list, inspect, stop, delete."""
+"""Instances and batch jobs: launch, list, inspect, stop, start (instances), delete."""
 from __future__ import annotations
 
 import django_filters
@@ -130,12 +130,26 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
     description="Launch an instance. It answers at once with state `pending`; the scheduler places it.",
 ))
 class InstanceViewSet(_WorkloadViewSet):
-    """Interactive GPU instances: rented until you stop them."""
+    """Interactive GPU instances: rented until you terminate them; stopped and started at will."""
 
     kind = WorkloadKind.INSTANCE
     serializer_class = s.WorkloadSerializer
     detail_serializer = s.InstanceDetailSerializer
     create_serializer = s.WorkloadCreateSerializer
+    permission_map = {**_WorkloadViewSet.permission_map, "start": perms.WORKLOADS_MANAGE}
+
+    def get_serializer_class(self):
+        return self.detail_serializer if self.action == "start" else super().get_serializer_class()
+
+    @extend_schema(request=None, responses={200: s.InstanceDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, *args, **kwargs):
+        """Start a stopped instance again: it goes back through the queue (state `pending`) with
+        the same configuration. `409 not_stopped` unless it is `stopped`; refused as a launch is
+        (`409 unsatisfiable`, quota, credit)."""
+        with transaction.atomic():
+            workload = services.workload_start(workload=self.get_object())
+            return self._detail(workload)
 
 
 class JobFilter(WorkloadFilter):

@@ -165,6 +165,12 @@ def whoami(as_json: JsonOpt = False) -> None:
 def _offers(gc: Client, gpu: str | None, region: str | None, spot: bool) -> list[dict[str, Any]]:
     rows = []
     kind = "spot" if spot else "on_demand"
+    try:  # what your tenant could start now, counted by the scheduler (GET /availability)
+        free: dict[tuple[str, str], int] | None = {
+            (a["instance_type"], a["region"]): a["available_now"]
+            for a in gc.availability.list(gpu_model=gpu, region=region)}
+    except errors.NotFound:  # a server without the availability API
+        free = None
     for it in gc.instance_types.list(gpu_model=gpu, region=region):
         for p in it.get("prices", []):
             if p["kind"] != kind or (region and p["region"] != region):
@@ -173,7 +179,8 @@ def _offers(gc: Client, gpu: str | None, region: str | None, spot: bool) -> list
                 "instance_type": it["code"], "gpu_model": it["gpu_model"]["code"], "gpus": it["gpus"],
                 "vcpus": it["vcpus"], "memory_gib": it["memory_gib"], "region": p["region"], "kind": p["kind"],
                 "currency": p["currency"], "per_hour": p["per_hour"],
-                "per_tflops_hour": p["per_bf16_tflops_hour"], "available": p.get("available"),
+                "per_tflops_hour": p["per_bf16_tflops_hour"],
+                "available": None if free is None else free.get((it["code"], p["region"]), 0),
             })
     rows.sort(key=lambda r: (float(r["per_hour"]), r["instance_type"], r["region"]))
     return rows
@@ -183,11 +190,12 @@ def _offers(gc: Client, gpu: str | None, region: str | None, spot: bool) -> list
 def offers(
     gpu: Annotated[str | None, typer.Option(help="GPU model code, e.g. H100, A100-80G, L40S.")] = None,
     region: Annotated[str | None, typer.Option(help="Region code, e.g. us-east-1.")] = None,
-    available: Annotated[bool, typer.Option("--available", help="Only what is free now.")] = False,
+    available: Annotated[bool, typer.Option("--available", help="Only what would start now.")] = False,
     spot: Annotated[bool, typer.Option("--spot", help="Spot prices instead of on-demand.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The catalogue: price per hour and per BF16-TFLOPS-hour, and what is free now, cheapest first.
+    """The catalogue: price per hour and per BF16-TFLOPS-hour, and how many would start now (FREE),
+    cheapest first.
 
     Examples:
 
@@ -446,7 +454,7 @@ def start(name: Annotated[str, typer.Argument(help="Instance name or id.")],
           wait: Annotated[bool, typer.Option("--wait", help="Wait until it runs.")] = False,
           timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 600.0,
           as_json: JsonOpt = False) -> None:
-    """Start a stopped instance again (servers with instance start).
+    """Start a stopped instance again: back through the queue with the same configuration.
 
     Example: `gpucloud start train-1 --wait`
     """

@@ -83,6 +83,7 @@ class Workload(TypedDict, total=False):
     ended_at: str | None
     stop_by: str | None
     events: list[dict[str, Any]]
+    ran_on: dict[str, list[str]] | None  # where its last run ran, once it holds no GPUs
     connect: dict[str, Any]  # once the server has the gateway (see docs/cli.md)
     # jobs
     queue: str
@@ -112,7 +113,14 @@ class PriceInForce(TypedDict, total=False):
     per_hour: str
     per_bf16_tflops_hour: str
     effective_from: str
-    available: int  # launchable now, where the server reports it
+
+
+
+class RegionAvailability(TypedDict, total=False):
+    region: str
+    available_now: int
+    can_host: bool
+    reason: str
 
 
 class InstanceType(TypedDict, total=False):
@@ -127,6 +135,7 @@ class InstanceType(TypedDict, total=False):
     disk_gib: int
     bf16_tflops: str
     prices: list[PriceInForce]
+    availability: list[RegionAvailability]  # per region: what would start now, for a new tenant
 
 
 class Logs(TypedDict, total=False):
@@ -179,6 +188,7 @@ class Client:
         self.instance_types = InstanceTypes(self)
         self.prices = Prices(self)
         self.quotas = Quotas(self)
+        self.availability = AvailabilityResource(self)
         self.billing = Billing(self)
         self.ledger = Ledger(self)
         self.invoices = Invoices(self)
@@ -433,10 +443,11 @@ class Instances(_Workloads):
     def stop(self, id: str) -> Workload:
         return super().stop(id)
 
-    @operation("api_v1_instances_start_create", lacks="starting a stopped instance")
+    @operation("api_v1_instances_start_create")
     def start(self, id: str) -> Workload:
-        """Start a stopped instance again (POST /api/v1/instances/{id}/start)."""
-        return self.client.post(f"/api/v1/instances/{id}/start", lacks="starting a stopped instance")  # type: ignore[no-any-return]
+        """Start a stopped instance again (POST /api/v1/instances/{id}/start): back through the
+        queue with the same configuration. Conflict (`not_stopped`) unless it is stopped."""
+        return self.client.post(f"/api/v1/instances/{id}/start")  # type: ignore[no-any-return]
 
     @operation("api_v1_instances_logs_retrieve")
     def logs(self, id: str, *, tail: int | None = None) -> Logs:
@@ -739,6 +750,26 @@ class Prices(Resource):
     @operation("api_v1_prices_retrieve")
     def get(self, id: int) -> Json:
         return self._get(id)
+
+
+class Availability(TypedDict, total=False):
+    instance_type: str
+    gpu_model: str
+    region: str
+    available_now: int  # one-node launches the scheduler would start now
+    can_host: bool  # whether some host of the region could ever run one
+    reason: str  # why it never could; empty when it can
+
+
+class AvailabilityResource(Resource):
+    @operation("api_v1_availability_list")
+    def list(self, *, region: str | None = None, gpu_model: str | None = None,
+             instance_type: str | None = None, available: bool | None = None) -> list[Availability]:
+        """What your tenant could start now, per instance type and region where it is priced
+        (`available=True`: only what would start now), and whether the fleet could ever run it."""
+        flag = None if available is None else str(available).lower()
+        return self.client.get("/api/v1/availability", region=region, gpu_model=gpu_model,  # type: ignore[no-any-return]
+                               instance_type=instance_type, available=flag)
 
 
 class Quotas(Resource):

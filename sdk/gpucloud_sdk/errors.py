@@ -116,6 +116,11 @@ class Conflict(ApiError):
     status_code = 409
 
 
+class Unsatisfiable(Conflict):
+    """No host of the region could ever run what was asked (no such GPU model there, more GPUs
+    than any host or gang gives); nothing was created. `message` says why."""
+
+
 class UnsupportedMediaType(ApiError):
     status_code = 415
 
@@ -202,6 +207,8 @@ CODES: dict[str, type[ApiError]] = {
     "host_shrunk": Conflict,
     "host_in_other_region": Conflict,
     "host_exists": Conflict,
+    "not_stopped": Conflict,
+    "unsatisfiable": Unsatisfiable,
     "otp_invalid": ValidationError,
     "verification_invalid": ValidationError,
     "overflow": ValidationError,

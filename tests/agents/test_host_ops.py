@@ -234,7 +234,12 @@ def test_instance_metrics_per_gpu_and_average_for_its_tenant_only(
     points = [p for g in body["gpus"] for p in g["points"]]
     assert points and all(p["gpu_util"] > 30 for p in points)  # the sim load follows the container
     assert body["average"] and body["average"][-1]["gpus"] == 2
-    assert alice.client().get(url).json()["source"] == "minute"
+    # the default (the last hour, a minute a point) has points in its first minute: raw samples,
+    # before any minute roll-up exists
+    default = alice.client().get(url).json()
+    assert default["source"] == "raw" and default["step"] == 60 and default["average"], default
+    older = (timezone.now() - timedelta(hours=3)).isoformat()
+    assert alice.client().get(url, {"since": older}).json()["source"] == "minute"
     r = alice.client().get(url, {"step": 5, "since": "2000-01-01T00:00:00Z"})
     assert r.status_code == 400 and "step" in r.json()["error"]["fields"]
     assert charlie.client().get(url).status_code == 404
@@ -256,7 +261,10 @@ def test_logs_come_through_the_next_heartbeat(make_sim_host, alice, charlie):
     assert log.requested_at is None and "started gpucloud/test:1" in log.text
     body = alice.client().get(url, {"tail": 5}).json()
     assert "started gpucloud/test:1" in body["text"] and body["captured_at"]
-    assert body["pending"] is True  # it runs: each call asks for a fresher tail
+    assert body["pending"] is False  # the tail arrived (each call still asks for a fresher one)
+    assert alice.client().get(url, {"tail": 5}).json()["pending"] is True  # that request is unanswered
+    a.beat(2)
+    assert alice.client().get(url, {"tail": 5}).json()["pending"] is False
     a.runtime.stop(next(iter(a.agent.desired)).instance_id)
     a.beat(2)  # the instance ended; its last tail stays readable
     assert state(w) == State.FAILED

@@ -54,7 +54,7 @@ def assert_refused_or_fine(resp, what):
 
 
 @pytest.mark.parametrize(("method", "url", "base", "fields"), ENDPOINTS, ids=[e[1] + ":" + e[0] for e in ENDPOINTS])
-def test_no_field_value_makes_a_server_error(method, url, base, fields, alice, catalog):
+def test_no_field_value_makes_a_server_error(method, url, base, fields, alice, fleet):
     client = alice.client()
     client.raise_request_exception = False
     assert getattr(client, method)(url, base, format="json").status_code < 300  # the base body is valid

@@ -143,6 +143,7 @@ TENANT_OBJECT_ROUTES = {
     "audit-event-detail": _audit_event,
     "instance-detail": _workload("instance"),
     "instance-stop": _workload("instance"),
+    "instance-start": _workload("instance"),
     "job-detail": _workload("job"),
     "job-stop": _workload("job"),
     "instance-metrics": _workload("instance"),
@@ -186,7 +187,8 @@ TENANT_QUERY_ROUTES = {
     "metrics": ("workload", _workload("instance"), {"metric": "gpu_util"}),
 }
 # routes whose answer is about the caller's own tenant, without an object id
-TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup", "balance", "usage"}
+TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup", "balance", "usage",
+                      "availability"}
 # the public catalogue, the same for everybody
 PUBLIC_ROUTES = {
     "region-list", "region-detail", "gpu-model-list", "gpu-model-detail", "instance-type-list",

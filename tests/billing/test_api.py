@@ -30,7 +30,7 @@ def counts():
             LedgerEntry.objects.count())
 
 
-def test_launch_at_zero_balance_answers_402_and_creates_nothing(alice, catalog):
+def test_launch_at_zero_balance_answers_402_and_creates_nothing(alice, fleet):
     services.credit_grant(tenant=alice.tenant, amount=Decimal("-1000"), kind=EntryKind.ADJUSTMENT)
     before = counts()
     for url in ("/api/v1/instances", "/api/v1/jobs"):
@@ -44,7 +44,7 @@ def test_launch_at_zero_balance_answers_402_and_creates_nothing(alice, catalog):
     assert alice.client().post("/api/v1/instances", BODY, format="json").status_code == 201
 
 
-def test_budget_hard_stop_refuses_launches_past_100_percent(alice, catalog):
+def test_budget_hard_stop_refuses_launches_past_100_percent(alice, fleet):
     resp = alice.client().post("/api/v1/budgets", {"name": "cap", "monthly_amount": "2.00", "hard_stop": True,
                                                     "thresholds": [50, 100]}, format="json")
     assert resp.status_code == 201, resp.json()

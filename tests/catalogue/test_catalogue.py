@@ -65,10 +65,25 @@ def test_unknown_instance_type_or_filter_value_is_a_4xx(catalog, anon):
 
 
 def test_instance_type_list_has_constant_query_count(catalog, anon, django_assert_max_num_queries):
-    # count + page + prices, however many types and prices there are
-    with django_assert_max_num_queries(3):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.scheduler.fleet import make_hosts
+
+    # count + page + prices + the fleet's capabilities, however many types and prices there are
+    with django_assert_max_num_queries(4):
         resp = anon.get("/api/v1/instance-types", {"page_size": 200})
     assert resp.json()["count"] == InstanceType.objects.count()
+    # with a fleet, availability adds free capacity and one snapshot per region: not per type
+    make_hosts(n=2, model="H100")
+    make_hosts(n=1, model="L40S", region="eu-central-1")
+    counts = []
+    for size in (1, 200):
+        with CaptureQueriesContext(connection) as ctx:
+            resp = anon.get("/api/v1/instance-types", {"page_size": size, "gpu_model": "H100"})
+            assert resp.status_code == 200 and len(resp.json()["results"]) == min(size, 4)
+        counts.append(len(ctx.captured_queries))
+    assert counts[0] == counts[1], counts
 
 
 def test_a_price_change_never_rewrites_the_past(catalog):

@@ -2,8 +2,8 @@
 
 The journey: login (a bad key first), whoami, offers, launch --wait to RUNNING on a simulated host
 (a real agent process; a real Celery worker and beat schedule it), ls/show --json, logs, the
-features this server lacks yet (start, volumes) answering clearly,
-a job to SUCCEEDED, stop, rm, usage, keys; the exit codes of the error paths (1 API error,
+features this server lacks yet (volumes) answering clearly, start refused while it runs,
+a job to SUCCEEDED, stop, start again, rm, usage, keys; the exit codes of the error paths (1 API error,
 2 usage error, 3 not found, 4 --wait timeout).
 """
 from __future__ import annotations
@@ -66,8 +66,11 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     offers = json.loads(cli("offers", "--gpu", "H100", "--region", "us-east-1", "--json").stdout)
     assert {o["instance_type"] for o in offers} == {"h100.1x", "h100.2x", "h100.4x", "h100.8x"}
     assert [float(o["per_hour"]) for o in offers] == sorted(float(o["per_hour"]) for o in offers)
+    assert all(isinstance(o["available"], int) for o in offers), offers  # FREE: the availability API
     table = cli("offers", "--gpu", "H100")
     assert table.returncode == 0 and "h100.8x" in table.stdout and "PER TFLOPS-H" in table.stdout
+    free = json.loads(cli("offers", "--available", "--json").stdout)
+    assert free and all(o["available"] > 0 for o in free)
 
     launched = cli("launch", "h100.1x", "--name", "nb", "--region", "us-east-1", "--port", "8888", "--wait",
                    "--timeout", "60")
@@ -91,7 +94,7 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     argv = dry.stdout.split()
     assert argv[:3] == ["ssh", "-p", "2222"] and "StrictHostKeyChecking=yes" in argv, dry.both
     assert f"{shown_id}@127.0.0.1" in argv and argv[-2:] == ["echo", "hi"], dry.both
-    for args, said in ((["start", "nb"], "does not support starting a stopped instance yet"),
+    for args, said in ((["start", "nb"], "Only a stopped instance can start; nb is running."),
                        (["volumes", "ls"], "does not support volumes yet")):
         done = cli(*args)
         assert done.returncode == 1 and said in done.stderr, (args, done.both)
@@ -104,6 +107,10 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
 
     stopped = cli("stop", "nb", "--wait", "--timeout", "60", "--json")
     assert stopped.returncode == 0 and json.loads(stopped.stdout)["state"] == "stopped", stopped.both
+    started = cli("start", "nb", "--json")  # back through the queue with the same configuration
+    assert started.returncode == 0, started.both
+    again = json.loads(started.stdout)
+    assert again["state"] in ("pending", "scheduled", "starting", "running") and again["ports"] == [8888]
     assert cli("rm", "nb").returncode == 0
     assert json.loads(cli("ls", "--json").stdout) == []
 
@@ -132,7 +139,14 @@ def test_exit_codes_of_the_error_paths(cli, alice, catalog):
     env = {"GPUCLOUD_URL": cli.url, "GPUCLOUD_API_KEY": alice.key}  # the environment instead of a profile
     missing = cli("show", "no-such-instance", **env)
     assert missing.returncode == 3 and "No instance named 'no-such-instance'" in missing.stderr
-    # nothing can place it (no host): --wait gives up with exit 4
+    # no host could ever run it: refused at once (409 unsatisfiable), exit 1, the reason said
+    refused = cli("launch", "h100.1x", "--name", "never", "--region", "eu-central-1", **env)
+    assert refused.returncode == 1 and "the fleet has no H100 GPUs in eu-central-1" in refused.stderr, refused.both
+    # nothing can place it now (its only host is down, and may come back): --wait gives up with exit 4
+    from tests.scheduler.fleet import make_hosts
+
+    [host] = make_hosts(region="eu-central-1", n=1)
+    type(host).objects.filter(pk=host.pk).update(state="down")
     waited = cli("launch", "h100.1x", "--name", "stuck", "--region", "eu-central-1", "--wait", "--timeout", "2",
                  **env)
     assert waited.returncode == 4, waited.both

@@ -44,7 +44,7 @@ def test_every_operation_of_the_schema_has_an_sdk_method():
     # once the server has the operation, the marker must go.
     lacks = {op: where for op, (where, feature) in sdk.items() if feature}
     assert sorted(lacks) == sorted([
-        "api_v1_instances_start_create", "api_v1_volumes_create", "api_v1_volumes_destroy",
+        "api_v1_volumes_create", "api_v1_volumes_destroy",
         "api_v1_volumes_list", "api_v1_volumes_retrieve",
     ])
     landed = sorted(op for op in lacks if op in schema)
@@ -117,10 +117,14 @@ def test_api_errors_arrive_as_typed_exceptions_with_code_message_fields(live_ser
         assert e.value.code == "not_found"
         with pytest.raises(errors.ServerLacks, match="does not support volumes yet"):
             list(gc.volumes.list())
-        # a POST to a route the server lacks is the API's 404, not Django's CSRF page
-        with pytest.raises(errors.ServerLacks, match="does not support starting a stopped instance yet") as e:
+        # starting an instance that is not there: the API's 404, not Django's CSRF page
+        with pytest.raises(errors.NotFound) as e:
             gc.instances.start("0b7f0e46-0000-4000-8000-000000000000")
         assert e.value.status == 404 and e.value.code == "not_found"
+        # a launch no host could ever run: 409 unsatisfiable, its own class, with the reason
+        with pytest.raises(errors.Unsatisfiable) as e:
+            gc.instances.create(name="x", instance_type="h100.1x", region="us-east-1", image="alpine")
+        assert e.value.code == "unsatisfiable" and "the fleet has no H100 GPUs in us-east-1" in e.value.message
         # pagination: every item, across pages
         types = list(gc.instance_types.list())
         assert len(types) == len({t["code"] for t in types}) > 10

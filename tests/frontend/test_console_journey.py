@@ -25,7 +25,7 @@ def test_new_user_rents_a_gpu_from_sign_up_to_usage(fast_metering, page, live_se
     # sign up: a user and the tenant they own, signed in at once
     page.goto("/")
     page.get_by_role("link", name="Create an account").click()
-    page.get_by_label("Email").fill("nia@newco.test")
+    page.get_by_label("E-mail").fill("nia@newco.test")
     page.get_by_label("Your name").fill("Nia New")
     page.get_by_label("Organisation").fill("Newco")
     page.get_by_label("Password").fill("a long passphrase 42")
@@ -91,10 +91,13 @@ def test_new_user_rents_a_gpu_from_sign_up_to_usage(fast_metering, page, live_se
     expect(chart).not_to_have_attribute("data-last-t", first, timeout=20_000)  # new samples arrived
     shot(page, "instance-running")
 
-    # stop: STOPPING, then STOPPED once the agent reports the container gone
+    # stop: STOPPING, then STOPPED once the agent reports the container gone; then it may start again
+    instance_url = page.url
     page.get_by_role("button", name="Stop", exact=True).click()
     expect(page.locator("#state")).to_have_text("Stopped", timeout=RUN_TIMEOUT)
     expect(page.get_by_role("button", name="Stop", exact=True)).to_have_count(0)
+    expect(page.get_by_role("button", name="Start", exact=True)).to_be_visible()
+    expect(page.get_by_role("button", name="Remove from list")).to_have_count(0)
 
     # usage: the metering task posts the seconds it ran; the table refreshes itself
     page.get_by_role("link", name="Usage & billing").click()
@@ -104,3 +107,10 @@ def test_new_user_rents_a_gpu_from_sign_up_to_usage(fast_metering, page, live_se
     amount = usage.locator("tbody tr td").last.inner_text()
     assert float(amount) > 0, amount
     shot(page, "usage")
+
+    # start the stopped instance again: back through the queue, running on the host once more
+    page.goto(instance_url)
+    page.get_by_role("button", name="Start", exact=True).click()
+    expect(page.locator("#state")).to_have_text("Running", timeout=RUN_TIMEOUT)
+    expect(page.locator("#host")).to_have_text("sim-h100-1")
+    expect(page.locator("#timeline")).to_contain_text("started again by its owner")

@@ -18,7 +18,10 @@ def acme(alice, victor, catalog):
     from billing.services import budget_create, invoice_refresh
     from frontend.services import ssh_key_add
     from scheduler.services import WorkloadSpec, workload_launch
+    from tests.scheduler.fleet import make_hosts
 
+    make_hosts(n=1)  # launches are refused where no host could ever run them
+    make_hosts(n=1, model="A100", region="eu-central-1")
     instance = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
         kind="instance", name="notebook-with-a-rather-long-name-01", instance_type="h100.8x",
         region="us-east-1", image="quay.io/jupyter/pytorch-notebook:cuda12-latest", ports=[8888],

@@ -26,7 +26,7 @@ def signed_in(actor) -> Client:
 
 
 @pytest.fixture
-def instance(alice, catalog):
+def instance(alice, fleet):
     return workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
         kind="instance", name="alice-box", instance_type="h100.1x", region="us-east-1", image="ubuntu:24.04"))
 
@@ -108,7 +108,7 @@ def test_other_tenant_gets_404_on_every_instance_page(charlie, instance):
     assert "alice-box" not in client.get("/console/instances/?show=all").content.decode()
 
 
-def test_launch_queues_an_instance_audited_as_the_user_with_their_address(alice, catalog):
+def test_launch_queues_an_instance_audited_as_the_user_with_their_address(alice, fleet):
     response = signed_in(alice).post("/console/launch/", LAUNCH, REMOTE_ADDR="203.0.113.7")
     workload = Workload.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/console/instances/{workload.pk}/"
@@ -118,7 +118,7 @@ def test_launch_queues_an_instance_audited_as_the_user_with_their_address(alice,
     assert (event.actor_user, event.source_ip) == (alice.user, "203.0.113.7")
 
 
-def test_launch_carries_idle_auto_stop_for_instances(alice, catalog):
+def test_launch_carries_idle_auto_stop_for_instances(alice, fleet):
     signed_in(alice).post("/console/launch/", {**LAUNCH, "auto_stop_idle_minutes": "45"})
     assert Workload.objects.get().auto_stop_idle_minutes == 45
 
@@ -251,13 +251,15 @@ def test_launch_box_says_whether_the_type_starts_now_waits_or_is_refused(alice, 
 
     assert "4 fit on free GPUs in us-east-1 now: it starts within seconds." in box("us-east-1")
     tokyo = box("ap-northeast-1")
-    assert "No host in ap-northeast-1 has 2 H100 GPUs, so a launch there is refused." in tokyo
+    assert ("No host in ap-northeast-1 can ever run h100.2x (the fleet has no H100 GPUs in ap-northeast-1), "
+            "so a launch there is refused.") in tokyo
     assert "Free now in us-east-1 (4)." in tokyo
-    assert "No host in us-east-1 has any A100 GPU, so a launch there is refused." in box("us-east-1", "a100.quarter")
+    assert ("No host in us-east-1 can ever run a100.quarter (the fleet has no A100 GPUs in us-east-1), so a "
+            "launch there is refused.") in box("us-east-1", "a100.quarter")
     Gpu.objects.update(whole=True, used_milli=1000)  # all booked
     assert "None free in us-east-1 now: it waits in the queue until GPUs free up." in box("us-east-1")
     Gpu.objects.update(whole=False, used_milli=0, healthy=False)  # all broken: the scheduler counts none
-    assert "No host in us-east-1 has 2 H100 GPUs, so a launch there is refused." in box("us-east-1")
+    assert "No host in us-east-1 can ever run h100.2x (the fleet has no H100 GPUs in us-east-1)" in box("us-east-1")
 
 
 def test_launch_form_picks_the_region_where_the_type_fits_now(alice, catalog):

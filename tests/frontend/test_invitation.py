@@ -40,7 +40,7 @@ def test_an_invitation_link_joins_a_tenant_without_the_token_in_any_url(page, br
     tab.goto(link)
     expect(tab).to_have_url(re.compile(r"/console/invitations/accept/$"))  # the token is off the address bar
     tab.get_by_role("link", name="Sign in").click()
-    tab.get_by_label("Email").fill("charlie@globex.test")
+    tab.get_by_label("E-mail").fill("charlie@globex.test")
     tab.get_by_label("Password").fill("correct horse battery")
     tab.get_by_role("button", name="Sign in").click()
     expect(tab.get_by_label("Invitation token")).to_have_value(token)

@@ -28,7 +28,7 @@ def set_state(pk, state):
     Workload.objects.filter(pk=pk).update(state=state)
 
 
-def test_connect_is_null_until_running_filled_while_running_and_null_again_once_ended(alice, catalog,
+def test_connect_is_null_until_running_filled_while_running_and_null_again_once_ended(alice, fleet,
                                                                                        gateway_key):
     r = alice.client().post("/api/v1/instances", BODY, format="json")
     assert r.status_code == 201
@@ -47,7 +47,7 @@ def test_connect_is_null_until_running_filled_while_running_and_null_again_once_
         assert alice.client().get(f"/api/v1/instances/{pk}").json()["connect"] == NULLS, state
 
 
-def test_no_fingerprint_before_the_gateway_has_started_once(alice, catalog, settings, tmp_path):
+def test_no_fingerprint_before_the_gateway_has_started_once(alice, fleet, settings, tmp_path):
     settings.GATEWAY_HOST_KEY_PATH = tmp_path / "never-written"
     pk = alice.client().post("/api/v1/instances", BODY, format="json").json()["id"]
     set_state(pk, "running")
@@ -55,13 +55,13 @@ def test_no_fingerprint_before_the_gateway_has_started_once(alice, catalog, sett
     assert connect["ssh"] and connect["host_key_fingerprint"] is None
 
 
-def test_jobs_have_no_connect_field(alice, catalog):
+def test_jobs_have_no_connect_field(alice, fleet):
     r = alice.client().post("/api/v1/jobs", BODY, format="json")
     assert r.status_code == 201 and "connect" not in r.json()
     assert "connect" not in alice.client().get(f"/api/v1/jobs/{r.json()['id']}").json()
 
 
-def test_the_console_shows_the_ssh_command_with_copy_buttons_only_while_running(alice, catalog, gateway_key):
+def test_the_console_shows_the_ssh_command_with_copy_buttons_only_while_running(alice, fleet, gateway_key):
     pk = alice.client().post("/api/v1/instances", BODY, format="json").json()["id"]
     client = Client()
     client.force_login(alice.user)

@@ -83,7 +83,7 @@ def test_the_check_is_in_the_beat_schedule():
     ({"auto_stop_idle_minutes": 2}, 400, "auto_stop_idle_minutes"),
     ({"auto_stop_idle_minutes": "soon"}, 400, "auto_stop_idle_minutes"),
 ])
-def test_instances_take_the_setting_on_create(alice, catalog, body, status, field):
+def test_instances_take_the_setting_on_create(alice, fleet, body, status, field):
     resp = alice.client().post("/api/v1/instances", {"name": "nb", "instance_type": "h100.1x",
                                                      "region": "us-east-1", "image": "busybox", **body},
                                format="json")

@@ -30,7 +30,7 @@ def test_an_array_literal_round_trips_any_text_numbers_uuids_and_nulls():
 
 
 @pytest.mark.django_db
-def test_events_copied_as_text_keep_tabs_line_breaks_and_backslashes(alice, catalog):
+def test_events_copied_as_text_keep_tabs_line_breaks_and_backslashes(alice, fleet):
     resp = alice.client().post("/api/v1/instances", {
         "name": "nb", "instance_type": "h100.1x", "region": "us-east-1", "image": "busybox",
     }, format="json")

@@ -166,7 +166,7 @@ def _wait_for_lock_waiters(n: int, timeout_s: float = 30) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_stop_racing_five_deletes_never_500s_and_deletes_once(alice, catalog):
+def test_a_stop_racing_five_deletes_never_500s_and_deletes_once(alice, fleet):
     """The requests queue on the workload's row lock, which the test holds and then releases:
     five DELETEs first, then a stop. Each one goes through the API in a thread of its own
     (its own database connection). Before the fix every DELETE recorded a delete event and

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
     ("pending", "scheduled", True), ("scheduled", "starting", True), ("starting", "running", True),
     ("running", "succeeded", True), ("running", "preempted", True), ("preempted", "pending", True),
     ("lost", "pending", True), ("stopping", "stopped", True),
-    ("pending", "running", False), ("stopped", "pending", False), ("succeeded", "running", False),
+    ("pending", "running", False), ("stopped", "pending", True), ("succeeded", "running", False),
     ("running", "pending", False), ("stopped", "running", False),
 ])
 def test_transition_table(old, new, ok):

@@ -47,7 +47,7 @@ def link_in_last_mail(to: str) -> str:
     return LINK.search(message.body).group(0)
 
 
-def test_signup_credit_comes_only_after_the_emailed_link_and_only_once(settings, catalog):
+def test_signup_credit_comes_only_after_the_emailed_link_and_only_once(settings, fleet):
     settings.BILLING_SIGNUP_CREDIT = Decimal("250.00")
     resp = api_signup("Dana@Example.test")
     assert resp.status_code == 201, resp.json()

@@ -28,6 +28,15 @@ class PriceInForceSerializer(serializers.Serializer):
     effective_from = serializers.DateTimeField()
 
 
+class RegionAvailabilitySerializer(serializers.Serializer):
+    region = serializers.CharField()
+    available_now = serializers.IntegerField(
+        help_text="one-node launches the scheduler would start now there, for a tenant with nothing "
+                  "running (GET /api/v1/availability answers for yours)")
+    can_host = serializers.BooleanField(help_text="whether some host of the region could ever run one")
+    reason = serializers.CharField(help_text="why it never could there; empty when it can")
+
+
 class InstanceTypeSerializer(serializers.ModelSerializer):
     gpu_model = GpuModelSerializer(read_only=True)
     gpus = serializers.DecimalField(
@@ -36,17 +45,24 @@ class InstanceTypeSerializer(serializers.ModelSerializer):
     )
     bf16_tflops = serializers.DecimalField(max_digits=10, decimal_places=1, read_only=True)
     prices = serializers.SerializerMethodField()
+    availability = serializers.SerializerMethodField()
 
     class Meta:
         model = InstanceType
         fields = ["code", "name", "gpu_model", "gpus", "gpu_count", "gpu_share_milli", "vcpus",
-                  "memory_gib", "disk_gib", "bf16_tflops", "prices"]
+                  "memory_gib", "disk_gib", "bf16_tflops", "prices", "availability"]
 
     @extend_schema_field(PriceInForceSerializer(many=True))
     def get_prices(self, obj) -> list[dict]:
         """The price in force now per region and kind (filled in bulk by the view)."""
         prices = self.context.get("prices", {}).get(obj.pk, [])
         return PriceInForceSerializer(prices, many=True).data
+
+    @extend_schema_field(RegionAvailabilitySerializer(many=True))
+    def get_availability(self, obj) -> list[dict]:
+        """Per region where it is priced: what would start now, whether it ever could (filled in bulk)."""
+        rows = self.context.get("availability", {}).get(obj.pk, [])
+        return RegionAvailabilitySerializer(rows, many=True).data
 
 
 class PriceSerializer(serializers.ModelSerializer):

@@ -7,7 +7,7 @@ from rest_framework.response import Response
 
 from gpucloud.api.filters import UtcIsoDateTimeFilter
 from gpucloud.api.views import ApiView, PublicReadViewSet, TenantMixin
-from gpucloud.catalogue import selectors
+from gpucloud.catalogue import hooks, selectors
 from gpucloud.catalogue.api import serializers as s
 from gpucloud.catalogue.choices import PriceKind, Vendor
 from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
@@ -69,9 +69,12 @@ class InstanceTypeViewSet(PublicReadViewSet):
         return selectors.instance_type_list()
 
     def _serialize(self, items: list[InstanceType], many: bool):
-        # One query for every price shown, however many types the page has.
-        context = {**self.get_serializer_context(),
-                   "prices": selectors.prices_in_force(instance_types=items)}
+        # One query for every price shown, however many types the page has; availability in bulk too.
+        prices = selectors.prices_in_force(instance_types=items)
+        by_type: dict[int, list] = {}
+        for row in hooks.availability(instance_types=items, prices=prices):
+            by_type.setdefault(row.instance_type.pk, []).append(row)
+        context = {**self.get_serializer_context(), "prices": prices, "availability": by_type}
         return self.get_serializer(items if many else items[0], many=many, context=context).data
 
     def list(self, request, *args, **kwargs):

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from gpucloud.catalogue.choices import PriceKind, Vendor
-from gpucloud.catalogue.models import GpuModel, InstanceType, Region
+from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
 from gpucloud.catalogue.services import price_set
 
 REGIONS = [
@@ -84,6 +84,11 @@ class Command(BaseCommand):
                     on_demand = (base * multiplier[region_code]).quantize(CENT, ROUND_HALF_UP)
                     spot = (on_demand * SPOT_DISCOUNT).quantize(CENT, ROUND_HALF_UP)
                     for kind, amount in ((PriceKind.ON_DEMAND, on_demand), (PriceKind.SPOT, spot)):
+                        # Spot moves with demand once offered (billing.services.spot_prices_update):
+                        # seeding again must not put back the opening price (and add a row per restart).
+                        if kind == PriceKind.SPOT and Price.objects.filter(
+                                instance_type=it, region=regions[region_code], kind=kind).exists():
+                            continue
                         if price_set(instance_type=it, region=regions[region_code], kind=kind,
                                      per_hour=amount):
                             n_prices += 1

@@ -1,0 +1,89 @@
+"""Could the fleet of a region ever run this? Asked before anything is created.
+
+A launch (or a start) that no host of the region could ever hold is refused at once
+with `409 unsatisfiable` and the reason, instead of a `201` and a workload that waits
+forever or is rejected by the scheduler seconds later. The words are the scheduler
+core's own (`scheduler.core.planner._Planner.never_fits`), and so is what counts: every
+host of the region in any state (a host that is down now may come back), and its GPUs
+that are healthy or still booked (a broken, empty GPU takes no new work).
+
+Work that could fit later (GPUs busy, a host cordoned) is not refused: it queues with
+its reason and position.
+
+Hook for volumes (issue 15, part 1): a volume lives on one host of one region. A volume
+in another region than the launch's is unsatisfiable too; that check belongs in
+`launch_unsatisfiable` beside these (give it the volume's region and host), so a launch
+with such a volume is refused before anything is created.
+"""
+from __future__ import annotations
+
+from django.db.models import Count, Q
+
+from agents.models import Gpu
+from gpucloud.catalogue.models import InstanceType, Region
+from gpucloud.lib.errors import Conflict
+
+# (GPUs of one model on one host, its vCPUs, its memory MiB)
+HostCap = tuple[int, int, int]
+
+
+def fleet_capabilities(*, region_codes: list[str] | None = None,
+                       gpu_model_ids: list[int] | None = None) -> dict[tuple[str, str], list[HostCap]]:
+    """{(region code, GPU model code): [(GPUs of that model, vCPUs, memory MiB) per host]}. One query."""
+    counted = Q(healthy=True) | Q(whole=True) | Q(used_milli__gt=0)
+    gpus = Gpu.objects.filter(counted)
+    if region_codes is not None:
+        gpus = gpus.filter(host__region__code__in=region_codes)
+    if gpu_model_ids is not None:
+        gpus = gpus.filter(gpu_model_id__in=gpu_model_ids)
+    out: dict[tuple[str, str], list[HostCap]] = {}
+    for region, model, n, vcpus, mem in (
+        gpus.values("host_id", "gpu_model_id")
+        .annotate(n=Count("uuid"))
+        .values_list("host__region__code", "gpu_model__code", "n", "host__vcpus", "host__memory_mib")
+        .order_by()
+    ):
+        out.setdefault((region, model), []).append((n, vcpus, mem))
+    return out
+
+
+def unsatisfiable_reason(*, instance_type: InstanceType, region: str, hosts: list[HostCap], nodes: int = 1) -> str:
+    """Why no host of `hosts` (the region's, with the type's GPU model) could ever run it; "" when one could."""
+    model = instance_type.gpu_model.code
+    where = f" in {region}"
+    if not hosts:
+        return f"the fleet has no {model} GPUs{where}"
+    g = instance_type.gpu_count if instance_type.gpu_share_milli >= 1000 else 1
+    biggest = max(n for n, _, _ in hosts)
+    if g > biggest:
+        return f"asks for {g} {model} GPUs on one host but the largest {model} host{where} has {biggest}"
+    big_enough = [(v, m) for n, v, m in hosts if n >= g]
+    vcpus, mem = instance_type.vcpus, instance_type.memory_gib * 1024
+    if not any(v >= vcpus for v, _ in big_enough):
+        most = max(v for v, _ in big_enough)
+        return f"asks for {vcpus} vCPUs but the largest {model} host{where} has {most}"
+    if not any(v >= vcpus and m >= mem for v, m in big_enough):
+        most = max(m for _, m in big_enough) // 1024
+        return f"asks for {instance_type.memory_gib} GiB memory but the largest {model} host{where} has {most} GiB"
+    have = sum(1 for v, m in big_enough if v >= vcpus and m >= mem)
+    if nodes > have:
+        return f"asks for {nodes} hosts with {g} {model} GPUs each but the fleet{where} has {have}"
+    return ""
+
+
+def launch_unsatisfiable(*, instance_type: InstanceType, region: Region, nodes: int = 1) -> str:
+    """Why no host of `region` could ever run `nodes` nodes of `instance_type`; "" when some could.
+
+    One query whatever the fleet size (GPUs of one model in one region, grouped by host).
+    """
+    caps = fleet_capabilities(region_codes=[region.code], gpu_model_ids=[instance_type.gpu_model_id])
+    hosts = caps.get((region.code, instance_type.gpu_model.code), [])
+    return unsatisfiable_reason(instance_type=instance_type, region=region.code, hosts=hosts, nodes=nodes)
+
+
+def check_satisfiable(*, instance_type: InstanceType, region: Region, nodes: int = 1) -> None:
+    """Raise `409 unsatisfiable` when no host of the region could ever run it (see the module)."""
+    why = launch_unsatisfiable(instance_type=instance_type, region=region, nodes=nodes)
+    if why:
+        raise Conflict(f"No host in {region.code} can ever run {instance_type.code}: {why}.",
+                       code="unsatisfiable", fields={"instance_type": [f"Cannot run in {region.code}: {why}."]})
