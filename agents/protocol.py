@@ -410,6 +410,36 @@ class GpuSample:
 # --- containers ------------------------------------------------------------------------
 
 
+_VOLUME_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A persistent volume the container gets at ``path``: a Docker named volume (or the
+    runtime's equivalent) called ``volume``, created on first use and kept after the
+    container is gone. Added in protocol 1 as an optional field (an older agent ignores it
+    and runs the container without the volume, so a control plane with volumes needs agents
+    that know ``mounts``)."""
+
+    volume: str
+    path: str
+    read_only: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"volume": self.volume, "path": self.path, "read_only": self.read_only}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> Mount:
+        r = _Reader(data, path)
+        volume = r.str_("volume", max_len=128)
+        if not _VOLUME_NAME.match(volume):
+            raise ProtocolError(r._p("volume"), "must be a volume name (letters, digits, _ . -)")
+        where = r.str_("path", max_len=200)
+        if not where.startswith("/") or where == "/" or ".." in where.split("/"):
+            raise ProtocolError(r._p("path"), "must be an absolute path below /")
+        return cls(volume=volume, path=where, read_only=r.bool_("read_only", required=False))
+
+
 @dataclass(frozen=True)
 class DesiredContainer:
     """One container the control plane wants on this host (an instance or a batch job).
@@ -432,6 +462,7 @@ class DesiredContainer:
     env: dict[str, str] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)  # container TCP ports to publish
     labels: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)  # persistent volumes (optional field)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -449,6 +480,7 @@ class DesiredContainer:
             "pids_limit": self.pids_limit,
             "network": self.network,
             "labels": dict(self.labels),
+            "mounts": [m.to_dict() for m in self.mounts],
         }
 
     @classmethod
@@ -475,6 +507,7 @@ class DesiredContainer:
             pids_limit=r.int_("pids_limit", required=False, default=4096, minimum=1),
             network=r.str_("network", required=False, default=""),
             labels=r.str_map("labels"),
+            mounts=r.list_("mounts", Mount.from_dict),
         )
 
 

@@ -20,7 +20,7 @@ from django.db.models.functions import Floor
 from django.utils import timezone
 
 from agents.models import ContainerLog, GpuSample, GpuSampleMinute, Host
-from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest
+from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest, Mount
 from scheduler.choices import State
 from scheduler.models import Allocation, Workload
 
@@ -133,6 +133,8 @@ def host_desired_containers(
                 pids_limit=settings.AGENT_PIDS_LIMIT,
                 network=tenant_network(w.tenant_id),
                 labels=labels,
+                mounts=[Mount(volume=m["name"], path=m["path"], read_only=bool(m.get("read_only")))
+                        for m in w.mounts],
             )
         )
     return out

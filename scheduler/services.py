@@ -30,6 +30,7 @@ from scheduler import bulk
 from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
+from scheduler.signals import workload_launching
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class WorkloadSpec:
     timeout_s: int | None = None
     max_price: Decimal | None = None  # spot only: preempted when the spot price passes it
     auto_stop_idle_minutes: int | None = None  # instances only: stop after this long with idle GPUs
+    # [{"volume": id, "mount_path": "/workspace"}]: attached by the volumes app (workload_launching)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
@@ -123,6 +126,11 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
         reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
     )
     _record(workload, "", State.PENDING, "submitted", now).save()
+    if spec.volumes:
+        got = workload_launching.send(sender=Workload, workload=workload, spec=spec)
+        if not got:  # nobody attached them: refuse rather than run without the renter's data
+            raise InvalidInput("Volumes are not available here.", code="invalid",
+                               fields={"volumes": ["Volumes are not available."]})
     audit_record(tenant=tenant, action=f"{spec.kind}.launch", obj=workload, object_repr=spec.name,
                  data={"instance_type": it.code, "region": region.code, "billing": spec.billing,
                        "priority": spec.priority})

@@ -109,6 +109,8 @@ class SimRuntime:
         self._next_port = 30000
         self._fail_images = fail_images  # images whose "pull" fails, for error-path tests
         self.calls: list[tuple[str, str]] = []  # (operation, instance id), for tests
+        # persistent volumes: name -> the instance ids that mounted it, in order (kept after they end)
+        self.volumes: dict[str, list[str]] = {}
 
     def _tick(self) -> None:
         now = self._clock()
@@ -156,6 +158,9 @@ class SimRuntime:
             load=_sim_load(spec.env.get(ENV_SIM_GPU_UTIL), self._rng),
         )
         c.log.append(f"started {spec.image} {' '.join(spec.command)}".rstrip())
+        for m in spec.mounts:
+            self.volumes.setdefault(m.volume, []).append(spec.instance_id)
+            c.log.append(f"mounted volume {m.volume} at {m.path}{' (read-only)' if m.read_only else ''}")
         self._containers[spec.instance_id] = c
         return c.container_id
 

@@ -72,6 +72,12 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("job-metrics", "GET"): READ,
     ("job-logs", "GET"): READ,
     ("metrics", "GET"): READ,  # one series of one of the tenant's workloads
+    # --- volumes (workloads.read / launch / manage)
+    ("volume-list", "GET"): READ,
+    ("volume-list", "POST"): WRITE,
+    ("volume-detail", "GET"): READ,
+    ("volume-detail", "PATCH"): WRITE,
+    ("volume-detail", "DELETE"): WRITE,
     # --- one's own SSH public keys (ssh_keys.manage: write)
     ("ssh-key-list", "GET"): READ,
     ("ssh-key-list", "POST"): WRITE,

@@ -10,6 +10,7 @@ from gpucloud.api.errors import not_found
 from gpucloud.catalogue.api import views as catalogue
 from gpucloud.tenancy.api import views as tenancy
 from scheduler.api import views as scheduler
+from volumes.api import views as volumes
 
 
 class Router(SimpleRouter):
@@ -35,6 +36,7 @@ router.register("ledger", billing.LedgerViewSet, basename="ledger-entry")
 router.register("invoices", billing.InvoiceViewSet, basename="invoice")
 router.register("budgets", billing.BudgetViewSet, basename="budget")
 router.register("ssh-keys", ssh_keys.SshKeyViewSet, basename="ssh-key")
+router.register("volumes", volumes.VolumeViewSet, basename="volume")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),
