@@ -124,7 +124,7 @@ def attach_for_launch(*, workload: Workload, volumes: list[dict[str, Any]]) -> N
         raise InvalidInput("A volume lives on one host: a multi-node job cannot attach one.",
                            fields={"volumes": ["Only single-node work attaches volumes."]})
     ids = [v["volume"] for v in volumes]
-    found = {v.pk: v for v in Volume.objects.for_tenant(workload.tenant).select_for_update()
+    found = {v.pk: v for v in Volume.objects.for_tenant(workload.tenant).select_for_update(of=("self",))
              .select_related("host").filter(pk__in=ids, deleted_at__isnull=True).order_by("pk")}
     missing = [str(i) for i in ids if i not in found]
     if missing:
