@@ -16,6 +16,7 @@ from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
 from scheduler.models import Workload
 from tests.conftest import make_user
+from volumes.models import Volume
 
 pytestmark = pytest.mark.django_db
 
@@ -84,6 +85,17 @@ def _ssh_key(actor):
     return ssh_key_add(membership=actor.membership, name=f"key-{actor.tenant.slug}", public_key=ED25519)
 
 
+def _volume(actor):
+    from django.core.management import call_command
+
+    from gpucloud.catalogue.models import Region
+    from volumes.services import volume_create
+
+    if not Region.objects.filter(code="us-east-1").exists():
+        call_command("seed_catalog", stdout=open("/dev/null", "w"))
+    return volume_create(tenant=actor.tenant, name=f"vol-{actor.tenant.slug}", region="us-east-1", size_gib=10)
+
+
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMeVOCYy/wjDgJNKrNZvHv2AK3f35LoEeTzSNC4Zt7Rj t@x"
 
 
@@ -106,6 +118,7 @@ TENANT_OBJECT_ROUTES = {
     "ledger-entry-detail": _ledger_entry,
     "invoice-detail": _invoice,
     "budget-detail": _budget,
+    "volume-detail": _volume,
 }
 # route name -> the model whose rows a list must restrict to the tenant
 TENANT_LIST_ROUTES = {
@@ -119,6 +132,7 @@ TENANT_LIST_ROUTES = {
     "invoice-list": Invoice,
     "budget-list": Budget,
     "ssh-key-list": SshKey,
+    "volume-list": Volume,
 }
 # route name -> (query parameter naming the object, factory, other parameters): GET with another
 # tenant's id is 404

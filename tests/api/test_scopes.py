@@ -36,6 +36,7 @@ from gpucloud.tenancy.services import api_key_create, invitation_create
 from scheduler.models import Workload
 from tests.api.test_isolation import ED25519
 from tests.conftest import make_actor, make_user
+from volumes.services import volume_create
 
 pytestmark = pytest.mark.django_db
 
@@ -154,6 +155,7 @@ def world(db) -> World:
                                           period_end=date(2025, 2, 1)),
         "budget": budget_create(tenant=alice.tenant, name="b", monthly_amount=Decimal("100")),
         "ssh-key": ssh_key_add(membership=alice.membership, name="laptop", public_key=ED25519),
+        "volume": volume_create(tenant=alice.tenant, name="data", region="us-east-1", size_gib=10),
     }
     bodies = {
         ("tenant", "PATCH"): {"name": "Acme 2"},
@@ -167,6 +169,8 @@ def world(db) -> World:
         ("budget-detail", "PUT"): {"name": "b3", "monthly_amount": "20"},
         ("budget-detail", "PATCH"): {"monthly_amount": "20"},
         ("ssh-key-list", "POST"): {"name": "desk", "public_key": ED25519},
+        ("volume-list", "POST"): {"name": "data2", "region": "us-east-1", "size_gib": 1},
+        ("volume-detail", "PATCH"): {"size_gib": 20},
     }
     for secret in keys.values():  # first use is recorded; do it before any snapshot
         _client(secret).get("/api/v1/tenant")

@@ -1,6 +1,7 @@
 """/api/v1/volumes: create, list, get, grow (PATCH), delete when detached."""
 from __future__ import annotations
 
+import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.response import Response
@@ -9,6 +10,15 @@ from gpucloud.api.views import TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from volumes import selectors, services
 from volumes.api import serializers as s
+from volumes.models import Volume
+
+
+class VolumeFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains", max_length=100)
+
+    class Meta:
+        model = Volume
+        fields = ["name"]
 
 
 class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
@@ -23,6 +33,7 @@ class VolumeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantView
         "create": perms.WORKLOADS_LAUNCH, "partial_update": perms.WORKLOADS_MANAGE,
         "destroy": perms.WORKLOADS_MANAGE,
     }
+    filterset_class = VolumeFilter
     ordering_fields = ["created_at", "name", "size_gib"]
 
     def get_serializer_class(self):
