@@ -82,6 +82,42 @@ class VolumeAttachment(models.Model):
         return f"{self.volume_id} at {self.mount_path} of {self.workload_id}"
 
 
+class VolumeSize(models.Model):
+    """The size of a volume from a moment on (its creation, each resize): what billing
+    charges each second at (billing/storage.py)."""
+
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="sizes")
+    size_gib = models.PositiveIntegerField()
+    effective_from = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["volume", "effective_from", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.volume_id}: {self.size_gib} GiB from {self.effective_from:%Y-%m-%d %H:%M:%S}"
+
+
+class StoragePrice(models.Model):
+    """The price book's storage entry: per GiB-hour of volume in a region, from a moment on
+    (billed per second, like instances; docs/billing.md)."""
+
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
+    per_gib_hour = models.DecimalField(max_digits=12, decimal_places=4)
+    currency = models.CharField(max_length=3, default="USD")
+    effective_from = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["region", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["region", "effective_from"], name="storage_price_unique_start"),
+            models.CheckConstraint(condition=Q(per_gib_hour__gte=0), name="storage_price_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.region} {self.per_gib_hour}/GiB-h from {self.effective_from:%Y-%m-%d}"
+
+
 class VolumeEvent(models.Model):
     """What happened to a volume that its owner should read: over its size, purged."""
 

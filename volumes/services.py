@@ -6,7 +6,8 @@ workload that is queued or holds GPUs (scheduler.choices.ACTIVE).
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +22,7 @@ from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import ACTIVE
 from scheduler.models import Workload
-from volumes.models import Volume, VolumeAttachment, VolumeEvent
+from volumes.models import StoragePrice, Volume, VolumeAttachment, VolumeEvent, VolumeSize
 
 MAX_SIZE_GIB = 64 * 1024
 
@@ -67,6 +68,7 @@ def volume_create(*, tenant: Tenant, name: str, region: str, size_gib: int, user
                        fields={"name": ["Taken by another of your volumes."]})
     _check_quota(tenant, size_gib)
     volume = Volume.objects.create(tenant=tenant, name=name, region=reg, size_gib=size_gib, created_by=user)
+    VolumeSize.objects.create(volume=volume, size_gib=size_gib, effective_from=volume.created_at)
     audit_record(tenant=tenant, action="volume.create", obj=volume, object_repr=name,
                  data={"region": reg.code, "size_gib": size_gib})
     return volume
@@ -84,7 +86,9 @@ def volume_resize(*, volume: Volume, size_gib: int) -> Volume:
     _lock_tenant(volume.tenant)
     _check_quota(volume.tenant, size_gib, exclude=volume)
     old = volume.size_gib
-    Volume.objects.filter(pk=volume.pk).update(size_gib=size_gib, updated_at=timezone.now())
+    now = timezone.now()
+    Volume.objects.filter(pk=volume.pk).update(size_gib=size_gib, updated_at=now)
+    VolumeSize.objects.create(volume=volume, size_gib=size_gib, effective_from=now)
     volume.size_gib = size_gib
     audit_record(tenant=volume.tenant, action="volume.resize", obj=volume, object_repr=volume.name,
                  data={"from_gib": old, "to_gib": size_gib})
@@ -229,3 +233,19 @@ def purge_due(*, now: datetime | None = None) -> list[Volume]:
     if hosts:
         hosts_changed(host_ids=hosts)
     return due
+
+
+# Seeded per region by `manage.py seed_storage_prices` (and the demo): $0.0001 per GiB-hour,
+# about $0.07 per GiB-month. Operators change it in the admin (a new row from a moment on).
+STORAGE_PER_GIB_HOUR = Decimal("0.0001")
+
+
+def storage_prices_seed() -> int:
+    """One storage price per active region that has none. Idempotent."""
+    made = 0
+    for region in Region.objects.filter(active=True):
+        if not StoragePrice.objects.filter(region=region).exists():
+            StoragePrice.objects.create(region=region, per_gib_hour=STORAGE_PER_GIB_HOUR,
+                                        effective_from=datetime(2020, 1, 1, tzinfo=UTC))
+            made += 1
+    return made
