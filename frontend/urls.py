@@ -4,6 +4,7 @@ from django.urls import include, path
 
 from frontend import account_views as account
 from frontend import views
+from frontend import volume_views as volumes
 from scheduler.choices import WorkloadKind
 
 
@@ -41,6 +42,9 @@ console = [
     path("launch/price", views.launch_price, name="launch_price"),
     *_workload_routes("instances", WorkloadKind.INSTANCE, "instance"),
     *_workload_routes("jobs", WorkloadKind.JOB, "job"),
+    path("volumes/", volumes.volume_list, name="volumes"),
+    path("volumes/<uuid:pk>/", volumes.volume_detail, name="volume"),
+    path("volumes/<uuid:pk>/delete", volumes.volume_delete, name="volume_delete"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),

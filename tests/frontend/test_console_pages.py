@@ -18,11 +18,15 @@ def acme(alice, victor, catalog):
     from billing.services import budget_create, invoice_refresh
     from frontend.services import ssh_key_add
     from scheduler.services import WorkloadSpec, workload_launch
+    from volumes.services import volume_create
 
+    volume = volume_create(tenant=alice.tenant, name="datasets-with-a-rather-long-name-01", region="us-east-1",
+                           size_gib=2048)
     instance = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
         kind="instance", name="notebook-with-a-rather-long-name-01", instance_type="h100.8x",
         region="us-east-1", image="quay.io/jupyter/pytorch-notebook:cuda12-latest", ports=[8888],
-        env={"HF_HOME": "/data/huggingface/cache/with/a/long/path"}))
+        env={"HF_HOME": "/data/huggingface/cache/with/a/long/path"},
+        volumes=[{"volume": volume.pk, "mount_path": "/workspace/datasets"}]))
     job = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
         kind="job", name="nightly-eval", instance_type="a100.quarter", region="eu-central-1",
         image="pytorch/pytorch:2.4.0", command=["python", "eval.py"], max_retries=2))
@@ -30,7 +34,7 @@ def acme(alice, victor, catalog):
     ssh_key_add(membership=alice.membership, name="laptop",
                 public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0cmFpbmluZ2tleWZvcnRlc3RzIGxvbmc alice@laptop")
     invoice = invoice_refresh(tenant_id=alice.tenant.pk, month=timezone.now().date())
-    return {"instance": instance, "job": job, "invoice": invoice}
+    return {"instance": instance, "job": job, "invoice": invoice, "volume": volume}
 
 
 def test_every_page_fits_a_phone(phone, live_server, alice, acme):
@@ -40,7 +44,8 @@ def test_every_page_fits_a_phone(phone, live_server, alice, acme):
         "jobs": "/console/jobs/", "job": f"/console/jobs/{acme['job'].pk}/", "usage": "/console/usage/",
         "invoice": f"/console/invoices/{acme['invoice'].pk}/", "api-keys": "/console/settings/api-keys/",
         "ssh-keys": "/console/settings/ssh-keys/", "members": "/console/settings/members/",
-        "quotas": "/console/settings/quotas/",
+        "quotas": "/console/settings/quotas/", "volumes": "/console/volumes/",
+        "volume": f"/console/volumes/{acme['volume'].pk}/",
     }
     for name, url in {"signin": "/console/signin/", "signup": "/console/signup/", "home": "/"}.items():
         phone.goto(url)
