@@ -441,6 +441,32 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class VolumeUsage:
+    """A gpucloud volume on the host and the bytes it holds, as the runtime measured them."""
+
+    volume: str
+    used_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"volume": self.volume, "used_bytes": self.used_bytes}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> VolumeUsage:
+        r = _Reader(data, path)
+        volume = r.str_("volume", max_len=128)
+        if not _VOLUME_NAME.match(volume):
+            raise ProtocolError(r._p("volume"), "must be a volume name (letters, digits, _ . -)")
+        return cls(volume=volume, used_bytes=r.int_("used_bytes", maximum=INT64_MAX))
+
+
+def _volume_name(x: object, path: str) -> str:
+    v = _str_item(x, path)
+    if not _VOLUME_NAME.match(v):
+        raise ProtocolError(path, "must be a volume name (letters, digits, _ . -)")
+    return v
+
+
+@dataclass(frozen=True)
 class DesiredContainer:
     """One container the control plane wants on this host (an instance or a batch job).
 
@@ -740,6 +766,9 @@ class Heartbeat:
     agent_version: str = ""
     # Answers to the previous answer's ``logs_requests`` (optional; absent = none).
     logs: list[ContainerLogTail] = field(default_factory=list)
+    # The host's gpucloud volumes and their usage, when measured this time (optional; None =
+    # not measured: every few minutes, measuring walks the volumes' files).
+    volumes: list[VolumeUsage] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -752,6 +781,7 @@ class Heartbeat:
             if self.containers is None
             else [c.to_dict() for c in self.containers],
             "logs": [t.to_dict() for t in self.logs],
+            "volumes": None if self.volumes is None else [v.to_dict() for v in self.volumes],
         }
 
     @classmethod
@@ -765,6 +795,7 @@ class Heartbeat:
             gpus=r.list_("gpus", GpuSample.from_dict),
             containers=r.opt_list("containers", ObservedContainer.from_dict),
             logs=r.list_("logs", ContainerLogTail.from_dict),
+            volumes=r.opt_list("volumes", VolumeUsage.from_dict),
         )
 
 
@@ -780,6 +811,9 @@ class HeartbeatResponse:
     host_token: str | None = None
     # Log tails wanted in the next heartbeat (optional; an older agent ignores them).
     logs_requests: list[LogsRequest] = field(default_factory=list)
+    # Volumes to delete with their data (deleted by their owner, past the purge grace; optional):
+    # the agent removes each that no container uses and stops reporting it.
+    remove_volumes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -788,6 +822,7 @@ class HeartbeatResponse:
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "host_token": self.host_token,
             "logs_requests": [q.to_dict() for q in self.logs_requests],
+            "remove_volumes": list(self.remove_volumes),
         }
 
     @classmethod
@@ -806,4 +841,5 @@ class HeartbeatResponse:
             heartbeat_interval_s=interval,
             host_token=token or None,
             logs_requests=r.list_("logs_requests", LogsRequest.from_dict),
+            remove_volumes=r.list_("remove_volumes", _volume_name),
         )

@@ -215,6 +215,21 @@ def record_usage(*, host_id: Any, usage: dict[str, int], now: datetime | None = 
     return events
 
 
+def purged_on_host(*, host_id: Any) -> list[str]:
+    """Docker names of the purged volumes whose data the host still holds (its agent removes them)."""
+    return [v.docker_name for v in Volume.objects.filter(host_id=host_id, purged_at__isnull=False).only("id")]
+
+
+def removed_from_host(*, host_id: Any, present: set[str]) -> int:
+    """The host reported its volumes: a purged one it no longer has is gone for good."""
+    gone = [v.pk for v in Volume.objects.filter(host_id=host_id, purged_at__isnull=False).only("id")
+            if v.docker_name not in present]
+    if gone:
+        Volume.objects.filter(pk__in=gone).update(host=None)
+        transaction.on_commit(lambda: hosts_changed(host_ids=[host_id]))
+    return len(gone)
+
+
 def purge_due(*, now: datetime | None = None) -> list[Volume]:
     """Soft-deleted volumes past the grace period: their data goes (the host's agent removes
     the Docker volume, told in its heartbeat answer). A volume that never got a host has no

@@ -240,6 +240,20 @@ class DockerRuntime:
             selector.append(f"{LABEL_AGENT}={self._scope}")
         return sorted(v.name for v in self._client.volumes.list(filters={"label": selector}))
 
+    def volume_usage(self) -> dict[str, int]:
+        """Bytes used by each gpucloud volume of this scope (``docker system df``: it walks
+        the volumes' files, so the agent asks every few minutes, not every heartbeat)."""
+        out: dict[str, int] = {}
+        for v in self._client.df().get("Volumes") or []:
+            labels = v.get("Labels") or {}
+            if labels.get(LABEL_MANAGED) != "1" or LABEL_VOLUME not in labels:
+                continue
+            if self._scope and labels.get(LABEL_AGENT) != self._scope:
+                continue
+            size = (v.get("UsageData") or {}).get("Size", -1)
+            out[str(v["Name"])] = max(0, int(size))
+        return out
+
     def remove_volume(self, name: str) -> bool:
         """Remove a gpucloud volume and its data. Docker refuses while a container uses it
         (then False: asked again later); an unknown volume is already gone (True)."""

@@ -1,6 +1,7 @@
 """Acceptance for volumes on a real Docker engine: a job writes a file to a volume, the next
 job with the same volume (placed on the same host: the volume lives there) reads it back, the
-volume outlives both, and deleting it while attached is refused.
+volume outlives both, deleting it while attached is refused, the agent measures it, and once
+deleted and purged the agent removes its data.
 
 Same harness as test_e2e_docker.py (the live server, the real scheduler cycle, the real agent
 with the docker runtime and the locally built busybox image).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import docker
 import pytest
 from test_agent_api import triggered  # noqa: F401 - a fixture, used by name
 from test_e2e_docker import (  # noqa: F401 - fixtures, used by name
@@ -28,6 +30,7 @@ from test_e2e_docker import (  # noqa: F401 - fixtures, used by name
 from agents.host.docker import LABEL_AGENT
 from scheduler.choices import State
 from volumes.models import Volume
+from volumes.services import purge_due
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ def scoped_volumes(engine) -> Iterator[None]:
 
 
 def test_a_volume_keeps_one_jobs_file_for_the_next_and_outlives_both(
-    docker_host, us_east, engine, alice, tenant_networks, scoped_volumes
+    docker_host, us_east, engine, alice, tenant_networks, scoped_volumes, settings
 ):
     api = alice.client()
     r = api.post("/api/v1/volumes", {"name": "data", "region": "us-east-1", "size_gib": 1}, format="json")
@@ -75,10 +78,21 @@ def test_a_volume_keeps_one_jobs_file_for_the_next_and_outlives_both(
     assert state(reader) == State.SUCCEEDED
     assert "written-by-job-1" in api.get(f"/api/v1/jobs/{reader.pk}/logs").json()["text"]
 
-    # both ended: the volume is still there, on the engine and in the API, and now deletes
+    # both ended: the volume is still there, on the engine and in the API, measured by the agent
+    docker_host.agent._volumes_measured_at = float("-inf")  # measure now (every 60 s otherwise)
     docker_host.beat()
     assert engine.volumes.get(name) is not None
     got = api.get(f"/api/v1/volumes/{vol['id']}").json()
     assert (got["state"], got["host"], got["attached_to"]) == ("available", host.name, None)
+    assert got["used_bytes"] > 0 and got["measured_at"]
+    # deleted (two steps): hidden at once; purged after the grace, its data removed by the agent
     assert api.delete(f"/api/v1/volumes/{vol['id']}").status_code == 204
     assert api.get(f"/api/v1/volumes/{vol['id']}").status_code == 404
+    assert engine.volumes.get(name) is not None  # not yet: the grace period
+    settings.VOLUME_PURGE_GRACE_S = 0
+    assert [v.pk for v in purge_due()] == [Volume.objects.get(pk=vol["id"]).pk]
+    docker_host.beat()  # the answer names it; the agent removes it
+    with pytest.raises(docker.errors.NotFound):
+        engine.volumes.get(name)
+    docker_host.beat()  # its report without the volume: gone for good
+    assert Volume.objects.get(pk=vol["id"]).host is None

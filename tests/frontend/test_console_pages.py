@@ -21,7 +21,7 @@ def acme(alice, victor, catalog):
     from volumes.services import volume_create
 
     volume = volume_create(tenant=alice.tenant, name="datasets-with-a-rather-long-name-01", region="us-east-1",
-                           size_gib=2048)
+                           size_gib=1000)
     instance = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
         kind="instance", name="notebook-with-a-rather-long-name-01", instance_type="h100.8x",
         region="us-east-1", image="quay.io/jupyter/pytorch-notebook:cuda12-latest", ports=[8888],
