@@ -413,6 +413,13 @@ class GpuSample:
 _VOLUME_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
+def _volume_name(x: object, path: str) -> str:
+    v = _str_item(x, path)
+    if not _VOLUME_NAME.match(v):
+        raise ProtocolError(path, "must be a volume name (letters, digits, _ . -)")
+    return v
+
+
 @dataclass(frozen=True)
 class Mount:
     """A persistent volume the container gets at ``path``: a Docker named volume (or the
@@ -431,9 +438,7 @@ class Mount:
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> Mount:
         r = _Reader(data, path)
-        volume = r.str_("volume", max_len=128)
-        if not _VOLUME_NAME.match(volume):
-            raise ProtocolError(r._p("volume"), "must be a volume name (letters, digits, _ . -)")
+        volume = _volume_name(r.str_("volume", max_len=128), r._p("volume"))
         where = r.str_("path", max_len=200)
         if not where.startswith("/") or where == "/" or ".." in where.split("/"):
             raise ProtocolError(r._p("path"), "must be an absolute path below /")
@@ -453,17 +458,8 @@ class VolumeUsage:
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> VolumeUsage:
         r = _Reader(data, path)
-        volume = r.str_("volume", max_len=128)
-        if not _VOLUME_NAME.match(volume):
-            raise ProtocolError(r._p("volume"), "must be a volume name (letters, digits, _ . -)")
+        volume = _volume_name(r.str_("volume", max_len=128), r._p("volume"))
         return cls(volume=volume, used_bytes=r.int_("used_bytes", maximum=INT64_MAX))
-
-
-def _volume_name(x: object, path: str) -> str:
-    v = _str_item(x, path)
-    if not _VOLUME_NAME.match(v):
-        raise ProtocolError(path, "must be a volume name (letters, digits, _ . -)")
-    return v
 
 
 @dataclass(frozen=True)

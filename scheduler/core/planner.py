@@ -417,21 +417,7 @@ class _Planner:
                 if not known:
                     self.no_victims.setdefault(pkey, []).append((shape, True))
             else:
-                for a in victims:
-                    a.doomed = True
-                    self.decisions.append(
-                        Preempt(
-                            a.alloc.request_id,
-                            req.request_id,
-                            self.p.notice_s,
-                            f"preempted to make room for {req.priority}-class work; "
-                            f"stops in {self.p.notice_s:g} s",
-                        )
-                    )
-                    self.n["preempted"] += 1
-                return self.wait(
-                    req, f"waiting for {self.victim_words(victims)} to stop", capacity=False
-                )
+                return self.preempt_for(req, victims)
         if not self.is_blocked(req):
             self.blocked[(model, req.region)] = req.request_id
             if self.p.backfill:
@@ -467,26 +453,28 @@ class _Planner:
                     victims = self.host_victims(req, hs)
                     if victims:
                         self.mark_reserved(hs, self.now, req.request_id)
-                        for a in victims:
-                            a.doomed = True
-                            self.decisions.append(
-                                Preempt(
-                                    a.alloc.request_id,
-                                    req.request_id,
-                                    self.p.notice_s,
-                                    f"preempted to make room for {req.priority}-class work; "
-                                    f"stops in {self.p.notice_s:g} s",
-                                )
-                            )
-                            self.n["preempted"] += 1
-                        return self.wait(
-                            req, f"waiting for {self.victim_words(victims)} to stop", capacity=False
-                        )
+                        return self.preempt_for(req, victims)
             if self.p.backfill and hs.ready and hs.reserved_at is None:
                 at = self.earliest_fit(req, hs)
                 if at < INF:
                     self.mark_reserved(hs, at, req.request_id)
         return self.wait(req, reason)
+
+    def preempt_for(self, req: PlacementRequest, victims: Sequence[AllocState]) -> bool:
+        """Give ``victims`` notice to make room for ``req``, which waits for them."""
+        for a in victims:
+            a.doomed = True
+            self.decisions.append(
+                Preempt(
+                    a.alloc.request_id,
+                    req.request_id,
+                    self.p.notice_s,
+                    f"preempted to make room for {req.priority}-class work; "
+                    f"stops in {self.p.notice_s:g} s",
+                )
+            )
+            self.n["preempted"] += 1
+        return self.wait(req, f"waiting for {self.victim_words(victims)} to stop", capacity=False)
 
     def is_blocked(self, req: PlacementRequest) -> bool:
         """Is an earlier request for this model blocked where ``req`` could go?"""
