@@ -297,8 +297,8 @@ def parse(request) -> Parsed | None:
     record = orjson.dumps([now, hb.seq, samples])
     late = orjson.dumps([now, None, []])
     token_hash = hashlib.sha256(parts[1].encode()).hexdigest()
-    if hb.logs or any(x in FATAL_XIDS for s in hb.gpus for x in s.xid_events):
-        digest = ""  # log tails to store, a GPU to take out of service: the slow path
+    if hb.logs or hb.volumes is not None or any(x in FATAL_XIDS for s in hb.gpus for x in s.xid_events):
+        digest = ""  # log tails or volume usage to store, a GPU to take out of service: the slow path
     else:
         digest = heartbeat_digest(hb, data.get("containers"))
     return Parsed(hb, token_hash, digest, record, late)

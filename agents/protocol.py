@@ -436,6 +436,58 @@ class GpuSample:
 # --- containers ------------------------------------------------------------------------
 
 
+_VOLUME_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _volume_name(x: object, path: str) -> str:
+    v = _str_item(x, path)
+    if not _VOLUME_NAME.match(v):
+        raise ProtocolError(path, "must be a volume name (letters, digits, _ . -)")
+    return v
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A persistent volume the container gets at ``path``: a Docker named volume (or the
+    runtime's equivalent) called ``volume``, created on first use and kept after the
+    container is gone. Added in protocol 1 as an optional field (an older agent ignores it
+    and runs the container without the volume, so a control plane with volumes needs agents
+    that know ``mounts``)."""
+
+    volume: str
+    path: str
+    read_only: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"volume": self.volume, "path": self.path, "read_only": self.read_only}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> Mount:
+        r = _Reader(data, path)
+        volume = _volume_name(r.str_("volume", max_len=128), r._p("volume"))
+        where = r.str_("path", max_len=200)
+        if not where.startswith("/") or where == "/" or ".." in where.split("/"):
+            raise ProtocolError(r._p("path"), "must be an absolute path below /")
+        return cls(volume=volume, path=where, read_only=r.bool_("read_only", required=False))
+
+
+@dataclass(frozen=True)
+class VolumeUsage:
+    """A gpucloud volume on the host and the bytes it holds, as the runtime measured them."""
+
+    volume: str
+    used_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"volume": self.volume, "used_bytes": self.used_bytes}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> VolumeUsage:
+        r = _Reader(data, path)
+        volume = _volume_name(r.str_("volume", max_len=128), r._p("volume"))
+        return cls(volume=volume, used_bytes=r.int_("used_bytes", maximum=INT64_MAX))
+
+
 @dataclass(frozen=True)
 class DesiredContainer:
     """One container the control plane wants on this host (an instance or a batch job).
@@ -458,6 +510,7 @@ class DesiredContainer:
     env: dict[str, str] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)  # container TCP ports to publish
     labels: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)  # persistent volumes (optional field)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -475,6 +528,7 @@ class DesiredContainer:
             "pids_limit": self.pids_limit,
             "network": self.network,
             "labels": dict(self.labels),
+            "mounts": [m.to_dict() for m in self.mounts],
         }
 
     @classmethod
@@ -501,6 +555,7 @@ class DesiredContainer:
             pids_limit=r.int_("pids_limit", required=False, default=4096, minimum=1),
             network=r.str_("network", required=False, default=""),
             labels=r.str_map("labels"),
+            mounts=r.list_("mounts", Mount.from_dict),
         )
 
 
@@ -733,6 +788,9 @@ class Heartbeat:
     agent_version: str = ""
     # Answers to the previous answer's ``logs_requests`` (optional; absent = none).
     logs: list[ContainerLogTail] = field(default_factory=list)
+    # The host's gpucloud volumes and their usage, when measured this time (optional; None =
+    # not measured: every few minutes, measuring walks the volumes' files).
+    volumes: list[VolumeUsage] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -745,6 +803,7 @@ class Heartbeat:
             if self.containers is None
             else [c.to_dict() for c in self.containers],
             "logs": [t.to_dict() for t in self.logs],
+            "volumes": None if self.volumes is None else [v.to_dict() for v in self.volumes],
         }
 
     @classmethod
@@ -758,6 +817,7 @@ class Heartbeat:
             gpus=r.list_("gpus", GpuSample.from_dict),
             containers=r.opt_list("containers", ObservedContainer.from_dict),
             logs=r.list_("logs", ContainerLogTail.from_dict),
+            volumes=r.opt_list("volumes", VolumeUsage.from_dict),
         )
 
 
@@ -776,6 +836,9 @@ class HeartbeatResponse:
     # The version of the host's desired state this answer was read at, where the control
     # plane holds long polls (``WaitRequest``); None: it does not, wait out the interval.
     desired_version: str | None = None
+    # Volumes to delete with their data (deleted by their owner, past the purge grace; optional):
+    # the agent removes each that no container uses and stops reporting it.
+    remove_volumes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -784,6 +847,7 @@ class HeartbeatResponse:
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "host_token": self.host_token,
             "logs_requests": [q.to_dict() for q in self.logs_requests],
+            "remove_volumes": list(self.remove_volumes),
         }
         if self.desired_version is not None:
             out["desired_version"] = self.desired_version
@@ -806,6 +870,7 @@ class HeartbeatResponse:
             host_token=token or None,
             logs_requests=r.list_("logs_requests", LogsRequest.from_dict),
             desired_version=r.opt_str("desired_version", max_len=64),
+            remove_volumes=r.list_("remove_volumes", _volume_name),
         )
 
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from agents.choices import HostState
 from agents.instance_env import platform_env
 from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
-from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest
+from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest, Mount
 from gpucloud.catalogue.models import Price
 from gpucloud.lib.db import Epoch
 from scheduler.choices import State
@@ -177,6 +177,8 @@ def host_desired_containers(
                 pids_limit=settings.AGENT_PIDS_LIMIT,
                 network=tenant_network(w.tenant_id),
                 labels=labels,
+                mounts=[Mount(volume=m["name"], path=m["path"], read_only=bool(m.get("read_only")))
+                        for m in w.mounts],
             )
         )
     return out

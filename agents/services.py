@@ -790,6 +790,11 @@ def host_heartbeat(
         failed_gpus = _apply_samples(locked, hb.gpus, now, outcome)
     if failed_gpus:
         _fail_work_on(failed_gpus, outcome)
+    if hb.volumes is not None:
+        from agents.signals import volumes_reported
+
+        with transaction.atomic():
+            volumes_reported.send(sender=Host, host=locked, usage={v.volume: v.used_bytes for v in hb.volumes})
     if hb.containers is None and not hb.logs:
         return outcome  # the agent could not list its runtime: infer nothing
     # What this host runs, by container instance id (before this heartbeat's exits free it)

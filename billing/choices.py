@@ -5,6 +5,7 @@ from django.db import models
 
 class EntryKind(models.TextChoices):
     USAGE = "usage", "Usage"  # a charge for metered seconds (negative)
+    STORAGE = "storage", "Storage"  # a charge for a volume's GiB-seconds (negative)
     SIGNUP_CREDIT = "signup_credit", "Sign-up credit"
     CREDIT = "credit", "Credit"  # granted by an operator
     PAYMENT = "payment", "Payment"  # collected by the payment provider or recorded by an operator

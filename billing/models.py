@@ -19,6 +19,7 @@ from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
 from scheduler.models import Workload
+from volumes.models import Volume
 
 MONEY = {"max_digits": 18, "decimal_places": 6}  # ledger money: micro-units
 CENTS = {"max_digits": 14, "decimal_places": 2}  # invoices and budgets: cents
@@ -78,6 +79,9 @@ class LedgerEntry(models.Model):
     period_end = models.DateTimeField(null=True, blank=True)
     seconds = models.PositiveIntegerField(default=0)
     price_seconds = models.DecimalField(default=Decimal(0), **PRICE_SECONDS)
+    # storage only: the volume and its size in the slice (per_hour is then per_gib_hour × gib)
+    volume = models.ForeignKey(Volume, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    gib = models.PositiveIntegerField(default=0)
 
     objects = TenantOwnedQuerySet.as_manager()
 
@@ -85,6 +89,13 @@ class LedgerEntry(models.Model):
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "ledger entries"
         constraints = [
+            models.UniqueConstraint(fields=["volume", "period_start"], condition=Q(volume__isnull=False),
+                                    name="ledger_storage_slice_once"),
+            models.CheckConstraint(
+                condition=~Q(kind=EntryKind.STORAGE) | (
+                    Q(volume__isnull=False, period_start__isnull=False, period_end__gt=models.F("period_start"),
+                      seconds__gt=0, gib__gt=0, amount__lte=0)),
+                name="ledger_storage_complete"),
             models.UniqueConstraint(fields=["workload", "period_start"], condition=Q(workload__isnull=False),
                                     name="ledger_slice_once"),
             models.CheckConstraint(
@@ -136,6 +147,27 @@ class Meter(models.Model):
         return f"{self.workload_id} until {self.metered_until:%Y-%m-%d %H:%M:%S}"
 
 
+class VolumeMeter(models.Model):
+    """A volume's metering watermark (billing/storage.py): the same rule as `Meter`, per
+    GiB-second from its creation until its deletion."""
+
+    volume = models.OneToOneField(Volume, on_delete=models.CASCADE, primary_key=True, related_name="meter")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    metered_until = models.DateTimeField()
+    price_seconds = models.DecimalField(default=Decimal(0), **PRICE_SECONDS)
+    amount = models.DecimalField(default=Decimal(0), **MONEY)
+    gib_seconds = models.PositiveBigIntegerField(default=0)
+    done = models.BooleanField(default=False)  # deleted and metered to its deletion
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [models.Index(fields=["metered_until"], condition=Q(done=False), name="volume_meter_open")]
+
+    def __str__(self) -> str:
+        return f"{self.volume_id} until {self.metered_until:%Y-%m-%d %H:%M:%S}"
+
+
 class MeteringCursor(models.Model):
     """How far the metering run has scanned the transition log for workloads to meter."""
 
@@ -181,15 +213,19 @@ class InvoiceLine(models.Model):
     """Usage of one instance type, region and kind at one price within the invoice's month."""
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
-    instance_type = models.ForeignKey(InstanceType, on_delete=models.PROTECT, related_name="+")
+    # null on a storage line (kind "storage": volumes, per GiB-hour)
+    instance_type = models.ForeignKey(InstanceType, null=True, blank=True, on_delete=models.PROTECT,
+                                      related_name="+")
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="+")
-    kind = models.CharField(max_length=10, choices=PriceKind.choices)
+    kind = models.CharField(max_length=10, choices=[*PriceKind.choices, ("storage", "Storage")])
     per_hour = models.DecimalField(max_digits=12, decimal_places=4, help_text="instance price per hour")
     unit_price = models.DecimalField(max_digits=16, decimal_places=6, help_text="price per GPU-hour")
     seconds = models.PositiveBigIntegerField()
     gpu_hours = models.DecimalField(max_digits=16, decimal_places=4)
     price_seconds = models.DecimalField(**PRICE_SECONDS)
     amount = models.DecimalField(**CENTS)
+    gib_hours = models.DecimalField(max_digits=20, decimal_places=4, default=Decimal(0),
+                                    help_text="storage lines: GiB-hours of volumes")
 
     class Meta:
         ordering = ["invoice", "instance_type__code", "region__code", "kind", "per_hour"]

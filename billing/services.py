@@ -279,6 +279,11 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
         stats.metered += 1
         stats.entries += n
         stats.amount += amount
+    from billing.storage import storage_metering_run
+
+    _n, stored, stored_amount = storage_metering_run(cutoff=cutoff)  # volumes: GiB-seconds
+    stats.entries += stored
+    stats.amount += stored_amount
     stats.stopped = balances_enforce(now=now)
     budgets_check(now=now)
     stats.seconds = time.perf_counter() - t0
@@ -567,6 +572,23 @@ def invoice_refresh(*, tenant_id: Any, month: date) -> Invoice:
                 price_seconds=r["ps"], amount=pricing.cents_of_price_seconds(r["ps"]),
             )
             for r in rows
+        ]
+        # volumes: one line per region and per GiB-hour price (per_hour is GiB × that price)
+        storage: dict[tuple[int, Decimal], list] = {}
+        for r in (LedgerEntry.objects.filter(tenant_id=tenant_id, kind=EntryKind.STORAGE,
+                                             period_start__gte=_midnight(start), period_start__lt=_midnight(end))
+                  .values_list("region_id", "per_hour", "gib", "seconds", "price_seconds")):
+            region_id, per_hour, gib, seconds, ps = r
+            acc = storage.setdefault((region_id, per_hour / gib), [0, 0, Decimal(0)])
+            acc[0] += seconds
+            acc[1] += gib * seconds
+            acc[2] += ps
+        lines += [
+            InvoiceLine(invoice=invoice, instance_type=None, region_id=region_id, kind="storage",
+                        per_hour=per_gib_hour, unit_price=per_gib_hour, seconds=secs, gpu_hours=Decimal(0),
+                        gib_hours=(Decimal(gib_s) / 3600).quantize(Decimal("0.0001")), price_seconds=ps,
+                        amount=pricing.cents_of_price_seconds(ps))
+            for (region_id, per_gib_hour), (secs, gib_s, ps) in sorted(storage.items())
         ]
         InvoiceLine.objects.filter(invoice=invoice).delete()
         InvoiceLine.objects.bulk_create(lines)

@@ -4,6 +4,7 @@ from django.urls import include, path
 
 from frontend import account_views as account
 from frontend import alarm_views, groups, views
+from frontend import volume_views as volumes
 from scheduler.choices import WorkloadKind
 
 
@@ -55,6 +56,9 @@ console = [
     path("alarms/", alarm_views.alarm_list, name="alarms"),
     path("alarms/<uuid:pk>/", alarm_views.alarm_detail, name="alarm"),
     path("alarms/<uuid:pk>/delete", alarm_views.alarm_delete, name="alarm_delete"),
+    path("volumes/", volumes.volume_list, name="volumes"),
+    path("volumes/<uuid:pk>/", volumes.volume_detail, name="volume"),
+    path("volumes/<uuid:pk>/delete", volumes.volume_delete, name="volume_delete"),
     path("usage/", views.usage, name="usage"),
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),

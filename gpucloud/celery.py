@@ -46,6 +46,8 @@ app.conf.beat_schedule = {
                     "schedule": float(env_int("SPOT_RECOMPUTE_S", 60))},
     # Invoices: refresh this month's drafts, issue last month's once fully metered.
     "invoices": {"task": "billing.tasks.invoices_task", "schedule": crontab(minute=23)},
+    # Volumes deleted more than VOLUME_PURGE_GRACE_S ago are purged (volumes/services.py purge_due).
+    "volumes-purge": {"task": "volumes.tasks.volumes_purge_task", "schedule": crontab(minute=41)},
     # Keep the audit log bounded: events older than AUDIT_RETENTION_DAYS are purged nightly.
     "audit-retention": {
         "task": "gpucloud.tenancy.tasks.audit_purge_task",

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "billing",
     "agents",
     "alarms",
+    "volumes",
     "frontend",
     "autoscaling",
 ]
@@ -337,6 +338,11 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
     "team": {"max_gpus": 64, "max_instances": 32},
     "enterprise": {"max_gpus": 1024, "max_instances": 512},
 }
+
+# Volumes (volumes/, docs/volumes.md): the most GiB of live volumes a tenant holds, by plan;
+# how long a deleted volume's data is kept before the purge removes it from its host.
+VOLUME_QUOTA_GIB: dict[str, int] = {"starter": 1024, "team": 16 * 1024, "enterprise": 256 * 1024, "default": 1024}
+VOLUME_PURGE_GRACE_S = env_int("VOLUME_PURGE_GRACE_S", 24 * 3600)
 
 # Prometheus scrapes /metrics with `Authorization: Bearer <token>`. With no token /metrics is
 # served only when DEBUG (the demo); otherwise it answers 403.

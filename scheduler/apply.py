@@ -29,6 +29,7 @@ from scheduler.choices import State
 from scheduler.core.quota import quota_applies, quota_fits
 from scheduler.models import Allocation, Workload
 from scheduler.services import workloads_transition
+from scheduler.signals import workloads_placed
 from scheduler.snapshot import CycleInput, tenant_views
 
 logger = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ def _apply_places(places: list[core.Place], requests: dict[str, core.PlacementRe
                                  now=now)
     assert len(moved) == len(accepted), "workloads were locked above"
     result.placed = len(accepted)
+    workloads_placed.send(sender=Workload, hosts={p.request_id: p.placements[0].host_id for p in accepted})
 
 
 def _lock_pending(ids: list[str]) -> set[str]:

@@ -98,6 +98,13 @@ class Workload(models.Model):
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     # GPU-seconds received over earlier runs (LAS order, simulator parity).
     attained_gpu_s = models.FloatField(default=0.0)
+    # Storage (volumes/): the mounts the agent gives its container, and the host it must run on
+    # because a volume's data lives there (host affinity: the scheduler core places it there or
+    # it waits). Written by the volumes app at launch and first placement; plain data here.
+    mounts = models.JSONField(default=list, blank=True)
+    pinned_host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+                                    db_index=False)
+    pinned_because = models.CharField(max_length=200, blank=True)
     # DELETE hides a workload from its tenant after stopping it; billing keeps the row.
     deleted_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

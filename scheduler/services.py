@@ -33,6 +33,7 @@ from scheduler.core.quota import quota_applies, quota_never_fits_gpus
 from scheduler.feasibility import check_satisfiable
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
+from scheduler.signals import workload_launching, workload_starting
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class WorkloadSpec:
     timeout_s: int | None = None
     max_price: Decimal | None = None  # spot only: preempted when the spot price passes it
     auto_stop_idle_minutes: int | None = None  # instances only: stop after this long with idle GPUs
+    # [{"volume": id, "mount_path": "/workspace"}]: attached by the volumes app (workload_launching)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
@@ -175,6 +178,11 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
     event.save()
     workload.launch_event = event  # the 201 answer is built from these, without reading them back
     workload.launch_price = getattr(it, "price_now", None)
+    if spec.volumes:
+        got = workload_launching.send(sender=Workload, workload=workload, spec=spec)
+        if not got:  # nobody attached them: refuse rather than run without the renter's data
+            raise InvalidInput("Volumes are not available here.", code="invalid",
+                               fields={"volumes": ["Volumes are not available."]})
     audit_record(tenant=tenant, action=f"{spec.kind}.launch", obj=workload, object_repr=spec.name,
                  data={"instance_type": it.code, "region": region.code, "billing": spec.billing,
                        "priority": spec.priority})
@@ -337,6 +345,8 @@ def workload_start(*, workload: Workload) -> Workload:
     _check_quota_ceiling(workload.tenant, it, region, spec)
     _check_admission(workload.tenant, it, region, spec, timezone.now())
     check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)
+    # its volumes must be free again (a receiver refuses with 409 when another workload holds one)
+    workload_starting.send(sender=Workload, workload=workload)
     workload_transition(workload=workload, to=State.PENDING, reason="started again by its owner; "
                         "waiting for the scheduler")
     audit_record(tenant=workload.tenant, action=f"{workload.kind}.start", obj=workload,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, Sum
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, Sum
 
 from agents.choices import HostState
 from agents.models import Gpu, Host
@@ -127,7 +127,7 @@ _ALLOCATIONS_SQL = """
 SELECT a.workload_id::text, a.host_id::text, array_agg(a.gpu_id ORDER BY a.gpu_id), max(a.milli), max(a.vcpus),
        max(a.memory_mib), w.tenant_id::text, w.priority, w.billing, w.kind,
        EXTRACT(EPOCH FROM w.started_at)::float8, EXTRACT(EPOCH FROM min(a.created_at))::float8, w.timeout_s,
-       EXTRACT(EPOCH FROM w.stop_by)::float8, w.preempted_for::text, m.code
+       EXTRACT(EPOCH FROM w.stop_by)::float8, w.preempted_for::text, m.code, w.pinned_host_id IS NOT NULL
 FROM {allocation} a
 JOIN {host} h ON h.id = a.host_id
 JOIN {workload} w ON w.id = a.workload_id
@@ -163,12 +163,13 @@ def _allocation_rows_orm(region_id: int):
     return (
         Allocation.objects.filter(active=True, host__region_id=region_id)
         .annotate(started_s=Epoch("workload__started_at"), created_s=Epoch("created_at"),
-                  stop_by_s=Epoch("workload__stop_by"))
+                  stop_by_s=Epoch("workload__stop_by"),
+                  pinned=ExpressionWrapper(Q(workload__pinned_host__isnull=False), output_field=BooleanField()))
         .values_list("workload_id", "host_id", "gpu_id", "milli", "vcpus", "memory_mib",
                       "workload__tenant_id", "workload__priority", "workload__billing",
                       "workload__kind", "started_s", "created_s",
                       "workload__timeout_s", "stop_by_s", "workload__preempted_for",
-                      "workload__instance_type__gpu_model__code")
+                      "workload__instance_type__gpu_model__code", "pinned")
         .order_by("workload_id", "host_id", "gpu_id")
     )
 
@@ -176,7 +177,7 @@ def _allocation_rows_orm(region_id: int):
 def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
     grouped: dict[object, dict] = {}
     for (wid, host, gpus, milli, vcpus, mem, tenant, prio, billing, kind, started, placed,
-         timeout, stop_by, preempted_for, model) in _allocation_rows(region_id):
+         timeout, stop_by, preempted_for, model, pinned) in _allocation_rows(region_id):
         entry = grouped.get(wid)
         if entry is None:
             # Not started yet (SCHEDULED, STARTING): it holds its GPUs since it was placed, which
@@ -188,6 +189,7 @@ def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
                 "started": begun, "end": begun + timeout if timeout else None,
                 "stop_by": stop_by, "for": str(preempted_for) if preempted_for else None,
                 "model": model, "hosts": defaultdict(list), "milli": milli, "vcpus": 0, "mem": 0,
+                "pinned": bool(pinned),
             }
         entry["hosts"][str(host)].extend(gpus)
         entry["vcpus"] = max(entry["vcpus"], vcpus)
@@ -201,6 +203,7 @@ def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
             expected_end=e["end"], restartable=e["kind"] == WorkloadKind.JOB,
             vcpus=e["vcpus"], memory_mib=e["mem"],
             preempting=e["stop_by"] is not None, preempting_for=e["for"], stop_by=e["stop_by"],
+            pinned=e["pinned"],
         )
         for wid, e in grouped.items()
     )
@@ -213,11 +216,12 @@ def _queue(region_id: int, code: str):
         .values_list("id", "tenant_id", "kind", "priority", "billing", "nodes", "queued_s",
                      "timeout_s", "attained_gpu_s", "reason", "queue_position", "instance_type__gpu_count",
                      "instance_type__gpu_share_milli", "instance_type__vcpus",
-                     "instance_type__memory_gib", "instance_type__gpu_model__code")
+                     "instance_type__memory_gib", "instance_type__gpu_model__code", "pinned_host_id",
+                     "pinned_host__name", "pinned_because")
     )
     queue, reasons, models = [], {}, {}
     for (wid, tenant, kind, prio, billing, nodes, queued, timeout, attained, reason, position, count,
-         share, vcpus, mem_gib, model) in rows:
+         share, vcpus, mem_gib, model, pinned_host, pinned_host_name, pinned_because) in rows:
         rid = str(wid)
         fractional = share < 1000
         queue.append(core.PlacementRequest(
@@ -227,6 +231,8 @@ def _queue(region_id: int, code: str):
             priority=prio, billing=billing, submitted_at=float(queued),
             expected_duration=float(timeout) if timeout else None, attained_service=attained,
             restartable=kind == WorkloadKind.JOB,
+            pinned_host=str(pinned_host) if pinned_host else None, pinned_host_name=pinned_host_name or "",
+            pinned_because=pinned_because,
         ))
         reasons[rid] = (reason, position)
         models[rid] = model

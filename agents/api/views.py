@@ -43,6 +43,7 @@ from agents.protocol import (
 )
 from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
 from agents.services import host_heartbeat, host_register
+from agents.signals import removals
 from gpucloud.api.parsers import AgentJSONParser
 from gpucloud.api.throttling import AtomicRateThrottle
 from gpucloud.lib import promstore
@@ -182,6 +183,7 @@ class HostHeartbeatApi(_AgentApi):
             heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
             logs_requests=host_logs_requests(host=host),
             desired_version=answer_version if claim is not None and longpoll.enabled() else None,
+            remove_volumes=removals(host=host),
         ).to_dict()
         if claim is not None and (claim.digest or claim.token_hash):
             if not outcome.applied or outcome.unknown_gpus:

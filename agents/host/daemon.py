@@ -53,12 +53,17 @@ from agents.protocol import (
     ObservedContainer,
     RegisterRequest,
     RegisterResponse,
+    VolumeUsage,
     WaitRequest,
     clip_log,
     json_size,
 )
 
 logger = logging.getLogger(__name__)
+
+# How often the agent measures its volumes' usage for the control plane (docs/volumes.md):
+# measuring walks their files (`docker system df`), so not every heartbeat.
+VOLUME_USAGE_EVERY_S = 60.0
 
 
 def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
@@ -151,6 +156,7 @@ class Agent:
         self.interval_s = config.default_interval_s
         self.failures = 0  # consecutive iterations that did not reach the control plane
         self.seq = 0
+        self._volumes_measured_at = float("-inf")
         self.desired: list[DesiredContainer] = []
         self.last_ok = False
         self._inventory: list[GpuInfo] | None = None
@@ -307,6 +313,34 @@ class Agent:
             logger.exception("iteration failed", extra={"host_id": self.host_id})
             return self._retry_delay()
 
+    def _volume_usage(self, now: float) -> list[VolumeUsage] | None:
+        """The runtime's volumes and their bytes, every VOLUME_USAGE_EVERY_S (None between:
+        the control plane then infers nothing); None too for a runtime without volumes."""
+        measure: Callable[[], dict[str, int]] | None = getattr(self.runtime, "volume_usage", None)
+        if measure is None or now - self._volumes_measured_at < VOLUME_USAGE_EVERY_S:
+            return None
+        try:
+            usage = measure()
+        except Exception as e:  # noqa: BLE001 - a measurement may fail; the next one retries
+            logger.warning("volume usage not measured", extra={"error": str(e)})
+            return None
+        self._volumes_measured_at = now
+        return [VolumeUsage(volume=k, used_bytes=v) for k, v in sorted(usage.items())]
+
+    def _remove_volumes(self, names: list[str]) -> None:
+        """Volumes their owners deleted (past the purge grace): gone with their data. The
+        runtime refuses one still in use; it is asked again with the next answer."""
+        remove: Callable[[str], bool] | None = getattr(self.runtime, "remove_volume", None)
+        if remove is None or not names:
+            return
+        for name in names:
+            try:
+                if remove(name):
+                    logger.info("volume removed", extra={"volume": name})
+            except Exception as e:  # noqa: BLE001 - asked again with the next answer
+                logger.warning("volume not removed", extra={"volume": name, "error": str(e)})
+        self._volumes_measured_at = float("-inf")  # report the set without it at once
+
     def _retry_delay(self) -> float:
         self.last_ok = False
         delay = backoff(
@@ -334,6 +368,7 @@ class Agent:
                 containers=report,
                 agent_version=__version__,
                 logs=self._logs(),
+                volumes=self._volume_usage(started),
             )
             resp = self.client.heartbeat(self.state.host_token, hb)
         except Unauthorized as e:
@@ -379,6 +414,7 @@ class Agent:
             self._acted = self._apply(actions) > 0
         else:
             self._acted = False
+        self._remove_volumes(resp.remove_volumes)
         wanted = {d.instance_id for d in self.desired}
         if observed is not None:
             self._known = (self._known | wanted) & ({o.instance_id for o in view} | wanted)

@@ -74,6 +74,7 @@ _NEVER: Final = "0001-01-01T00:00:00Z"  # Docker's zero time for "not yet"
 
 DOCKER_GPU_VENDORS: Final = ("nvidia", "amd", "none")
 LABEL_AGENT: Final = "gpucloud.agent"
+LABEL_VOLUME: Final = "gpucloud.volume"  # on the named volumes the agent creates
 # Where a container without a tenant network goes: inter-container traffic off.
 FALLBACK_NETWORK: Final = "gpucloud-tenants"
 _BRIDGE_NAME_OPT: Final = "com.docker.network.bridge.name"
@@ -217,6 +218,57 @@ class DockerRuntime:
                 raise
         return name
 
+    def _volume(self, name: str, tenant_id: str) -> None:
+        """Create the named volume (local driver) once, labelled as gpucloud's; an existing one
+        is kept with its data. The local driver has no size limit for a named volume (only a
+        tmpfs or a block device behind it would have one): the size is measured, not enforced
+        (docs/volumes.md)."""
+        try:
+            self._client.volumes.get(name)
+            return
+        except self._docker.errors.NotFound:
+            pass
+        labels = {LABEL_MANAGED: "1", LABEL_TENANT: tenant_id, LABEL_VOLUME: name}
+        if self._scope:
+            labels[LABEL_AGENT] = self._scope
+        self._client.volumes.create(name=name, driver="local", labels=labels)
+
+    def volume_names(self) -> list[str]:
+        """The gpucloud volumes on this host (of this agent's scope)."""
+        selector = [f"{LABEL_MANAGED}=1", LABEL_VOLUME]
+        if self._scope:
+            selector.append(f"{LABEL_AGENT}={self._scope}")
+        return sorted(v.name for v in self._client.volumes.list(filters={"label": selector}))
+
+    def volume_usage(self) -> dict[str, int]:
+        """Bytes used by each gpucloud volume of this scope (``docker system df``: it walks
+        the volumes' files, so the agent asks every few minutes, not every heartbeat)."""
+        out: dict[str, int] = {}
+        for v in self._client.df().get("Volumes") or []:
+            labels = v.get("Labels") or {}
+            if labels.get(LABEL_MANAGED) != "1" or LABEL_VOLUME not in labels:
+                continue
+            if self._scope and labels.get(LABEL_AGENT) != self._scope:
+                continue
+            size = (v.get("UsageData") or {}).get("Size", -1)
+            out[str(v["Name"])] = max(0, int(size))
+        return out
+
+    def remove_volume(self, name: str) -> bool:
+        """Remove a gpucloud volume and its data. Docker refuses while a container uses it
+        (then False: asked again later); an unknown volume is already gone (True)."""
+        try:
+            v = self._client.volumes.get(name)
+        except self._docker.errors.NotFound:
+            return True
+        if (v.attrs.get("Labels") or {}).get(LABEL_MANAGED) != "1":
+            return False  # never anything the agent did not create
+        try:
+            v.remove()
+        except self._docker.errors.APIError:
+            return False
+        return True
+
     def _check_disk_quota(self) -> None:
         """Ask the engine once whether its storage driver can limit the writable layer."""
         if self.disk_quota is not None:
@@ -302,6 +354,10 @@ class DockerRuntime:
             restart_policy={"Name": "no"},  # restarts are the control plane's decision
         )
         kwargs["network"] = spec.network or FALLBACK_NETWORK
+        if spec.mounts:
+            kwargs["volumes"] = {
+                m.volume: {"bind": m.path, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
+            }
         if self.disk_quota == "applied":
             kwargs["storage_opt"] = {"size": f"{self._disk_gib}G"}
         return kwargs
@@ -316,6 +372,8 @@ class DockerRuntime:
         kwargs = self.run_kwargs(spec)
         try:
             self._network(kwargs["network"], spec.tenant_id)
+            for m in spec.mounts:
+                self._volume(m.volume, spec.tenant_id)
             try:
                 container = self._client.containers.run(**kwargs)
             except self._docker.errors.APIError as e:

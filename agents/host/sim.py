@@ -109,6 +109,9 @@ class SimRuntime:
         self._next_port = 30000
         self._fail_images = fail_images  # images whose "pull" fails, for error-path tests
         self.calls: list[tuple[str, str]] = []  # (operation, instance id), for tests
+        # persistent volumes: name -> the instance ids that mounted it, in order (kept after they end)
+        self.volumes: dict[str, list[str]] = {}
+        self.volume_bytes: dict[str, int] = {}
 
     def _tick(self) -> None:
         now = self._clock()
@@ -165,8 +168,20 @@ class SimRuntime:
             load=_sim_load(spec.env.get(ENV_SIM_GPU_UTIL), self._rng),
         )
         c.log.append(f"started {spec.image} {' '.join(spec.command)}".rstrip())
+        for m in spec.mounts:
+            self.volumes.setdefault(m.volume, []).append(spec.instance_id)
+            c.log.append(f"mounted volume {m.volume} at {m.path}{' (read-only)' if m.read_only else ''}")
         self._containers[spec.instance_id] = c
         return c.container_id
+
+    def volume_usage(self) -> dict[str, int]:
+        """Simulated volumes hold nothing (tests set ``volume_bytes`` to say otherwise)."""
+        return {name: self.volume_bytes.get(name, 0) for name in sorted(self.volumes)}
+
+    def remove_volume(self, name: str) -> bool:
+        self.calls.append(("remove_volume", name))
+        self.volumes.pop(name, None)
+        return True
 
     def stop(self, instance_id: str) -> None:
         self.calls.append(("stop", instance_id))

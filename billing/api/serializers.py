@@ -26,12 +26,14 @@ class LedgerEntrySerializer(serializers.ModelSerializer):
 
 
 class InvoiceLineSerializer(serializers.ModelSerializer):
-    instance_type = serializers.CharField(source="instance_type.code")
+    instance_type = serializers.CharField(source="instance_type.code", allow_null=True,
+                                          help_text="null on a storage line (kind `storage`: volumes)")
     region = serializers.CharField(source="region.code")
 
     class Meta:
         model = InvoiceLine
-        fields = ["instance_type", "region", "kind", "per_hour", "unit_price", "gpu_hours", "seconds", "amount"]
+        fields = ["instance_type", "region", "kind", "per_hour", "unit_price", "gpu_hours", "gib_hours", "seconds",
+                  "amount"]
         read_only_fields = fields
 
 

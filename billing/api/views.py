@@ -59,11 +59,13 @@ def invoice_csv(invoice: Invoice) -> str:
     out = io.StringIO()
     w = csv.writer(out)
     w.writerow(["invoice", "period_start", "period_end", "status", "instance_type", "region", "kind",
-                "gpu_hours", "unit_price_per_gpu_hour", "price_per_hour", "seconds", "amount", "currency"])
+                "gpu_hours", "unit_price_per_gpu_hour", "price_per_hour", "seconds", "amount", "currency",
+                "gib_hours"])
     for line in invoice.lines.all():
         w.writerow([invoice.number, invoice.period_start, invoice.period_end, invoice.status,
-                    line.instance_type.code, line.region.code, line.kind, line.gpu_hours, line.unit_price,
-                    line.per_hour, line.seconds, line.amount, invoice.currency])
+                    line.instance_type.code if line.instance_type else "volumes", line.region.code, line.kind,
+                    line.gpu_hours, line.unit_price, line.per_hour, line.seconds, line.amount, invoice.currency,
+                    line.gib_hours])
     w.writerow([invoice.number, invoice.period_start, invoice.period_end, invoice.status, "total", "", "", "", "",
                 "", "", invoice.total, invoice.currency])
     return out.getvalue()

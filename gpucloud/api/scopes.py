@@ -95,6 +95,12 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("scheduled-action-detail", "GET"): READ,
     ("scheduled-action-detail", "PATCH"): WRITE,
     ("scheduled-action-detail", "DELETE"): WRITE,
+    # --- volumes (workloads.read / launch / manage)
+    ("volume-list", "GET"): READ,
+    ("volume-list", "POST"): WRITE,
+    ("volume-detail", "GET"): READ,
+    ("volume-detail", "PATCH"): WRITE,
+    ("volume-detail", "DELETE"): WRITE,
     # --- one's own SSH public keys (ssh_keys.manage: write)
     ("ssh-key-list", "GET"): READ,
     ("ssh-key-list", "POST"): WRITE,

@@ -13,6 +13,7 @@ from gpucloud.api.errors import not_found
 from gpucloud.catalogue.api import views as catalogue
 from gpucloud.tenancy.api import views as tenancy
 from scheduler.api import views as scheduler
+from volumes.api import views as volumes
 
 
 class Router(SimpleRouter):
@@ -43,6 +44,7 @@ router.register("autoscaling-groups", autoscaling.AutoscalingGroupViewSet, basen
 router.register("scaling-policies", autoscaling.ScalingPolicyViewSet, basename="scaling-policy")
 router.register("scheduled-actions", autoscaling.ScheduledActionViewSet, basename="scheduled-action")
 router.register("alarms", alarms.AlarmViewSet, basename="alarm")
+router.register("volumes", volumes.VolumeViewSet, basename="volume")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),

@@ -45,6 +45,25 @@ class CommandField(serializers.Field):
         return value
 
 
+# where a volume may be mounted: an absolute path, not the root nor the system's own trees
+_MOUNT_PATH = re.compile(r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+_SYSTEM_PATHS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/usr", "/run", "/tmp",
+                 "/var/run", "/boot")
+
+
+class VolumeMountSerializer(StrictSerializer):
+    volume = serializers.UUIDField(help_text="a volume of yours in the same region (`/api/v1/volumes`)")
+    mount_path = serializers.CharField(max_length=200, help_text="where the container sees it, e.g. /workspace")
+
+    def validate_mount_path(self, value: str) -> str:
+        value = value.rstrip("/") if value != "/" else value
+        if not _MOUNT_PATH.match(value) or ".." in value.split("/"):
+            raise serializers.ValidationError("An absolute path such as /workspace (letters, digits, . _ -).")
+        if any(value == p or value.startswith(p + "/") for p in _SYSTEM_PATHS):
+            raise serializers.ValidationError("Not a system directory; use e.g. /workspace or /data.")
+        return value
+
+
 class WorkloadCreateSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100, min_length=1)
     instance_type = serializers.CharField(max_length=48, help_text="e.g. h100.8x, l40s.quarter")
@@ -70,10 +89,26 @@ class WorkloadCreateSerializer(StrictSerializer):
         help_text="stop the instance after this many minutes with every GPU idle (under 5 % utilisation)",
     )
 
+    volumes = VolumeMountSerializer(
+        many=True, required=False, default=list,
+        help_text="volumes to attach, each at its own path; one writer at a time: a volume attached to "
+                  "other running or queued work is refused (409 volume_attached)",
+    )
+
     def validate(self, attrs: dict) -> dict:
         if attrs.get("max_price") is not None and attrs.get("billing") != Billing.SPOT:
             raise serializers.ValidationError({"max_price": ["Only spot instances carry a max price."]})
         return attrs
+
+    def validate_volumes(self, value: list[dict]) -> list[dict]:
+        if len(value) > 8:
+            raise serializers.ValidationError("At most 8 volumes.")
+        if len({str(v["volume"]) for v in value}) != len(value):
+            raise serializers.ValidationError("Each volume once.")
+        paths = sorted(v["mount_path"] for v in value)
+        if any(b == a or b.startswith(a + "/") for a, b in zip(paths, paths[1:], strict=False)):
+            raise serializers.ValidationError("Each volume at its own path, not one inside another.")
+        return value
 
     def validate_image(self, value: str) -> str:
         if not _IMAGE.match(value):
@@ -144,13 +179,14 @@ class WorkloadSerializer(serializers.ModelSerializer):
     hourly_cost = serializers.SerializerMethodField(help_text="what an hour of it costs now (all nodes)")
     cost_so_far = serializers.SerializerMethodField(
         help_text="billed so far, plus the running seconds not yet metered, at today's price")
+    volumes = serializers.SerializerMethodField(help_text="the volumes attached, and where")
 
     class Meta:
         model = Workload
         fields = ["id", "name", "kind", "state", "reason", "queue_position", "instance_type", "region",
                   "image", "command", "env", "ports", "ssh_keys", "billing", "priority", "max_price", "host",
                   "hosts", "gpus", "gpu_share_milli", "hourly_cost", "cost_so_far", "auto_stop_idle_minutes",
-                  "created_at", "started_at", "ended_at", "stop_by"]
+                  "volumes", "created_at", "started_at", "ended_at", "stop_by"]
         read_only_fields = fields
         list_serializer_class = CostedListSerializer
 
@@ -169,6 +205,10 @@ class WorkloadSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DecimalField(max_digits=14, decimal_places=2))
     def get_cost_so_far(self, obj) -> str:
         return str(self._cost(obj).so_far)
+
+    @extend_schema_field(VolumeMountSerializer(many=True))
+    def get_volumes(self, obj) -> list[dict]:
+        return [{"volume": m["volume_id"], "mount_path": m["path"]} for m in obj.mounts]
 
     def get_hosts(self, obj) -> list[str]:
         return sorted({a.host.name for a in obj.active_allocations})

@@ -110,6 +110,7 @@ class Allocation:
     preempting: bool = False
     preempting_for: str | None = None
     stop_by: float | None = None
+    pinned: bool = False  # bound to its host (a volume lives there): never migrated
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +157,8 @@ class PlacementRequest:
     ``expected_duration`` (seconds) feeds backfill and the oracle orders (sjf,
     srtf); ``attained_service`` (GPU-seconds already received, e.g. by a requeued
     job) feeds las and srtf. Both are supplied by the caller.
+    ``pinned_host`` (host affinity) places the request on that host or nowhere:
+    it waits there, with ``pinned_because`` in its reason, until the host has room.
     """
 
     request_id: str
@@ -174,6 +177,12 @@ class PlacementRequest:
     expected_duration: float | None = None
     attained_service: float = 0.0
     restartable: bool = False
+    #: host affinity: placed on this host only, or it waits for it (a volume lives there)
+    pinned_host: str | None = None
+    #: the pinned host's name in words (its id when empty)
+    pinned_host_name: str = ""
+    #: why, in words for the owner ("where volume data lives"); goes into the wait reason
+    pinned_because: str = ""
 
     @property
     def fractional(self) -> bool:

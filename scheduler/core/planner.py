@@ -371,6 +371,8 @@ class _Planner:
         model = req.gpu_model
         if self.p.head_of_line and not self.p.backfill and self.is_blocked(req):
             return self.wait(req, f"waiting behind an earlier {model} request")
+        if req.pinned_host is not None:
+            return self.admit_pinned(req)
         pkey0 = (model, req.region, excluded)
         pools = self.pool_cache.get(pkey0)
         if pools is None:
@@ -415,26 +417,64 @@ class _Planner:
                 if not known:
                     self.no_victims.setdefault(pkey, []).append((shape, True))
             else:
-                for a in victims:
-                    a.doomed = True
-                    self.decisions.append(
-                        Preempt(
-                            a.alloc.request_id,
-                            req.request_id,
-                            self.p.notice_s,
-                            f"preempted to make room for {req.priority}-class work; "
-                            f"stops in {self.p.notice_s:g} s",
-                        )
-                    )
-                    self.n["preempted"] += 1
-                return self.wait(
-                    req, f"waiting for {self.victim_words(victims)} to stop", capacity=False
-                )
+                return self.preempt_for(req, victims)
         if not self.is_blocked(req):
             self.blocked[(model, req.region)] = req.request_id
             if self.p.backfill:
                 self.reserve(req, pools)
         return self.wait(req, failure)
+
+    def admit_pinned(self, req: PlacementRequest) -> bool:
+        """Host affinity: the request goes on ``req.pinned_host`` or waits for it.
+
+        Every filter runs on that one host (no index walk). When it does not fit, a
+        dynamic class may preempt lower-class work there; otherwise it waits, and under
+        backfill holds the host from the time its running work is expected to end.
+        """
+        host = req.pinned_host
+        assert host is not None
+        hs = self.fleet.host_slice(host, req.gpu_model)
+        because = f", {req.pinned_because}," if req.pinned_because else ""
+        reason = f"waiting for host {req.pinned_host_name or host}{because} to have {self.what(req)}"
+        if hs is not None:
+            for flt in self.filters:
+                if not flt.filter(req, hs).ok:
+                    break
+            else:
+                self.commit(req, (hs,))
+                return True
+            if hs.ready and self.may_preempt(req):
+                pending = [a for a in self.under_notice.get(req.request_id, ()) if a.doomed]
+                if pending:
+                    return self.wait(
+                        req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
+                    )
+                if hs.reserved_at is None or hs.reserved_for == req.request_id:
+                    victims = self.host_victims(req, hs)
+                    if victims:
+                        self.mark_reserved(hs, self.now, req.request_id)
+                        return self.preempt_for(req, victims)
+            if self.p.backfill and hs.ready and hs.reserved_at is None:
+                at = self.earliest_fit(req, hs)
+                if at < INF:
+                    self.mark_reserved(hs, at, req.request_id)
+        return self.wait(req, reason)
+
+    def preempt_for(self, req: PlacementRequest, victims: Sequence[AllocState]) -> bool:
+        """Give ``victims`` notice to make room for ``req``, which waits for them."""
+        for a in victims:
+            a.doomed = True
+            self.decisions.append(
+                Preempt(
+                    a.alloc.request_id,
+                    req.request_id,
+                    self.p.notice_s,
+                    f"preempted to make room for {req.priority}-class work; "
+                    f"stops in {self.p.notice_s:g} s",
+                )
+            )
+            self.n["preempted"] += 1
+        return self.wait(req, f"waiting for {self.victim_words(victims)} to stop", capacity=False)
 
     def is_blocked(self, req: PlacementRequest) -> bool:
         """Is an earlier request for this model blocked where ``req`` could go?"""
@@ -477,6 +517,8 @@ class _Planner:
                 return "fractional GPU shares are single-node"
         elif req.gpu_milli != WHOLE:
             return "whole-GPU requests take whole GPUs (gpu_milli must be 1000)"
+        if req.pinned_host is not None and req.nodes > 1:
+            return "work pinned to one host (a volume lives there) runs on one node"
         return ""
 
     def never_fits(self, req: PlacementRequest) -> str:
@@ -1132,6 +1174,7 @@ class _Planner:
             if (
                 a.doomed
                 or not al.restartable
+                or al.pinned
                 or len(al.placements) != 1
                 or al.placements[0].milli != WHOLE
                 or self.p.mode_for(al.priority) != "dynamic"

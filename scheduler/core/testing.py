@@ -177,6 +177,7 @@ def apply_plan(
                     restartable=r.restartable,
                     vcpus=r.vcpus,
                     memory_mib=r.memory_mib,
+                    pinned=r.pinned_host is not None,
                 )
             )
         elif isinstance(d, Reject):

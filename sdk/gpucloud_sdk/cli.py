@@ -40,7 +40,7 @@ app = typer.Typer(
          "Exit codes: 0 ok, 1 API error, 2 usage error, 3 not found, 4 timeout on --wait.",
 )
 jobs_app = typer.Typer(no_args_is_help=True, help="Batch jobs: submit, list, logs, stop.")
-volumes_app = typer.Typer(no_args_is_help=True, help="Persistent volumes (servers with volumes).")
+volumes_app = typer.Typer(no_args_is_help=True, help="Persistent volumes: ls, create, show, resize, rm.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of your tenant.")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(volumes_app, name="volumes")
@@ -318,7 +318,7 @@ def launch(
     region: Annotated[str | None, typer.Option(help="Region (default: the cheapest offering TYPE).")] = None,
     image: Annotated[str, typer.Option(help="Container image.")] = "ubuntu:24.04",
     volume: Annotated[list[str] | None, typer.Option(
-        "--volume", help="VOLUME:/path to mount (servers with volumes); repeatable.")] = None,
+        "--volume", help="VOLUME:/path to mount (name or id); repeatable.")] = None,
     port: Annotated[list[int] | None, typer.Option("--port", help="A port to expose; repeatable.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE; repeatable.")] = None,
     spot: Annotated[bool, typer.Option("--spot", help="Spot billing: cheaper, may be preempted.")] = False,
@@ -836,6 +836,40 @@ def volumes_create(name: Annotated[str, typer.Argument()],
         emit_json(v)
     else:
         out.print(f"Created volume {v.get('name')} ({v.get('id')}).", highlight=False)
+
+
+@volumes_app.command("show")
+def volumes_show(name: Annotated[str, typer.Argument(help="Volume name or id.")], as_json: JsonOpt = False) -> None:
+    """One volume: size, host, what uses it, its events. Example: `gpucloud volumes show datasets`"""
+    with client() as gc:
+        v = gc.volumes.get(gc.volumes.find(name)["id"])
+    if as_json:
+        emit_json(v)
+        return
+    att = v.get("attached_to") or {}
+    used = v.get("used_bytes")
+    rows = [("name", v.get("name")), ("id", v.get("id")), ("region", v.get("region")),
+            ("size", f"{v.get('size_gib')} GiB"), ("state", v.get("state")),
+            ("host", v.get("host") or "none yet (chosen where it is first used)"),
+            ("used", "not measured yet" if used is None else f"{used / 1024**3:.2f} GiB"),
+            ("attached to", f"{att.get('kind')} {att.get('name')} at {att.get('mount_path')}" if att else "nothing")]
+    for key, value in rows:
+        out.print(f"{key:<12} {value}", highlight=False)
+    for e in v.get("events") or []:
+        out.print(f"{e.get('created_at')}  {e.get('kind')}: {e.get('message')}", highlight=False)
+
+
+@volumes_app.command("resize")
+def volumes_resize(name: Annotated[str, typer.Argument(help="Volume name or id.")],
+                   size: Annotated[int, typer.Option("--size", help="The new size in GiB (only grows).")],
+                   as_json: JsonOpt = False) -> None:
+    """Grow a volume. Example: `gpucloud volumes resize datasets --size 1000`"""
+    with client() as gc:
+        v = gc.volumes.resize(gc.volumes.find(name)["id"], size_gib=size)
+    if as_json:
+        emit_json(v)
+    else:
+        out.print(f"Volume {v.get('name')} is now {v.get('size_gib')} GiB.", highlight=False)
 
 
 @volumes_app.command("rm")

@@ -426,8 +426,8 @@ class Instances(_Workloads):
                ports: list[int] | None = None, ssh_keys: list[str] | None = None, billing: str | None = None,
                priority: str | None = None, max_price: str | float | None = None,
                volumes: list[dict[str, str]] | None = None) -> Workload:
-        """Launch an instance; it answers at once with state `pending`. `volumes` ([{"volume": id,
-        "mount_path": "/workspace"}]) needs a server with volumes."""
+        """Launch an instance; it answers at once with state `pending`. `volumes`: [{"volume": id,
+        "mount_path": "/workspace"}], one writer at a time (409 volume_attached)."""
         body = _body(name=name, instance_type=instance_type, region=region, image=image, command=command,
                      env=env, ports=ports, ssh_keys=ssh_keys, billing=billing, priority=priority,
                      max_price=None if max_price is None else str(max_price), volumes=volumes)
@@ -483,14 +483,16 @@ class Jobs(_Workloads):
                ports: list[int] | None = None, ssh_keys: list[str] | None = None, billing: str | None = None,
                priority: str | None = None, max_price: str | float | None = None, queue: str | None = None,
                nodes: int | None = None, max_retries: int | None = None,
-               timeout_s: int | None = None, array: int | None = None) -> Workload | JobArray:
+               timeout_s: int | None = None, array: int | None = None,
+               volumes: list[dict[str, str]] | None = None) -> Workload | JobArray:
         """Submit a batch job; it answers at once with state `pending`. With `array=N` it submits N
-        tasks as one job array (each with GPUCLOUD_ARRAY_INDEX 0..N-1) and answers with the array."""
+        tasks as one job array (each with GPUCLOUD_ARRAY_INDEX 0..N-1) and answers with the array.
+        `volumes`: as for instances."""
         body = _body(name=name, instance_type=instance_type, region=region, image=image, command=command,
                      env=env, ports=ports, ssh_keys=ssh_keys, billing=billing, priority=priority,
                      max_price=None if max_price is None else str(max_price), queue=queue, nodes=nodes,
                      max_retries=max_retries, timeout_s=timeout_s,
-                     array=None if array is None else {"count": array})
+                     array=None if array is None else {"count": array}, volumes=volumes)
         return self._create(body)  # type: ignore[return-value]
 
     submit = create
@@ -533,25 +535,30 @@ class JobArrays(Resource):
 
 
 class Volumes(Resource):
-    """Persistent volumes (`/api/v1/volumes`): the contract of the volumes issue."""
+    """Persistent volumes (`/api/v1/volumes`, docs/volumes.md)."""
 
     path = "volumes"
-    lacks = "volumes"
 
-    @operation("api_v1_volumes_list", lacks="volumes")
+    @operation("api_v1_volumes_list")
     def list(self, **filters: Any) -> Iterator[Json]:
         return self._list(**filters)
 
-    @operation("api_v1_volumes_retrieve", lacks="volumes")
+    @operation("api_v1_volumes_retrieve")
     def get(self, id: str) -> Json:
         return self._get(id)
 
-    @operation("api_v1_volumes_create", lacks="volumes")
+    @operation("api_v1_volumes_create")
     def create(self, *, name: str, size_gib: int, region: str) -> Json:
         return self._create({"name": name, "size_gib": size_gib, "region": region})
 
-    @operation("api_v1_volumes_destroy", lacks="volumes")
+    @operation("api_v1_volumes_partial_update")
+    def resize(self, id: str, *, size_gib: int) -> Json:
+        """Grow a volume (it never shrinks)."""
+        return _json(self.client.request("PATCH", f"/api/v1/volumes/{id}", json={"size_gib": size_gib}))  # type: ignore[no-any-return]
+
+    @operation("api_v1_volumes_destroy")
     def delete(self, id: str) -> None:
+        """Delete a detached volume (409 volume_attached while work uses it)."""
         self._delete(id)
 
     def find(self, name_or_id: str) -> Json:

@@ -18,6 +18,7 @@ from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
 from scheduler.models import JobArray, Workload
 from tests.conftest import make_user
+from volumes.models import Volume
 
 pytestmark = pytest.mark.django_db
 
@@ -128,6 +129,15 @@ def _scheduled(actor):
     from autoscaling.services import scheduled_create
 
     return scheduled_create(group=_group(actor), name="night", cron="0 20 * * *", desired=0)
+def _volume(actor):
+    from django.core.management import call_command
+
+    from gpucloud.catalogue.models import Region
+    from volumes.services import volume_create
+
+    if not Region.objects.filter(code="us-east-1").exists():
+        call_command("seed_catalog", stdout=open("/dev/null", "w"))
+    return volume_create(tenant=actor.tenant, name=f"vol-{actor.tenant.slug}", region="us-east-1", size_gib=10)
 
 
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMeVOCYy/wjDgJNKrNZvHv2AK3f35LoEeTzSNC4Zt7Rj t@x"
@@ -162,6 +172,7 @@ TENANT_OBJECT_ROUTES = {
     "scheduled-action-detail": _scheduled,
     "alarm-detail": _alarm,
     "alarm-history": _alarm,
+    "volume-detail": _volume,
 }
 # route name -> the model whose rows a list must restrict to the tenant
 TENANT_LIST_ROUTES = {
@@ -180,6 +191,7 @@ TENANT_LIST_ROUTES = {
     "scaling-policy-list": ScalingPolicy,
     "scheduled-action-list": ScheduledAction,
     "alarm-list": Alarm,
+    "volume-list": Volume,
 }
 # route name -> (query parameter naming the object, factory, other parameters): GET with another
 # tenant's id is 404

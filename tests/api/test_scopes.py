@@ -38,6 +38,7 @@ from gpucloud.tenancy.services import api_key_create, invitation_create
 from scheduler.models import JobArray, Workload
 from tests.api.test_isolation import ED25519
 from tests.conftest import make_actor, make_user
+from volumes.services import volume_create
 
 pytestmark = pytest.mark.django_db
 
@@ -167,6 +168,7 @@ def world(db) -> World:
         "scaling-policy": policy_create(group=group, name="p", kind="target_tracking", metric="gpu_util",
                                         target=50),
         "scheduled-action": scheduled_create(group=group, name="s", cron="0 20 * * *", desired=0),
+        "volume": volume_create(tenant=alice.tenant, name="data", region="us-east-1", size_gib=10),
     }
     bodies = {
         ("tenant", "PATCH"): {"name": "Acme 2"},
@@ -194,6 +196,8 @@ def world(db) -> World:
         ("alarm-detail", "PUT"): {"name": "a3", "target_kind": "tenant", "metric": "spend_rate", "threshold": 50,
                                   "comparison": "ge"},
         ("alarm-detail", "PATCH"): {"threshold": 8},
+        ("volume-list", "POST"): {"name": "data2", "region": "us-east-1", "size_gib": 1},
+        ("volume-detail", "PATCH"): {"size_gib": 20},
     }
     for secret in keys.values():  # first use is recorded; do it before any snapshot
         _client(secret).get("/api/v1/tenant")

@@ -1,5 +1,7 @@
 """A metering run in a real Celery worker, SIGKILLed at random points, then run again:
-the ledger is exactly right — no second lost, none doubled (invariant 3)."""
+the ledger is exactly right — no second lost, none doubled (invariant 3). Volumes' GiB-seconds
+too: they are metered by the same runs (after the workloads, so the kills land before them;
+the runs that finish the work meter them, to the same exact totals)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +24,7 @@ from billing.tasks import metering_run_task
 from gpucloud.celery import app
 from scheduler.choices import State
 from scheduler.models import Workload
-from tests.billing.helpers import at, make_run, set_price
+from tests.billing.helpers import at, make_run, make_volume, set_price, set_storage_price, volume_exact
 from tests.conftest import make_actor
 
 N = 120
@@ -68,6 +70,18 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
             t += timedelta(milliseconds=rng.randint(1, 2000))
             steps.append((t, State.PENDING))
         workloads.append(make_run(rng.choice(tenants), transitions=steps, name=f"w{i}"))
+    # volumes too (GiB-seconds): created, grown and deleted at odd moments, a storage price change
+    set_storage_price("0.0001")
+    set_storage_price("0.0002", since=at(2025, 3, 1, 13, 0, 0, 500_000))
+    volumes = []
+    for i in range(4):
+        t = at(2025, 3, 1, 8) + timedelta(seconds=rng.randint(0, 6 * 3600), microseconds=rng.randint(0, 999_999))
+        sizes = [(t, rng.randint(1, 500))]
+        for _ in range(rng.randint(0, 2)):
+            t += timedelta(seconds=rng.randint(1, 3600), microseconds=rng.randint(0, 999_999))
+            sizes.append((t, sizes[-1][1] + rng.randint(1, 100)))
+        gone = t + timedelta(seconds=rng.randint(1, 7200)) if rng.random() < 0.5 else None
+        volumes.append(make_volume(rng.choice(tenants), name=f"v{i}", sizes=sizes, deleted=gone))
     now = at(2025, 3, 1, 18, 0, 0)
     cutoff = services.metering_cutoff(now)
 
@@ -146,6 +160,11 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
         assert sum(e.seconds for e in posted) == metering.running_seconds(events, start=0, end=end), w.name
         exact = sum((p.price_seconds() for p in parts), Decimal(0))
         assert -sum((e.amount for e in posted), Decimal(0)) == pricing.micro_of_price_seconds(exact), w.name
+    for v in volumes:  # metered by the same runs, after the workloads: exact and once
+        gib_s, exact = volume_exact(v, end=end)
+        posted = LedgerEntry.objects.filter(volume=v)
+        assert sum(e.gib * e.seconds for e in posted) == gib_s, v.name
+        assert -sum((e.amount for e in posted), Decimal(0)) == pricing.micro_of_price_seconds(exact), v.name
     for actor in tenants:
         total = LedgerEntry.objects.filter(tenant=actor.tenant).aggregate(s=Sum("amount"))["s"]
         assert Account.objects.get(tenant=actor.tenant).balance == total

@@ -2,7 +2,7 @@
 
 The journey: login (a bad key first), whoami, offers, launch --wait to RUNNING on a simulated host
 (a real agent process; a real Celery worker and beat schedule it), ls/show --json, logs, the
-features this server lacks yet (volumes) answering clearly, start refused while it runs,
+start refused while it runs, a volume attached at launch,
 a job to SUCCEEDED, stop, start again, rm, usage, keys; the exit codes of the error paths (1 API error,
 2 usage error, 3 not found, 4 --wait timeout).
 """
@@ -72,8 +72,10 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     free = json.loads(cli("offers", "--available", "--json").stdout)
     assert free and all(o["available"] > 0 for o in free)
 
+    made = cli("volumes", "create", "data", "--size", "10", "--region", "us-east-1")
+    assert made.returncode == 0 and "Created volume data" in made.stdout, made.both
     launched = cli("launch", "h100.1x", "--name", "nb", "--region", "us-east-1", "--port", "8888", "--wait",
-                   "--timeout", "60")
+                   "--timeout", "60", "--volume", "data:/workspace")
     assert launched.returncode == 0, launched.both
     assert "nb is running on sim-h100-1" in launched.stdout
     assert "pending" in launched.stderr  # the progress line went through pending
@@ -84,6 +86,11 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     assert [e["to_state"] for e in shown["events"]][-1] == "running"
     logs = cli("logs", "nb")
     assert logs.returncode == 0 and "started ubuntu:24.04" in logs.stdout, logs.both
+    assert "at /workspace" in logs.stdout, logs.both  # the sim runtime mounted the volume
+    vol = cli("volumes", "show", "data")
+    assert vol.returncode == 0 and "instance nb at /workspace" in vol.stdout and "sim-h100-1" in vol.stdout, vol.both
+    busy = cli("volumes", "rm", "data")  # attached: refused, exit 1 with the API's words
+    assert busy.returncode == 1 and "is attached to instance 'nb'" in busy.stderr, busy.both
 
     # what this server does not have yet answers clearly (exit 1), not with a traceback
     # ssh: the command line it execs comes from the instance's `connect` (the gateway itself is tested
@@ -94,8 +101,7 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     argv = dry.stdout.split()
     assert argv[:3] == ["ssh", "-p", "2222"] and "StrictHostKeyChecking=yes" in argv, dry.both
     assert f"{shown_id}@127.0.0.1" in argv and argv[-2:] == ["echo", "hi"], dry.both
-    for args, said in ((["start", "nb"], "Only a stopped instance can start; nb is running."),
-                       (["volumes", "ls"], "does not support volumes yet")):
+    for args, said in ((["start", "nb"], "Only a stopped instance can start; nb is running."),):
         done = cli(*args)
         assert done.returncode == 1 and said in done.stderr, (args, done.both)
 
@@ -112,6 +118,7 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     again = json.loads(started.stdout)
     assert again["state"] in ("pending", "scheduled", "starting", "running") and again["ports"] == [8888]
     assert cli("rm", "nb").returncode == 0
+    assert cli("volumes", "rm", "data").returncode == 0  # detached by the stop: deleted
     assert json.loads(cli("ls", "--json").stdout) == []
 
     usage = json.loads(cli("usage", "--json").stdout)

@@ -22,10 +22,15 @@ def acme(alice, victor, catalog):
 
     make_hosts(n=1)  # launches are refused where no host could ever run them
     make_hosts(n=1, model="A100", region="eu-central-1")
+    from volumes.services import volume_create
+
+    volume = volume_create(tenant=alice.tenant, name="datasets-with-a-rather-long-name-01", region="us-east-1",
+                           size_gib=1000)
     instance = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
         kind="instance", name="notebook-with-a-rather-long-name-01", instance_type="h100.8x",
         region="us-east-1", image="quay.io/jupyter/pytorch-notebook:cuda12-latest", ports=[8888],
-        env={"HF_HOME": "/data/huggingface/cache/with/a/long/path"}))
+        env={"HF_HOME": "/data/huggingface/cache/with/a/long/path"},
+        volumes=[{"volume": volume.pk, "mount_path": "/workspace/datasets"}]))
     job = workload_launch(tenant=alice.tenant, user=alice.user, spec=WorkloadSpec(
         kind="job", name="nightly-eval", instance_type="a100.quarter", region="eu-central-1",
         image="pytorch/pytorch:2.4.0", command=["python", "eval.py"], max_retries=2))
@@ -44,7 +49,7 @@ def acme(alice, victor, catalog):
 
     alarm = alarm_create(tenant=alice.tenant, name="gpu utilisation over eighty percent", target_kind="workload",
                          target_id=str(instance.pk), metric="gpu_util", threshold=80, comparison="gt")[0]
-    return {"instance": instance, "job": job, "invoice": invoice, "group": group, "alarm": alarm}
+    return {"instance": instance, "job": job, "invoice": invoice, "group": group, "alarm": alarm, "volume": volume}
 
 
 def test_every_page_fits_a_phone(phone, live_server, alice, acme):
@@ -58,6 +63,8 @@ def test_every_page_fits_a_phone(phone, live_server, alice, acme):
         "group": f"/console/groups/{acme['group'].pk}/",
         "alarms": "/console/alarms/",
         "alarm": f"/console/alarms/{acme['alarm'].pk}/",
+        "volumes": "/console/volumes/",
+        "volume": f"/console/volumes/{acme['volume'].pk}/",
     }
     for name, url in {"signin": "/console/signin/", "signup": "/console/signup/", "home": "/"}.items():
         phone.goto(url)

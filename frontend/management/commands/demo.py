@@ -91,6 +91,7 @@ class Command(BaseCommand):
     def handle(self, *args, port: int, setup_only: bool, **options):
         call_command("migrate", verbosity=0, interactive=False)
         call_command("seed_catalog")
+        call_command("seed_storage_prices")
         call_command("demo_setup")
         if setup_only:
             return

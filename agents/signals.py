@@ -1,0 +1,17 @@
+"""Signals for the apps built on the agents (volumes/), which the agents app must not import.
+
+* ``volumes_reported(host, usage)``: a heartbeat measured the host's gpucloud volumes;
+  ``usage`` maps each Docker volume name to its bytes (the whole set on the host).
+* ``volumes_to_remove(host)``: asked when building a heartbeat answer; each receiver returns
+  the names of volumes the host's agent should delete (purged by their owner's delete).
+"""
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+volumes_reported = Signal()
+volumes_to_remove = Signal()
+
+
+def removals(*, host) -> list[str]:
+    return sorted({name for _r, names in volumes_to_remove.send(sender=None, host=host) for name in names or ()})

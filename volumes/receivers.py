@@ -1,0 +1,34 @@
+"""The volumes app's side of the scheduler's signals (scheduler/signals.py)."""
+from __future__ import annotations
+
+from django.dispatch import receiver
+
+from agents.signals import volumes_reported, volumes_to_remove
+from scheduler.signals import workload_launching, workload_starting, workloads_placed
+from volumes import services
+
+
+@receiver(workload_launching)
+def _attach(sender, *, workload, spec, **kwargs) -> None:
+    services.attach_for_launch(workload=workload, volumes=spec.volumes)
+
+
+@receiver(workloads_placed)
+def _pin(sender, *, hosts, **kwargs) -> None:
+    services.pin_placed(hosts=hosts)
+
+
+@receiver(workload_starting)
+def _check_start(sender, *, workload, **kwargs) -> None:
+    services.check_start(workload=workload)
+
+
+@receiver(volumes_reported)
+def _usage(sender, *, host, usage, **kwargs) -> None:
+    services.record_usage(host_id=host.pk, usage=usage)
+    services.removed_from_host(host_id=host.pk, present=set(usage))
+
+
+@receiver(volumes_to_remove)
+def _to_remove(sender, *, host, **kwargs) -> list[str]:
+    return services.purged_on_host(host_id=host.pk)
