@@ -20,6 +20,7 @@ class GroupCreateSerializer(WorkloadCreateSerializer):
     priority = None
     max_price = None
     auto_stop_idle_minutes = None
+    volumes = None  # a volume has one writer: members of a group cannot share one (docs/autoscaling.md)
     on_demand_base = serializers.IntegerField(min_value=0, max_value=MAX_GROUP_SIZE, default=0,
                                               help_text="the first members are on demand")
     on_demand_percent = serializers.IntegerField(

@@ -21,7 +21,11 @@ def signed_in(actor) -> Client:
 
 @pytest.fixture
 def no_queue(prices):
-    """The catalogue's slice (h100.1x on demand and spot in us-east-1), no queued evaluations."""
+    """The catalogue's slice (h100.1x on demand and spot in us-east-1), no queued evaluations, and
+    a host the members could run on (a launch no host could ever run is refused)."""
+    from tests.scheduler.fleet import make_hosts
+
+    make_hosts(n=1)
 
 
 CREATE = {"name": "web", "instance_type": "h100.1x", "region": "us-east-1", "image": "busybox",

@@ -19,7 +19,15 @@ from tests.autoscaling.test_groups import causes, live, make_group, prices  # no
 pytestmark = pytest.mark.django_db
 
 
-def test_a_scheduled_action_changes_desired_at_its_time(prices, alice):
+@pytest.fixture
+def a_host(prices):
+    """A host the members could run on: a launch no host could ever run is refused (unsatisfiable)."""
+    from tests.scheduler.fleet import make_hosts
+
+    return make_hosts(n=1)
+
+
+def test_a_scheduled_action_changes_desired_at_its_time(prices, a_host, alice):
     group = make_group(alice, min_size=0, desired=0, max_size=4)
     created = timezone.now().replace(second=0, microsecond=0)
     services.scheduled_create(group=group, name="morning", cron="0 9 * * *", timezone="Europe/Berlin",
@@ -38,7 +46,7 @@ def test_a_scheduled_action_changes_desired_at_its_time(prices, alice):
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 1
 
 
-def test_a_job_queue_grows_its_pool_and_drains_it_to_zero(prices, alice):
+def test_a_job_queue_grows_its_pool_and_drains_it_to_zero(prices, a_host, alice):
     from scheduler.services import WorkloadSpec, workload_launch, workload_stop
 
     group = make_group(alice, name="render", instance_type="h100.2x", min_size=0, desired=0, max_size=3,
@@ -68,7 +76,7 @@ def test_a_job_queue_grows_its_pool_and_drains_it_to_zero(prices, alice):
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 0 and live(group) == []
 
 
-def test_step_scaling_from_an_alarm(prices, alice):
+def test_step_scaling_from_an_alarm(prices, a_host, alice):
     group = make_group(alice, min_size=1, desired=1, max_size=4)
     policy = services.policy_create(group=group, name="up", kind="step", adjustment_type="change_in_capacity",
                                     steps=[{"lower": 0, "upper": 20, "adjustment": 1},
@@ -85,7 +93,7 @@ def test_step_scaling_from_an_alarm(prices, alice):
                                            tenant_id=uuid.uuid4()) == "no such step scaling policy"
 
 
-def test_the_reconciliation_is_in_the_beat_schedule_and_skips_a_group_evaluated_just_now(prices, alice):
+def test_the_reconciliation_is_in_the_beat_schedule_and_skips_a_group_evaluated_just_now(prices, a_host, alice):
     from gpucloud.celery import app
 
     entry = app.conf.beat_schedule["autoscaling-reconcile"]

@@ -73,7 +73,7 @@ def test_budget_hard_stop_refuses_launches_past_100_percent(alice, fleet):
     assert alice.client().post("/api/v1/instances", BODY, format="json").status_code == 201
 
 
-def test_budget_changes_reach_the_scheduler_at_once(alice, catalog):
+def test_budget_changes_reach_the_scheduler_at_once(alice, catalog, fleet):
     """Regression: raising or deleting a spent hard-stop budget lifted the API's 402 at once but
     left the scheduler's flag set until the next metering run (and a new spent budget blocked
     the API only). Now both read one flag, kept by every budget change."""

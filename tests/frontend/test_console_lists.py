@@ -182,7 +182,8 @@ def test_invoice_csv_download(alice, victor, march_invoice):
         assert response["Content-Disposition"] == f'attachment; filename="invoice-{march_invoice.number}.csv"'
     rows = list(csv.reader(io.StringIO(response.content.decode())))
     assert rows[0] == ["invoice", "period_start", "period_end", "status", "instance_type", "region", "kind",
-                       "gpu_hours", "unit_price_per_gpu_hour", "price_per_hour", "seconds", "amount", "currency"]
+                       "gpu_hours", "unit_price_per_gpu_hour", "price_per_hour", "seconds", "amount", "currency",
+                       "gib_hours"]  # storage lines (volumes), added last so the columns before keep their places
     body = [dict(zip(rows[0], r, strict=False)) for r in rows[1:]]
     assert [(r["instance_type"], r["region"], r["price_per_hour"], r["seconds"], r["amount"]) for r in body[:-1]] == [
         ("h100.8x", "us-east-1", "17.9200", "43200", "215.04"), ("h100.8x", "us-east-1", "19.9200", "43200", "239.04")]

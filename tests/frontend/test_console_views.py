@@ -151,13 +151,15 @@ def test_bad_launch_input_says_why_and_creates_nothing(alice, catalog):
     assert "above your max price 0.0001/h" in spot.content.decode()  # the service's whole sentence
 
 
-def test_launch_without_credit_says_so_in_plain_words(alice, catalog):
+def test_launch_without_credit_says_so_in_plain_words(alice, catalog, fleet):
     from billing.models import Account
+    from billing.services import launch_blocks_refresh
 
     Account.objects.filter(tenant=alice.tenant).update(balance=0)
+    launch_blocks_refresh(tenant_ids=[alice.tenant.pk])  # as the ledger services do after a posting
     response = signed_in(alice).post("/console/launch/", LAUNCH)
     assert response.status_code == 400
-    assert "Your balance is 0.00 USD: add credit to launch." in response.content.decode()
+    assert "Your balance is used up: add credit to launch." in response.content.decode()
     assert not Workload.objects.exists()
 
 

@@ -11,7 +11,7 @@ from volumes.models import Volume
 pytestmark = pytest.mark.django_db
 
 
-def test_create_grow_and_delete_a_volume_from_the_console(alice, charlie, catalog):
+def test_create_grow_and_delete_a_volume_from_the_console(alice, charlie, catalog, fleet):
     client = signed_in(alice)
     page = client.post("/console/volumes/", {"name": "bad name!", "region": "us-east-1", "size_gib": "0"})
     html = page.content.decode()
