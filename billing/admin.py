@@ -17,6 +17,7 @@ from billing.models import (
     Meter,
     MeteringCursor,
     SpotFloor,
+    VolumeMeter,
 )
 from gpucloud.lib.outbound import outbound_url_validator
 from gpucloud.tenancy.admin import GrantCreditForm, OperatorAdmin, Outcome, TenantAdmin
@@ -119,6 +120,14 @@ class MeterAdmin(_ReadOnly):
     list_filter = ["done"]
     search_fields = ["workload__name", "tenant__name", "tenant__slug"]
     list_select_related = ["workload", "tenant"]
+
+
+@admin.register(VolumeMeter)
+class VolumeMeterAdmin(_ReadOnly):
+    list_display = ["volume", "tenant", "metered_until", "gib_seconds", "amount", "done"]
+    list_filter = ["done"]
+    search_fields = ["volume__name", "tenant__name", "tenant__slug"]
+    list_select_related = ["volume", "tenant"]
 
 
 @admin.register(MeteringCursor)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from gpucloud.tenancy.admin import OperatorAdmin
-from scheduler.models import Allocation, RegionSchedulerSettings, Workload, WorkloadEvent
+from scheduler.models import Allocation, GangPart, JobArray, RegionSchedulerSettings, Workload, WorkloadEvent
 
 
 class EventInline(admin.TabularInline):
@@ -74,3 +74,23 @@ class WorkloadEventAdmin(OperatorAdmin):
 class RegionSchedulerSettingsAdmin(OperatorAdmin):
     list_display = ["region", "policy", "mode", "notice_s", "reclaim_idle_util", "reclaim_idle_s"]
     search_fields = ["region__code"]
+
+
+@admin.register(JobArray)
+class JobArrayAdmin(OperatorAdmin):
+    list_display = ["name", "tenant", "count", "created_at"]
+    search_fields = ["name", "id", "tenant__name", "tenant__slug"]
+    list_select_related = ["tenant"]
+
+
+@admin.register(GangPart)
+class GangPartAdmin(OperatorAdmin):
+    """Each part of a multi-host job as its host reported it (the gang rule reads them: scheduler/gang.py)."""
+
+    list_display = ["workload", "attempt_id", "host", "state", "exit_code", "updated_at"]
+    list_filter = ["state"]
+    search_fields = ["workload__name", "attempt_id", "host__name"]
+    list_select_related = ["workload", "host"]
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -36,6 +36,10 @@ def catalogue(db):
                 for kind, per_hour in (("on_demand", "2.49"), ("spot", "1.12")):
                     Price.objects.create(instance_type=it, region=regions[code], kind=kind,
                                          per_hour=Decimal(per_hour) * n, effective_from=since)
+    from tests.scheduler.fleet import make_hosts
+
+    make_hosts(n=2)  # a launch no host could ever run is refused (unsatisfiable); 2: a 2-host gang
+    make_hosts(n=1, region="us-west-2")
 
 
 def _body(**extra):
