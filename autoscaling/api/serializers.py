@@ -9,6 +9,7 @@ from gpucloud.api.serializers import StrictSerializer
 from scheduler.api.serializers import WorkloadCreateSerializer
 
 _QUEUE = r"^[a-z0-9][a-z0-9-]*$"
+_QUEUE_OR_NONE = r"^([a-z0-9][a-z0-9-]*)?$"  # "" (no batch pool) is allowed, and the schema says so
 
 
 class GroupCreateSerializer(WorkloadCreateSerializer):
@@ -34,7 +35,7 @@ class GroupCreateSerializer(WorkloadCreateSerializer):
                                         help_text="a new member's metrics are ignored this long after it runs")
     cooldown_s = serializers.IntegerField(min_value=0, max_value=86400, default=300,
                                           help_text="batch pools: how long to wait before shrinking again")
-    job_queue = serializers.RegexField(_QUEUE, max_length=64, required=False, allow_blank=True, default="",
+    job_queue = serializers.RegexField(_QUEUE_OR_NONE, max_length=64, required=False, allow_blank=True, default="",
                                        help_text="make it a batch pool: desired follows this job queue")
 
 
@@ -48,7 +49,7 @@ class GroupUpdateSerializer(StrictSerializer):
     on_demand_percent = serializers.IntegerField(min_value=0, max_value=100, required=False)
     warmup_s = serializers.IntegerField(min_value=0, max_value=3600, required=False)
     cooldown_s = serializers.IntegerField(min_value=0, max_value=86400, required=False)
-    job_queue = serializers.RegexField(_QUEUE, max_length=64, required=False, allow_blank=True)
+    job_queue = serializers.RegexField(_QUEUE_OR_NONE, max_length=64, required=False, allow_blank=True)
 
     def validate_image(self, value: str) -> str:
         return WorkloadCreateSerializer().validate_image(value)

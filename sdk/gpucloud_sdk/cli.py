@@ -726,7 +726,7 @@ def jobs_ls(state: Annotated[list[str] | None, typer.Option("--state", help="Onl
             items = list(gc.jobs.list(state=state or None, in_array=False))
             arrays = [dict(a) for a in gc.job_arrays.list()]
     if as_json:
-        emit_json(items if array is not None else {"jobs": items, "arrays": arrays})
+        emit_json(items)  # a list of jobs, as every listing: its stable shape (arrays: `--array ID`)
         return
     if array is not None:
         table(["INDEX", "STATE", "HOST", "RETRIES", "EXIT", "COST", "ID"],

@@ -105,6 +105,9 @@ def test_the_tick_runs_cycles_only_where_there_is_work(alice):
 
     call_command("seed_catalog", stdout=open("/dev/null", "w"))
     east, west = (Region.objects.get(code=c).pk for c in ("us-east-1", "us-west-2"))
+    from tests.scheduler.fleet import make_hosts
+
+    make_hosts(n=1, region="us-west-2")  # a job no host could ever run is refused (unsatisfiable)
     cache.clear()
     app.control.purge()
     with app.connection_for_write() as conn:

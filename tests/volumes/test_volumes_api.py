@@ -106,7 +106,7 @@ def test_work_with_a_volume_goes_to_its_host_and_waits_there_with_the_reason(ali
 
 
 def test_attaching_is_refused_up_front_when_it_could_not_work(alice, charlie, catalog):
-    make_hosts(n=1, gpus=8)
+    make_hosts(n=2, gpus=8)  # two: a 2-host job could run, so the volume is what refuses it
     vol = create(alice).json()["id"]
     theirs = create(charlie).json()["id"]
     west = create(alice, name="west", region="us-west-2").json()["id"]
