@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from agents.models import GpuSample
 from autoscaling import core
 from autoscaling.choices import ActivityKind, PolicyKind, PolicyMetric
 from autoscaling.models import MAX_GROUP_SIZE, Activity, AutoscalingGroup, GroupMember, ScalingPolicy, ScheduledAction
@@ -29,7 +30,8 @@ from gpucloud.lib.errors import InvalidInput, NotFoundError, ServiceError
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import ACTIVE, Billing, State, WorkloadKind
-from scheduler.models import Workload
+from scheduler.models import Allocation, Workload
+from scheduler.services import WorkloadSpec, _resolve, workload_launch, workload_stop
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,6 @@ def _check_sizes(min_size: int, max_size: int, desired: int) -> None:
 def _check_template(tenant: Tenant, *, instance_type: str, region: str, on_demand_percent: int,
                     on_demand_base: int, max_size: int) -> tuple[Any, Any]:
     """The launch template's type and region, offered as the mix will launch them."""
-    from scheduler.services import WorkloadSpec, _resolve
 
     spec = WorkloadSpec(kind=WorkloadKind.INSTANCE, name="template", instance_type=instance_type,
                         region=region, image="template")
@@ -126,7 +127,6 @@ def group_update(*, group: AutoscalingGroup, **changes: Any) -> AutoscalingGroup
 @transaction.atomic
 def group_delete(*, group: AutoscalingGroup) -> None:
     """Stop every member (they stay in the instance list, stopped) and remove the group."""
-    from scheduler.services import workload_stop
 
     group = AutoscalingGroup.objects.select_for_update().get(pk=group.pk)
     for m in GroupMember.objects.filter(group=group, detached_at__isnull=True).select_related("workload"):
@@ -258,8 +258,6 @@ def gpus_per_instance(it) -> float:
 def members_gpu_util(*, members: list[GroupMember], warmup_s: int, window_s: int, now: datetime) -> float | None:
     """The members' average GPU utilisation (%) over the window, each member's samples from the
     end of its warm-up on; members still warming up (or not running) are left out. None: no data."""
-    from agents.models import GpuSample
-    from scheduler.models import Allocation
 
     start = now - timedelta(seconds=window_s)
     since: dict[Any, datetime] = {}
@@ -339,7 +337,6 @@ def group_view(group: AutoscalingGroup, now: datetime) -> tuple[core.Group, list
 
 
 def _launch_member(group: AutoscalingGroup, billing: str, now: datetime) -> Workload:
-    from scheduler.services import WorkloadSpec, workload_launch
 
     spec = WorkloadSpec(
         kind=WorkloadKind.INSTANCE, name=f"{group.name}-{uuid.uuid4().hex[:6]}",
@@ -360,7 +357,6 @@ def _activity(group: AutoscalingGroup, kind: str, cause: str, now: datetime, *, 
 def apply_decision(group: AutoscalingGroup, d: core.Decision, members: list[GroupMember],
                    now: datetime) -> list[Activity]:
     """Write what `decide` decided. Call inside the transaction holding the group's row lock."""
-    from scheduler.services import workload_stop
 
     acts = [_activity(group, a.kind, a.cause, now, from_desired=a.from_desired, to_desired=a.to_desired)
             for a in d.activities]
