@@ -117,6 +117,8 @@ def test_a_user_rents_a_gpu_and_runs_a_job_from_the_terminal(fast_metering, cli,
     assert started.returncode == 0, started.both
     again = json.loads(started.stdout)
     assert again["state"] in ("pending", "scheduled", "starting", "running") and again["ports"] == [8888]
+    # a volume stays attached until its instance has stopped (rm only asks the agent to stop it)
+    assert cli("stop", "nb", "--wait", "--timeout", "60").returncode == 0
     assert cli("rm", "nb").returncode == 0
     assert cli("volumes", "rm", "data").returncode == 0  # detached by the stop: deleted
     assert json.loads(cli("ls", "--json").stdout) == []
