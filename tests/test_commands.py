@@ -103,7 +103,7 @@ def test_the_demo_runs_containers_in_docker_when_an_engine_answers_else_simulate
     call_command("seed_catalog", stdout=io.StringIO())
     hosts = demo._sim_hosts(8000, runtime, image)
     assert len(hosts) == len(demo.SIM_HOSTS)
-    for (name, argv, env), (host, *_) in zip(hosts, demo.SIM_HOSTS, strict=True):
+    for (_, argv, env), (host, *_) in zip(hosts, demo.SIM_HOSTS, strict=True):
         cfg = parse_args(argv[3:], environ=env)  # what the agent will run with
         assert (cfg.gpu_backend, cfg.runtime, cfg.docker_image_fallback) == ("sim", "docker", image)
         assert cfg.docker_scope == f"demo-{host}"  # one engine, each agent only its own containers
