@@ -18,6 +18,7 @@ import pytest
 from playwright.sync_api import expect
 
 from agents.host.runtime import LABEL_TENANT
+from gpucloud.catalogue.models import Region
 from scheduler.choices import State
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload
@@ -25,6 +26,7 @@ from tests.agents.test_agent_api import triggered  # noqa: F401 - a fixture, use
 from tests.frontend.conftest import DESKTOP, shot, sign_in
 from tests.gateway.test_gateway_docker import IMAGE, connected, engine, tiny, wait_until  # noqa: F401
 from volumes.models import Volume
+from volumes.services import volume_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,10 +78,20 @@ def test_a_file_on_a_volume_outlives_a_stop_and_start_of_its_instance(
     vol = Volume.objects.get(tenant=alice.tenant, name="work")
     shot(page, "volume-detail-new-1280")
 
-    # Launch with it: the volume detail's link opens the launch form with the volume picked.
+    # Launch with it: the volume detail's link opens the launch form with the volume picked,
+    # and the picker offers only the chosen region's volumes.
+    far = volume_create(tenant=alice.tenant, name="far", region=Region.objects.create(
+        code="eu-central-1", name="EU Central", country="DE").code, size_gib=1)
     page.click("#launch-with-volume")
     expect(page.locator("#id_volume")).to_have_value(str(vol.pk))
     expect(page.locator("#id_mount_path")).to_have_value("/workspace")
+    offered = "[...document.querySelectorAll('#id_volume option')].filter(o => !o.disabled).map(o => o.value)"
+    assert page.evaluate(offered) == ["", str(vol.pk)]
+    page.select_option("#id_volume", "")
+    page.select_option("#id_region", "eu-central-1")
+    assert page.evaluate(offered) == ["", str(far.pk)]
+    page.select_option("#id_region", "us-east-1")
+    page.select_option("#id_volume", str(vol.pk))
     page.fill("#id_name", "box")
     page.select_option("#id_instance_type", "l40s.1x-tiny")
     page.check("input[name=template][value=custom]")

@@ -56,7 +56,7 @@ def test_the_launch_form_picks_a_volume_and_says_next_to_it_why_one_is_refused(a
     theirs = volume_create(tenant=charlie.tenant, name="theirs", region="us-east-1", size_gib=10)
     client = signed_in(alice)
     form = client.get("/console/launch/", {"volume": str(here.pk), "region": "us-east-1"}).content.decode()
-    assert f'<option value="{here.pk}" selected>here — us-east-1, 10 GiB</option>' in form
+    assert f'<option value="{here.pk}" selected data-region="us-east-1">here — us-east-1, 10 GiB</option>' in form
     assert str(far.pk) in form and str(theirs.pk) not in form  # only the tenant's own
     assert 'name="mount_path" value="/workspace"' in form
     body = {"kind": "instance", "name": "box", "instance_type": "h100.1x", "region": "us-east-1",
