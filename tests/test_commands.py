@@ -109,6 +109,15 @@ def test_the_demo_runs_containers_in_docker_when_an_engine_answers_else_simulate
         assert cfg.docker_scope == f"demo-{host}"  # one engine, each agent only its own containers
 
     assert demo.choose_runtime("sim")[0] == "sim"
+
+    def no_busybox(client):
+        raise FileNotFoundError("/bin/busybox is missing: apt-get install busybox-static")
+
+    with monkeypatch.context() as m:  # an engine, but no busybox to build the stand-in from
+        m.setattr("agents.host.standin.busybox_image", no_busybox)
+        runtime, image, about = demo.choose_runtime("auto")
+        assert (runtime, image) == ("sim", "") and "the Docker engine answered, but the stand-in image" in about
+        assert "apt-get install busybox-static" in about
     monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")  # nothing listens: no engine answers
     runtime, image, about = demo.choose_runtime("auto")
     assert (runtime, image) == ("sim", "") and about.startswith("simulated: no Docker engine answered")

@@ -42,21 +42,26 @@ def choose_runtime(wanted: str = "auto") -> tuple[str, str, str]:
         raise CommandError(f"GPUCLOUD_DEMO_RUNTIME must be one of {', '.join(RUNTIMES)}, not {wanted!r}")
     if wanted == "sim":
         return "sim", "", "simulated (GPUCLOUD_DEMO_RUNTIME=sim): containers are simulated, nothing runs"
+    import docker
+
+    from agents.host.standin import busybox_image
+
     try:
-        import docker
-
-        from agents.host.standin import busybox_image
-
         client = docker.from_env(timeout=20)
-        try:
-            version = client.version().get("Version", "?")
-            image = busybox_image(client)
-        finally:
-            client.close()
+        version = client.version().get("Version", "?")
     except Exception as e:  # noqa: BLE001 - any failure means: no usable engine
         if wanted == "docker":
-            raise CommandError(f"GPUCLOUD_DEMO_RUNTIME=docker, but the Docker engine is not usable: {e}") from e
+            raise CommandError(f"GPUCLOUD_DEMO_RUNTIME=docker, but no Docker engine answered: {e}") from e
         return "sim", "", f"simulated: no Docker engine answered ({e}); containers are simulated, nothing runs"
+    try:
+        image = busybox_image(client)
+    except Exception as e:  # noqa: BLE001 - no busybox here, an engine that refuses the import
+        if wanted == "docker":
+            raise CommandError(f"GPUCLOUD_DEMO_RUNTIME=docker, but the stand-in image cannot be built: {e}") from e
+        return "sim", "", (f"simulated: the Docker engine answered, but the stand-in image cannot be built ({e}); "
+                           "containers are simulated, nothing runs")
+    finally:
+        client.close()
     return "docker", image, (f"docker (engine {version}): containers really run, with simulated GPUs; an image "
                              f"this engine lacks runs as the local stand-in {image}, which says so in its log")
 
