@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import logging
-import os
 import resource
 import shlex
 from dataclasses import replace
@@ -183,8 +182,8 @@ class DockerRuntime:
         self._amd_devices = amd_devices or {}
         self._stop_timeout_s = stop_timeout_s
         self._image_fallback = image_fallback
-        # The engine refuses a container more CPUs than the machine has.
-        self._cpus = float(os.cpu_count() or 1)
+        # The engine's CPU count (asked at the first start): it refuses a container more.
+        self._cpus: float | None = None
 
     def _get(self, instance_id: str) -> Any:
         try:
@@ -346,7 +345,8 @@ class DockerRuntime:
                 f"{p}/tcp": (self._publish_address,) if self._publish_address else None
                 for p in spec.ports
             },
-            nano_cpus=int(min(spec.vcpus, self._cpus) * 1e9),
+            # At most the engine's CPUs (a simulated host advertises more than the machine has).
+            nano_cpus=int((min(spec.vcpus, self._cpus) if self._cpus else spec.vcpus) * 1e9),
             mem_limit=f"{spec.memory_mib}m",
             memswap_limit=f"{spec.memory_mib}m",  # equal to mem_limit: no swap
             # PyTorch data loaders live in /dev/shm; Docker's 64 MiB default breaks them.
@@ -380,6 +380,8 @@ class DockerRuntime:
             existing.remove(force=True)
         self._check_disk_quota()
         try:
+            if self._cpus is None:
+                self._cpus = float(self._client.info().get("NCPU") or 0) or None
             spec = self._stand_in(spec)
         except self._docker.errors.DockerException as e:
             raise RuntimeError_(str(e)) from e
@@ -421,7 +423,9 @@ class DockerRuntime:
             f"running the stand-in image {self._image_fallback} (busybox) in its place"
         )
         logger.warning(notice, extra={"instance": spec.instance_id})
-        script = ["echo " + shlex.quote(notice) + " >&2"]
+        # On stdout, the stream the command writes to first: docker orders lines within a
+        # stream, not across stdout and stderr.
+        script = ["echo " + shlex.quote(notice)]
         if spec.command:
             script.append('exec "$@"')
         else:
