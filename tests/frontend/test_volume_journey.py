@@ -8,8 +8,9 @@ holds the file across the stop (the simulated runtime keeps no files, so it coul
 this). The fixture is the gateway's Docker test's (tests/gateway/test_gateway_docker.py
 `connected`): the agent runs in this process and the test drives it (`agent.iterate()`) and
 the scheduler (`run_cycle`) where a deployment's loops and Celery would, so every step is
-bounded and nothing waits on a timer. Screenshots of the volume pages at 1280 px go to
-$GPUCLOUD_SCREENSHOTS (else var/screenshots/).
+bounded and nothing waits on a timer. Screenshots of the volume pages at 1280 px (and at
+375 px, checked for nothing wider than a phone's screen) go to $GPUCLOUD_SCREENSHOTS (else
+var/screenshots/).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from scheduler.choices import State
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload
 from tests.agents.test_agent_api import triggered  # noqa: F401 - a fixture, used by name
-from tests.frontend.conftest import DESKTOP, shot, sign_in
+from tests.frontend.conftest import DESKTOP, horizontal_overflow, shot, sign_in
 from tests.gateway.test_gateway_docker import IMAGE, connected, engine, tiny, wait_until  # noqa: F401
 from volumes.models import Volume
 from volumes.services import volume_create
@@ -61,7 +62,7 @@ def _terminal(page, line: str) -> None:
 
 
 def test_a_file_on_a_volume_outlives_a_stop_and_start_of_its_instance(
-        docker_volumes, connected, alice, tiny, page, live_server, settings):  # noqa: F811
+        docker_volumes, connected, alice, tiny, page, phone, live_server, settings):  # noqa: F811
     agent, gw = connected
     # Served at http://localhost:<port>: the gateway on the same host name gets the session cookie.
     settings.GATEWAY_PUBLIC_HTTP_URL = f"http://localhost:{gw.gw.http_port}"
@@ -135,3 +136,11 @@ def test_a_file_on_a_volume_outlives_a_stop_and_start_of_its_instance(
     page.goto("/console/volumes/")
     expect(page.locator("main")).to_contain_text("work")
     shot(page, "volumes-list-1280")
+
+    # The same pages on a phone: nothing wider than the screen.
+    sign_in(phone, alice.user, live_server.url)
+    for path, name in (("/console/volumes/", "volumes-list"), (f"/console/volumes/{vol.pk}/", "volume-detail"),
+                       (f"/console/launch/?region=us-east-1&volume={vol.pk}", "launch-with-volume")):
+        phone.goto(path)
+        assert horizontal_overflow(phone) == [], (path, horizontal_overflow(phone))
+        shot(phone, f"{name}-375")
