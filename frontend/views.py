@@ -65,6 +65,7 @@ from scheduler import selectors as workload_selectors
 from scheduler import services as workload_services
 from scheduler.api import serializers as workload_s
 from scheduler.choices import ACTIVE, HOLDING, TERMINAL, Billing, State, WorkloadKind
+from volumes import selectors as volume_selectors
 
 # Live parts refresh at this pace (htmx `every Ns`); the GPU chart shows this window.
 POLL_S = 2
@@ -323,10 +324,12 @@ def _free_by_region(it, tenant) -> dict[str, int]:
 def launch(request):
     console = request.console
     saved = list(console_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
+    vols = list(volume_selectors.volume_list(tenant=console.tenant).order_by("name"))
     initial = {"instance_type": request.GET.get("type", ""), "region": request.GET.get("region", ""),
-               "kind": request.GET.get("kind", "instance"),
+               "kind": request.GET.get("kind", "instance"), "mount_path": "/workspace",
+               "volume": request.GET.get("volume", ""),
                "image": IMAGE_TEMPLATES["pytorch"].image, "command": IMAGE_TEMPLATES["pytorch"].command}
-    form = LaunchForm(request.POST or None, initial=initial, saved_keys=saved)
+    form = LaunchForm(request.POST or None, initial=initial, saved_keys=saved, volumes=vols)
     if request.method == "POST":
         form_ok = form.is_valid()
         kind = form.cleaned_data.get("kind") or WorkloadKind.INSTANCE
@@ -356,7 +359,7 @@ def launch(request):
         best = next(iter(free), "")
         if best:
             initial["region"] = best
-            form = LaunchForm(initial=initial, saved_keys=saved)
+            form = LaunchForm(initial=initial, saved_keys=saved, volumes=vols)
     values = form.data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
                           values.get("region") or first["region"], console.tenant, free)

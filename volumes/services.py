@@ -140,12 +140,12 @@ def attach_for_launch(*, workload: Workload, volumes: list[dict[str, Any]]) -> N
                        code="unsatisfiable")
     for v in found.values():
         if v.region_id != workload.region_id:
-            raise Conflict(f"Volume {v.name!r} is in {v.region.code}, not in {workload.region.code}.",
-                           code="unsatisfiable")
+            msg = f"Volume {v.name!r} is in {v.region.code}, not in {workload.region.code}."
+            raise Conflict(msg, code="unsatisfiable", fields={"volumes": [msg]})
         att = active_attachment(v)
         if att is not None and att.workload_id != workload.pk:
-            raise Conflict(f"Volume {v.name!r} is attached to {_attached_words(att)}: one writer at a time.",
-                           code="volume_attached")
+            msg = f"Volume {v.name!r} is attached to {_attached_words(att)}: one writer at a time."
+            raise Conflict(msg, code="volume_attached", fields={"volumes": [msg]})
     mounts = []
     for spec in volumes:
         v = found[spec["volume"]]

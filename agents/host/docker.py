@@ -33,6 +33,8 @@ import hashlib
 import importlib
 import logging
 import resource
+import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -152,6 +154,7 @@ class DockerRuntime:
         pids_limit: int = 4096,
         nofile: int = 65536,
         disk_gib: int = 0,
+        image_fallback: str = "",
     ) -> None:
         """``gpu_vendor``: ``nvidia``, ``amd`` or ``none`` (env variables only, no devices).
         ``amd_devices``: GPU UUID -> its /dev/dri nodes (from ``amd_device_nodes``).
@@ -160,7 +163,10 @@ class DockerRuntime:
         ``publish_address``: the host address published ports bind to ("" = all).
         ``pids_limit``: the most processes a container may have, whatever the spec asks.
         ``nofile``: the open-files ulimit (soft = hard). ``disk_gib``: writable-layer size
-        limit where the storage driver supports one (0: none)."""
+        limit where the storage driver supports one (0: none). ``image_fallback``: an image
+        on this host to run instead of a requested image the engine does not have (the demo,
+        where no registry is reachable: docs/connect.md); the container then says so first
+        thing in its log. Empty (the default): the engine pulls the image as usual."""
         if gpu_vendor not in DOCKER_GPU_VENDORS:
             raise ValueError(f"gpu_vendor must be one of {DOCKER_GPU_VENDORS}")
         self._publish_address = publish_address
@@ -175,6 +181,9 @@ class DockerRuntime:
         self._vendor = gpu_vendor
         self._amd_devices = amd_devices or {}
         self._stop_timeout_s = stop_timeout_s
+        self._image_fallback = image_fallback
+        # The engine's CPU count (asked at the first start): it refuses a container more.
+        self._cpus: float | None = None
 
     def _get(self, instance_id: str) -> Any:
         try:
@@ -336,7 +345,8 @@ class DockerRuntime:
                 f"{p}/tcp": (self._publish_address,) if self._publish_address else None
                 for p in spec.ports
             },
-            nano_cpus=int(spec.vcpus * 1e9),
+            # At most the engine's CPUs (a simulated host advertises more than the machine has).
+            nano_cpus=int((min(spec.vcpus, self._cpus) if self._cpus else spec.vcpus) * 1e9),
             mem_limit=f"{spec.memory_mib}m",
             memswap_limit=f"{spec.memory_mib}m",  # equal to mem_limit: no swap
             # PyTorch data loaders live in /dev/shm; Docker's 64 MiB default breaks them.
@@ -369,6 +379,12 @@ class DockerRuntime:
                 return str(existing.id)
             existing.remove(force=True)
         self._check_disk_quota()
+        try:
+            if self._cpus is None:
+                self._cpus = float(self._client.info().get("NCPU") or 0) or None
+            spec = self._stand_in(spec)
+        except self._docker.errors.DockerException as e:
+            raise RuntimeError_(str(e)) from e
         kwargs = self.run_kwargs(spec)
         try:
             self._network(kwargs["network"], spec.tenant_id)
@@ -387,6 +403,41 @@ class DockerRuntime:
         except self._docker.errors.DockerException as e:
             raise RuntimeError_(str(e)) from e
         return str(container.id)
+
+    def _stand_in(self, spec: ContainerSpec) -> ContainerSpec:
+        """``spec``, or with an ``image_fallback`` and an image this engine lacks, the same
+        container on the fallback image, saying so: the first line of its log names both
+        images. With a command, the command then runs as given (a tool the fallback lacks
+        fails as it would); without one, busybox ``httpd`` answers on each published port
+        with a page saying the same, and the container sleeps until stopped. Nothing is
+        pulled in this mode: a catalogue image is gigabytes, and the demo needs no registry."""
+        if not self._image_fallback or spec.image == self._image_fallback:
+            return spec
+        try:
+            self._client.images.get(spec.image)
+            return spec
+        except self._docker.errors.ImageNotFound:
+            pass
+        notice = (
+            f"gpucloud: image {spec.image} is not on this host and is not pulled here; "
+            f"running the stand-in image {self._image_fallback} (busybox) in its place"
+        )
+        logger.warning(notice, extra={"instance": spec.instance_id})
+        # On stdout, the stream the command writes to first: docker orders lines within a
+        # stream, not across stdout and stderr.
+        script = ["echo " + shlex.quote(notice)]
+        if spec.command:
+            script.append('exec "$@"')
+        else:
+            page = f"<!doctype html><title>stand-in</title><p>{notice}</p>"
+            script.append("mkdir -p /tmp/www && echo " + shlex.quote(page) + " > /tmp/www/index.html")
+            # The page at / and, as the 404 page, at every other path (the Jupyter port
+            # keeps the gateway's prefix).
+            script.append("echo E404:/tmp/www/index.html > /tmp/httpd.conf")
+            script += [f"httpd -p {p} -h /tmp/www -c /tmp/httpd.conf" for p in spec.ports]
+            script.append("exec sleep infinity")
+        command = ["sh", "-c", "\n".join(script), "sh", *spec.command]
+        return replace(spec, image=self._image_fallback, command=command)
 
     def stop(self, instance_id: str) -> None:
         c = self._get(instance_id)

@@ -22,6 +22,7 @@ import subprocess
 import tarfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from decimal import Decimal
@@ -44,6 +45,7 @@ from scheduler.models import Workload
 from tests.agents.test_agent_api import triggered  # noqa: F401 - a fixture, used by name
 from tests.agents.test_docker_runtime import BUSYBOX
 from tests.aio import run_in_own_loop
+from tests.conftest import make_actor
 from tests.gateway.test_gateway_ssh import GatewayThread, keypair, ssh
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -223,3 +225,44 @@ def test_ssh_pty_resize_forwarding_and_sftp_into_a_busybox_container(connected, 
          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
          f"{w.pk}@127.0.0.1"], input="ls\n", capture_output=True, text=True, timeout=20)
     assert out.returncode != 0 and "this image has no sftp-server" in out.stderr, out
+
+
+def test_the_http_url_of_a_port_serves_the_busybox_containers_page_through_the_proxy(connected, alice, tiny,
+                                                                                      settings):
+    """The HTTP side end to end on real parts: the API publishes port 8080, the agent (docker
+    runtime) runs busybox httpd there, the gateway's proxy reaches it through the tunnel."""
+    agent, gw = connected
+    settings.GATEWAY_PUBLIC_HTTP_URL = f"http://127.0.0.1:{gw.gw.http_port}"
+    serve = ["sh", "-c", "mkdir -p /www/data && echo served-by-busybox > /www/index.html && "
+                         "echo file-$((6*7)) > /www/data/f.txt && exec httpd -f -p 8080 -h /www"]
+    r = alice.client().post("/api/v1/instances", {
+        "name": "web", "instance_type": "l40s.1x-tiny", "region": "us-east-1", "image": IMAGE,
+        "command": serve, "ports": [8080]}, format="json")
+    assert r.status_code == 201, r.content
+    w = Workload.objects.get(pk=r.json()["id"])
+    assert run_cycle(region_id=tiny.pk).ran
+    agent.iterate()
+    agent.iterate()
+    w.refresh_from_db()
+    assert w.state == State.RUNNING, w.reason
+    wait_until(lambda: str(w.allocations.first().gpu.host_id) in gw.gw.tunnels, "the agent's tunnel")
+    url = alice.client().get(f"/api/v1/instances/{w.pk}").json()["connect"]["urls"]["8080"]
+    assert url == f"http://127.0.0.1:{gw.gw.http_port}/i/{w.pk}/8080/"
+
+    def fetch(path: str, key: str | None = None) -> tuple[int, bytes]:
+        req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    got: list[tuple[int, bytes]] = []
+    wait_until(lambda: got.append(fetch("", alice.key)) or got[-1][0] == 200, "httpd in the container", 15)
+    assert got[-1] == (200, b"served-by-busybox\n")
+    assert fetch("data/f.txt", alice.key) == (200, b"file-42\n")  # the path under the prefix reaches httpd
+    assert fetch("data/missing", alice.key)[0] == 404  # busybox's own 404, passed through
+    assert fetch("data/f.txt")[0] == 401  # no credentials: the gateway answers, the container is not asked
+    charlie = make_actor("charlie@globex.test", tenant_name="Globex")
+    status, body = fetch("data/f.txt", charlie.key)
+    assert status == 404 and b"file-42" not in body  # another tenant: as if there were no instance

@@ -48,6 +48,20 @@
     };
     form.addEventListener("change", sync);
     sync();
+    // the volume picker offers the volumes in the chosen region (the one picked stays: the
+    // server says why it cannot be used, rather than the browser dropping it unseen)
+    const region = form.querySelector("#id_region"), volume = form.querySelector("#id_volume");
+    if (region && volume) {
+      const pick = () => {
+        for (const o of volume.options) {
+          const away = !!o.dataset.region && o.dataset.region !== region.value && !o.selected;
+          o.hidden = away; o.disabled = away;
+        }
+      };
+      region.addEventListener("change", pick);
+      volume.addEventListener("change", pick);
+      pick();
+    }
   }
 
   // ---- charts (uPlot)
