@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 from django.conf import settings
 
-SOAK_S = float(os.environ.get("DEMO_SOAK_S", "40"))
+SOAK_S = float(os.environ.get("DEMO_SOAK_S", "15"))
 CLIENTS = 2
 TYPES = ["h100.1x", "a100.1x", "l40s.1x"]
 
