@@ -177,6 +177,10 @@ class PlacementRequest:
     expected_duration: float | None = None
     attained_service: float = 0.0
     restartable: bool = False
+    #: the job saves its progress when signalled (``checkpoint`` at submission): a
+    #: preemption costs it only the work since its last checkpoint, and it resumes
+    #: with its attained service kept when requeued
+    checkpointable: bool = False
     #: host affinity: placed on this host only, or it waits for it (a volume lives there)
     pinned_host: str | None = None
     #: the pinned host's name in words (its id when empty)
