@@ -147,7 +147,7 @@ class _Cap:
     ``over`` keeps the smallest eviction that would have made room but was refused,
     for the request's wait reason."""
 
-    __slots__ = ("mult", "milli", "gpu_s", "now", "over")
+    __slots__ = ("mult", "milli", "gpu_s", "now", "over", "max_milli", "max_gpu_s")
 
     def __init__(self, req: PlacementRequest, mult: float, now: float) -> None:
         self.mult = mult
@@ -156,6 +156,16 @@ class _Cap:
         self.gpu_s = None if d is None else self.milli / WHOLE * d
         self.now = now
         self.over: tuple[float, bool] | None = None
+        # what one victim may hold at most, in each measure (+ rounding slack)
+        self.max_milli = mult * self.milli + 1e-6
+        self.max_gpu_s = INF if self.gpu_s is None else mult * self.gpu_s * WHOLE + 1e-3
+
+    def one_ok(self, a: AllocState) -> bool:
+        """May ``a`` be a victim at all (alone within the cap)? The hot filter."""
+        end = a.alloc.expected_end
+        if end is None or self.gpu_s is None:
+            return a.milli <= self.max_milli
+        return a.milli * max(0.0, end - self.now) <= self.max_gpu_s
 
     @property
     def bounded(self) -> bool:
@@ -930,10 +940,18 @@ class _Planner:
     def known_no_victims(self, pkey: tuple[object, ...], shape: _Shape) -> str | None:
         """None, or the remembered outcome of a failed victim search this shape
         repeats: "" (no victims, for it or any smaller shape) or the cap's words
-        (remembered for that exact shape only: a larger request is allowed more)."""
+        (remembered for the same GPUs and duration only: a larger request is allowed more)."""
         for f, words in self.no_victims.get(pkey, ()):
             if words:
-                if f == shape:
+                # the same GPUs and duration (so the same cap): more vCPUs, memory or
+                # nodes find no victims within it either
+                if (
+                    shape[0] == f[0]
+                    and shape[4] == f[4]
+                    and shape[1] >= f[1]
+                    and shape[2] >= f[2]
+                    and shape[3] >= f[3]
+                ):
                     return words
             elif (
                 shape[0] >= f[0]
@@ -1078,14 +1096,25 @@ class _Planner:
             # cheap bound before the exact check
             if hs.free + sum(a.gpu_count for a in elig) < req.gpus_per_node:
                 return None
-        elig.sort(key=self.victim_key)
         cap = self.cap
         assert cap is not None
         if not cap.bounded:
+            elig.sort(key=self.victim_key)
             return self.greedy(req, hs, elig)
         # bounded blast radius: no victim that alone evicts more than the cap
-        within = [a for a in elig if cap.ok((a,))]
-        chosen = self.greedy(req, hs, within) if within else None
+        within = [a for a in elig if cap.one_ok(a)]
+        g = req.gpus_per_node
+        if len(within) < len(elig) and (
+            not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)
+        ):
+            if cap.over is None:  # the first host that would need more says why, once
+                elig.sort(key=self.victim_key)
+                full = self.greedy(req, hs, elig)
+                if full is not None:
+                    cap.note(full)
+            return None
+        within.sort(key=self.victim_key)
+        chosen = self.greedy(req, hs, within)
         if chosen is not None and not cap.ok(chosen):
             # the least-lost-work set evicts too much: try the smallest victims first
             over = chosen
@@ -1093,7 +1122,8 @@ class _Planner:
             if chosen is None or not cap.ok(chosen):
                 cap.note(over)
                 return None
-        if chosen is None and len(within) < len(elig):
+        if chosen is None and len(within) < len(elig) and cap.over is None:
+            elig.sort(key=self.victim_key)
             full = self.greedy(req, hs, elig)
             if full is not None:
                 cap.note(full)  # room only past the cap: the reason says so
