@@ -98,6 +98,11 @@ class Workload(models.Model):
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     # GPU-seconds received over earlier runs (LAS order, simulator parity).
     attained_gpu_s = models.FloatField(default=0.0)
+    # Checkpoint-aware preemption (jobs): on preemption the agent sends this signal, waits the
+    # grace for the job to save its progress, then stops it; the job is requeued and resumes.
+    # Both empty: no checkpoint, stopped at the end of the notice.
+    checkpoint_signal = models.CharField(max_length=10, blank=True)
+    checkpoint_grace_s = models.PositiveIntegerField(null=True, blank=True)
     # Storage (volumes/): the mounts the agent gives its container, and the host it must run on
     # because a volume's data lives there (host affinity: the scheduler core places it there or
     # it waits). Written by the volumes app at launch and first placement; plain data here.
@@ -123,6 +128,10 @@ class Workload(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(nodes__gte=1) & Q(nodes__lte=64), name="workload_nodes_range"),
             models.CheckConstraint(condition=Q(kind=WorkloadKind.JOB) | Q(nodes=1), name="workload_instance_one_node"),
+            models.CheckConstraint(condition=Q(checkpoint_signal="", checkpoint_grace_s__isnull=True)
+                                   | (~Q(checkpoint_signal="") & Q(checkpoint_grace_s__gte=1)
+                                      & Q(checkpoint_grace_s__lte=3600) & Q(kind=WorkloadKind.JOB)),
+                                   name="workload_checkpoint"),
             models.CheckConstraint(condition=Q(array__isnull=True, array_index__isnull=True)
                                    | Q(array__isnull=False, array_index__isnull=False, kind=WorkloadKind.JOB),
                                    name="workload_array_task"),
