@@ -228,6 +228,11 @@ class RegionSchedulerSettings(models.Model):
     notice_s = models.PositiveIntegerField(default=30)
     reclaim_idle_util = models.FloatField(default=0.05)
     reclaim_idle_s = models.PositiveIntegerField(default=3600)
+    # Bounded blast radius (core Policy.preempt_cap): a preemption evicts at most this multiple
+    # of what its request needs (GPU-seconds of remaining work with estimates, else GPUs).
+    preempt_cap = models.FloatField(
+        default=1.0, help_text="a preemption evicts at most this multiple of what the request needs (1: no "
+                               "more GPUs than it asks for)")
 
     class Meta:
         verbose_name = "region scheduler settings"
@@ -244,5 +249,7 @@ class RegionSchedulerSettings(models.Model):
             errors["mode"] = "static, dynamic or hybrid (or empty for the policy's own)."
         if not 0 <= self.reclaim_idle_util <= 1:
             errors["reclaim_idle_util"] = "A utilisation between 0 and 1."
+        if not 1 <= self.preempt_cap <= 1000:
+            errors["preempt_cap"] = "A multiple between 1 and 1000 of what the request needs."
         if errors:
             raise ValidationError(errors)

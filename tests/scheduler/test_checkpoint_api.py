@@ -76,3 +76,15 @@ def test_instances_take_no_checkpoint(alice, catalog):  # noqa: F811
     resp = alice.client().post("/api/v1/instances", {**body, "checkpoint": CHECKPOINT}, format="json")
     assert resp.status_code == 400 and "checkpoint" in resp.json()["error"]["fields"]
     assert not Workload.objects.exists()
+
+
+def test_the_console_shows_a_jobs_checkpoint(alice, catalog):  # noqa: F811
+    from django.test import Client
+
+    make_hosts(n=1, gpus=8)
+    job = post(alice, checkpoint=CHECKPOINT).json()
+    client = Client()
+    client.force_login(alice.user)
+    page = client.get(f"/console/jobs/{job['id']}/")
+    assert page.status_code == 200
+    assert "SIGUSR1, then 60 s to save before a preemption stops it" in page.content.decode()
