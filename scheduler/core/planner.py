@@ -362,7 +362,8 @@ class _Planner:
         # words (refused by the cap: only this very shape, a larger one may fit the cap)
         self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, str]]] = {}
         self.slices: dict[str, float] = dict(policy.time_slice)
-        self.cap = _Cap(reqs[0], policy.preempt_cap, now) if reqs else None
+        # the blast-radius bound of the request whose victims are being chosen
+        self.cap: _Cap | None = None
         # (pool, class rank) -> hosts that still hold work that class could preempt
         self.victim_hosts: dict[tuple[str, str, int], dict[HostState, None]] = {}
 
