@@ -53,6 +53,12 @@ WORKLOAD_KINDS: Final[frozenset[str]] = frozenset({"instance", "job"})
 FATAL_XIDS: Final[frozenset[int]] = frozenset({48, 62, 64, 74, 79, 95, 119, 120})
 IDLE_BELOW: Final = 0.05  # utilisation under 5 % counts as idle (the reclaimer and auto-stop read idle_since)
 WAKE_PREFIX: Final = "gateway:wake:"
+# Checkpoint-aware preemption: the signals a job may ask for before it is stopped (the API
+# refuses others; the agent sends nothing else), and the longest grace it may ask for.
+CHECKPOINT_SIGNALS: Final[frozenset[str]] = frozenset(
+    {"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
+)
+CHECKPOINT_GRACE_MAX_S: Final = 3600
 
 
 def wake_channel(host_id: str) -> str:
@@ -494,6 +500,12 @@ class DesiredContainer:
 
     ``gpu_milli`` is the share of *each* GPU in ``gpu_uuids``: 1000 is a whole GPU, less
     is a fraction of a shared GPU. ``network`` is the tenant's bridge network name.
+
+    Checkpoint-aware preemption (optional fields, sent only when set): a job that declared
+    ``checkpoint_signal`` (one of ``CHECKPOINT_SIGNALS``) and ``checkpoint_grace_s`` gets,
+    once it is under a preemption notice (``stop_by``, ISO 8601 UTC, its end), that signal
+    from the agent at once, and is stopped ``checkpoint_grace_s`` later (or at ``stop_by``,
+    whichever comes first) while it is still desired.
     """
 
     instance_id: str
@@ -511,9 +523,12 @@ class DesiredContainer:
     ports: list[int] = field(default_factory=list)  # container TCP ports to publish
     labels: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)  # persistent volumes (optional field)
+    checkpoint_signal: str | None = None
+    checkpoint_grace_s: int = 0
+    stop_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "instance_id": self.instance_id,
             "tenant_id": self.tenant_id,
             "kind": self.kind,
@@ -530,6 +545,12 @@ class DesiredContainer:
             "labels": dict(self.labels),
             "mounts": [m.to_dict() for m in self.mounts],
         }
+        if self.checkpoint_signal is not None:
+            out["checkpoint_signal"] = self.checkpoint_signal
+            out["checkpoint_grace_s"] = self.checkpoint_grace_s
+        if self.stop_by is not None:
+            out["stop_by"] = self.stop_by
+        return out
 
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> DesiredContainer:
@@ -540,6 +561,9 @@ class DesiredContainer:
         vcpus = r.float_("vcpus", required=False, default=1.0)
         if vcpus <= 0:
             raise ProtocolError(r._p("vcpus"), "must be > 0")
+        signal = r.opt_str("checkpoint_signal")
+        if signal is not None and signal not in CHECKPOINT_SIGNALS:
+            raise ProtocolError(r._p("checkpoint_signal"), f"must be one of {sorted(CHECKPOINT_SIGNALS)}")
         return cls(
             instance_id=r.str_("instance_id"),
             tenant_id=r.str_("tenant_id"),
@@ -556,6 +580,10 @@ class DesiredContainer:
             network=r.str_("network", required=False, default=""),
             labels=r.str_map("labels"),
             mounts=r.list_("mounts", Mount.from_dict),
+            checkpoint_signal=signal,
+            checkpoint_grace_s=r.int_("checkpoint_grace_s", required=False, default=0,
+                                      maximum=CHECKPOINT_GRACE_MAX_S),
+            stop_by=r.opt_str("stop_by", max_len=64),
         )
 
 

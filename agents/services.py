@@ -63,8 +63,8 @@ from gpucloud.catalogue.models import GpuModel, Region
 from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
 from scheduler.choices import HOLDING, State, WorkloadKind
-from scheduler.cycle import policy_for
-from scheduler.hooks import cycle_wanted
+from scheduler.cycle import notice_served, policy_for
+from scheduler.hooks import cycle_wanted, holding_changed
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload
 from scheduler.services import (
@@ -660,6 +660,18 @@ class _Mover:
         if w.state != old:
             self.outcome.transitions.append((str(w.pk), State.FAILED))
 
+    def preempted(self, w: Workload, exit_code: int | None) -> None:
+        """A job under a preemption notice exited (the agent stopped it after its checkpoint
+        grace, or it saved and exited): PREEMPTED and requeued, as when the notice runs out,
+        without spending a retry."""
+        old = w.state
+        with transaction.atomic():
+            if exit_code is not None:
+                Workload.objects.filter(pk=w.pk, state=old).update(exit_code=exit_code)
+            workload_requeue_or_end(workload=w, ended=State.PREEMPTED, reason=notice_served(w.reason))
+        if w.state != old:
+            self.outcome.transitions.append((str(w.pk), State.PREEMPTED))
+
     def stopped(self, w: Workload, reason: str, **extra) -> None:
         """A STOPPING workload's container is gone; scheduler.services says what it ends as."""
         if workload_stopped(workload=w, reason=reason, now=self.now, **extra):
@@ -698,6 +710,8 @@ class _Mover:
             code = o.exit_code
             if w.kind == WorkloadKind.JOB and code == 0:
                 self.to(w, State.SUCCEEDED, "exited with code 0", exit_code=0)
+            elif w.kind == WorkloadKind.JOB and w.stop_by is not None:
+                self.preempted(w, code)
             else:
                 self.end(w, f"container exited with code {code}", exit_code=code)
 
@@ -959,7 +973,8 @@ def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[s
     Returns the host and the ids of the jobs given notice now."""
     now = now or timezone.now()
     host = _host_set_admin_state(host=host, to=AdminState.DRAINING)
-    stop_by = now + timedelta(seconds=policy_for(host.region_id).notice_s)
+    notice_s = policy_for(host.region_id).notice_s
+    stop_by = now + timedelta(seconds=notice_s)
     noticed = []
     jobs = (
         Workload.objects.filter(
@@ -972,11 +987,15 @@ def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[s
         .order_by("created_at")
     )
     for w in jobs:
+        # a checkpointing job's notice lasts its grace at least, as for a preemption
+        stop = now + timedelta(seconds=max(notice_s, w.checkpoint_grace_s or 0))
         # a job already on notice (preempted) keeps its earlier deadline
         if Workload.objects.filter(pk=w.pk, stop_by__isnull=True).update(
-            stop_by=stop_by, reason=f"host {host.name} is draining; stopping at {stop_by:%H:%M:%S} UTC"
+            stop_by=stop, reason=f"host {host.name} is draining; stopping at {stop:%H:%M:%S} UTC"
         ):
             noticed.append(str(w.pk))
+    if noticed:
+        holding_changed(noticed)  # a checkpointing job gets its signal
     logger.info("host drained host=%s noticed=%s stop_by=%s", host.pk, noticed, stop_by.isoformat())
     return host, noticed
 

@@ -82,7 +82,8 @@ def job_array_launch(*, tenant: Tenant, spec: WorkloadSpec, count: int, user=Non
             command=spec.command, env={**spec.env, ENV_ARRAY_ID: str(arr.pk), ENV_ARRAY_COUNT: str(count)},
             ports=spec.ports, ssh_keys=spec.ssh_keys, billing=spec.billing, priority=spec.priority,
             queue=spec.queue, nodes=spec.nodes, max_retries=spec.max_retries, timeout_s=spec.timeout_s,
-            max_price=spec.max_price, state=State.PENDING, reason="waiting for the scheduler", created_by=user,
+            max_price=spec.max_price, **spec.checkpoint_fields(), state=State.PENDING,
+            reason="waiting for the scheduler", created_by=user,
             created_at=now, queued_at=now, updated_at=now, array=arr, array_index=0,
         )
         _insert_tasks(template, count, actor=current_actor().label[:200])

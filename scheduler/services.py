@@ -61,6 +61,15 @@ class WorkloadSpec:
     auto_stop_idle_minutes: int | None = None  # instances only: stop after this long with idle GPUs
     # [{"volume": id, "mount_path": "/workspace"}]: attached by the volumes app (workload_launching)
     volumes: list[dict[str, Any]] = field(default_factory=list)
+    # jobs only: {"signal": "SIGUSR1", "grace_s": 60}, sent before a preemption stops it
+    checkpoint: dict[str, Any] | None = None
+
+    def checkpoint_fields(self) -> dict[str, Any]:
+        """The Workload columns of ``checkpoint``."""
+        cp = self.checkpoint
+        if not cp:
+            return {"checkpoint_signal": "", "checkpoint_grace_s": None}
+        return {"checkpoint_signal": cp["signal"], "checkpoint_grace_s": cp["grace_s"]}
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
@@ -171,7 +180,7 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
         image=spec.image, command=spec.command, env=spec.env, ports=spec.ports, ssh_keys=spec.ssh_keys,
         billing=spec.billing, priority=spec.priority, queue=spec.queue, nodes=spec.nodes,
         max_retries=spec.max_retries, timeout_s=spec.timeout_s, max_price=spec.max_price, state=State.PENDING,
-        auto_stop_idle_minutes=spec.auto_stop_idle_minutes,
+        auto_stop_idle_minutes=spec.auto_stop_idle_minutes, **spec.checkpoint_fields(),
         reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
     )
     event = _record(workload, "", State.PENDING, "submitted", now)
@@ -390,9 +399,18 @@ def workload_requeue_or_end(*, workload: Workload, ended: str, reason: str) -> W
 
     Preemption and host loss do not spend a job's retries (it was not the job's
     fault); a failure does. Instances stay ended: a rental restarted elsewhere would
-    surprise its owner.
+    surprise its owner. A job's run adds to its attained service (GPU-seconds), which it
+    keeps in the queue (least-attained-service order, time-slicing; a checkpointing job
+    resumes with it).
     """
-    if not workload_transition(workload=workload, to=ended, reason=reason):
+    now = timezone.now()
+    extra: dict[str, Any] = {}
+    if workload.kind == WorkloadKind.JOB and workload.started_at is not None:
+        it = workload.instance_type
+        ran = max(0.0, (now - workload.started_at).total_seconds())
+        extra["attained_gpu_s"] = workload.attained_gpu_s + it.gpu_count * it.gpu_share_milli / 1000 \
+            * workload.nodes * ran
+    if not workload_transition(workload=workload, to=ended, reason=reason, now=now, **extra):
         return workload
     if workload.kind != WorkloadKind.JOB:
         return workload

@@ -6,7 +6,8 @@ One iteration::
     sample   backend.sample()                     ([] if the backend fails)
     report   POST /agent/v1/heartbeat             (observed + remembered exits + missing)
     decide   reconcile(desired, observed)         (pure; see reconcile.py)
-    act      Stop / Remove / Start                (each failure logged, never fatal)
+             + checkpoint_actions(...)            (a job under notice: signal, grace, stop)
+    act      Stop / Remove / Start / Signal       (each failure logged, never fatal)
 
 Failure policy: the control plane unreachable (refused, timeout, 5xx, 429) -> containers
 keep running untouched and the agent retries after ``backoff(attempt)``. 401/403 on a
@@ -37,7 +38,17 @@ from agents.host.client import (
 )
 from agents.host.config import AgentConfig
 from agents.host.gpu import GpuBackend
-from agents.host.reconcile import Action, Remove, ReportExit, Start, Stop, reconcile
+from agents.host.reconcile import (
+    Action,
+    Remove,
+    ReportExit,
+    Signal,
+    Start,
+    Stop,
+    checkpoint_actions,
+    checkpoint_due_in,
+    reconcile,
+)
 from agents.host.runtime import Runtime
 from agents.host.state import HostState, clear_state, load_state, save_state
 from agents.protocol import (
@@ -185,6 +196,9 @@ class Agent:
         self._desired_version: str | None = None
         self._answers = 0
         self._acted = False  # the last iteration started or stopped a container
+        # checkpoint-aware preemption: instance id -> when (self.clock) its signal was sent;
+        # it is stopped checkpoint_grace_s later if the control plane still wants it
+        self._signalled: dict[str, float] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -250,6 +264,9 @@ class Agent:
         if self._acted:
             return 0.0
         wait = delay * self.rng.uniform(0.9, 1.1)
+        grace = checkpoint_due_in(self.desired, self._signalled, self.clock())
+        if grace is not None:
+            wait = min(wait, grace + 0.01)  # stop it when its grace runs out, not later
         foresee = getattr(self.runtime, "next_change_in", None)
         if callable(foresee):
             try:
@@ -411,6 +428,7 @@ class Agent:
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
             actions = reconcile(self.desired, view, known=self._known)
+            actions += checkpoint_actions(self.desired, view, self._signalled, self.clock())
             self._acted = self._apply(actions) > 0
         else:
             self._acted = False
@@ -419,6 +437,7 @@ class Agent:
         if observed is not None:
             self._known = (self._known | wanted) & ({o.instance_id for o in view} | wanted)
         self._exits = {k: v for k, v in self._exits.items() if k in wanted}
+        self._signalled = {k: v for k, v in self._signalled.items() if k in wanted}
         self._exit_logged &= wanted
         self._start_errors = {k: v for k, v in self._start_errors.items() if k in wanted}
 
@@ -557,6 +576,14 @@ class Agent:
                     changed += 1
                     logger.info(
                         "container stopped", extra={"host_id": self.host_id, "instance_id": iid}
+                    )
+                elif isinstance(a, Signal):
+                    # the grace counts from now even if sending fails: the stop still comes
+                    self._signalled[iid] = self.clock()
+                    self.runtime.signal(iid, a.signal)
+                    logger.info(
+                        "checkpoint signal sent",
+                        extra={"host_id": self.host_id, "instance_id": iid, "signal": a.signal},
                     )
                 elif isinstance(a, Remove):
                     self.runtime.remove(iid)

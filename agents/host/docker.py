@@ -48,7 +48,7 @@ from agents.host.runtime import (
     RuntimeError_,
     container_name,
 )
-from agents.protocol import ContainerState, ObservedContainer
+from agents.protocol import CHECKPOINT_SIGNALS, ContainerState, ObservedContainer
 
 logger = logging.getLogger(__name__)
 
@@ -447,6 +447,20 @@ class DockerRuntime:
             c.stop(timeout=self._stop_timeout_s)
         except self._docker.errors.NotFound:
             pass
+
+    def signal(self, instance_id: str, signal: str) -> None:
+        """`docker kill --signal`: the container keeps running if its process handles it."""
+        if signal not in CHECKPOINT_SIGNALS:
+            raise RuntimeError_(f"refusing to send {signal!r}: not a checkpoint signal")
+        c = self._get(instance_id)
+        if c is None:
+            return
+        try:
+            c.kill(signal=signal)
+        except self._docker.errors.NotFound:
+            pass
+        except self._docker.errors.APIError as e:  # not running (any more): nothing to signal
+            raise RuntimeError_(f"signal {signal} not sent: {e}") from e
 
     def remove(self, instance_id: str) -> None:
         c = self._get(instance_id)

@@ -111,6 +111,12 @@ class Allocation:
     preempting_for: str | None = None
     stop_by: float | None = None
     pinned: bool = False  # bound to its host (a volume lives there): never migrated
+    #: saves its progress on a signal (``checkpoint`` at submission): a preemption
+    #: loses it no work, and its notice lasts at least ``grace_s`` (time to save)
+    checkpointable: bool = False
+    grace_s: float = 0.0
+    #: GPU-seconds received over earlier runs (time-slicing compares it with a request's)
+    attained_service: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +183,10 @@ class PlacementRequest:
     expected_duration: float | None = None
     attained_service: float = 0.0
     restartable: bool = False
+    #: the job saves its progress when signalled (``checkpoint`` at submission): a
+    #: preemption costs it only the work since its last checkpoint, and it resumes
+    #: with its attained service kept when requeued
+    checkpointable: bool = False
     #: host affinity: placed on this host only, or it waits for it (a volume lives there)
     pinned_host: str | None = None
     #: the pinned host's name in words (its id when empty)

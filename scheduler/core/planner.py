@@ -140,6 +140,81 @@ def _dominated(frontier: list[tuple[_Shape, _T]] | None, shape: _Shape) -> _T | 
 BASE_FILTERS = ("ready", "gpu-model", "region", "gpus", "resources")
 
 
+class _Cap:
+    """The blast radius of one preemption (``Policy.preempt_cap``): the victims may
+    hold at most ``mult`` times what the request needs - GPU-seconds of remaining
+    expected work when the request and every victim have estimates, else GPUs.
+    ``over`` keeps the smallest eviction that would have made room but was refused,
+    for the request's wait reason."""
+
+    __slots__ = ("mult", "milli", "gpu_s", "now", "over", "max_milli", "max_gpu_s")
+
+    def __init__(self, req: PlacementRequest, mult: float, now: float) -> None:
+        self.mult = mult
+        self.milli = req.milli_per_node  # per node: victims are chosen host by host
+        d = req.expected_duration
+        self.gpu_s = None if d is None else self.milli / WHOLE * d
+        self.now = now
+        self.over: tuple[float, bool] | None = None
+        # what one victim may hold at most, in each measure (+ rounding slack)
+        self.max_milli = mult * self.milli + 1e-6
+        self.max_gpu_s = INF if self.gpu_s is None else mult * self.gpu_s * WHOLE + 1e-3
+
+    def one_ok(self, a: AllocState) -> bool:
+        """May ``a`` be a victim at all (alone within the cap)? The hot filter."""
+        end = a.alloc.expected_end
+        if end is None or self.gpu_s is None:
+            return a.milli <= self.max_milli
+        return a.milli * max(0.0, end - self.now) <= self.max_gpu_s
+
+    @property
+    def bounded(self) -> bool:
+        return self.mult != INF
+
+    def cost(self, victims: Iterable[AllocState]) -> tuple[float, bool]:
+        """What evicting ``victims`` costs: (GPU-seconds of remaining work, True) or (GPUs, False)."""
+        vs = list(victims)
+        now = self.now
+        if self.gpu_s is not None:
+            ends = [a.alloc.expected_end for a in vs]
+            if None not in ends:
+                return (
+                    sum(a.milli / WHOLE * max(0.0, e - now) for a, e in zip(vs, ends, strict=True) if e is not None),
+                    True,
+                )
+        return sum(a.milli for a in vs) / WHOLE, False
+
+    def ok(self, victims: Iterable[AllocState], nodes: int = 1) -> bool:
+        if self.mult == INF:
+            return True
+        c, secs = self.cost(victims)
+        need = self.gpu_s if secs else self.milli / WHOLE
+        return c <= self.mult * nodes * need + 1e-9  # type: ignore[operator]
+
+    def note(self, victims: Iterable[AllocState]) -> None:
+        c = self.cost(victims)
+        if self.over is None or c < self.over:
+            self.over = c
+
+    def words(self, req: PlacementRequest) -> str:
+        """Why preemption did not make room: "" unless the cap refused some."""
+        if self.over is None:
+            return ""
+        c, secs = self.over
+        if secs:
+            need = (self.gpu_s or 0.0) * req.nodes / 3600
+            return (
+                f"preempting for it would evict {c / 3600:.1f} GPU-hours of remaining work, "
+                f"over the cap of {self.mult:g}x its {need:.1f} GPU-hours"
+            )
+        need_gpus = self.milli * req.nodes / WHOLE
+        return (
+            f"preempting for it would evict {c:g} GPUs of running work, "
+            f"over the cap of {self.mult:g}x the {need_gpus:g} GPU{'s' if need_gpus != 1 else ''} "
+            f"it asks for"
+        )
+
+
 def plan(
     snapshot: ClusterSnapshot,
     queue: Iterable[PlacementRequest],
@@ -283,7 +358,12 @@ class _Planner:
                 self.under_notice.setdefault(pf, []).append(st)
         self.n = Counter[str]()
         self.pool_cache: dict[tuple[str, str | None, tuple[str, ...]], list[Pool]] = {}
-        self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, bool]]] = {}
+        # shape -> "" (no victims at all: any larger shape has none either) or the cap's
+        # words (refused by the cap: only this very shape, a larger one may fit the cap)
+        self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, str]]] = {}
+        self.slices: dict[str, float] = dict(policy.time_slice)
+        # the blast-radius bound of the request whose victims are being chosen
+        self.cap: _Cap | None = None
         # (pool, class rank) -> hosts that still hold work that class could preempt
         self.victim_hosts: dict[tuple[str, str, int], dict[HostState, None]] = {}
 
@@ -409,15 +489,22 @@ class _Planner:
                 return self.wait(
                     req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
                 )
-            pkey = (*key, CLASS_RANK.get(req.priority, 1))
-            known = _dominated(self.no_victims.get(pkey), shape) is not None
-            victims = [] if known else self.find_victims(req, pools)
-            if not victims:
+            pkey = (
+                *key,
+                CLASS_RANK.get(req.priority, 1),
+                req.attained_service if req.priority in self.slices else 0.0,
+            )
+            capped = self.known_no_victims(pkey, shape)
+            if capped is None:
+                self.cap = _Cap(req, self.p.preempt_cap, self.now)
+                victims = self.find_victims(req, pools)
+                if victims:
+                    return self.preempt_for(req, victims)
                 # victims only ever get fewer within a cycle, so this shape stays unservable
-                if not known:
-                    self.no_victims.setdefault(pkey, []).append((shape, True))
-            else:
-                return self.preempt_for(req, victims)
+                capped = self.cap.words(req)
+                self.no_victims.setdefault(pkey, []).append((shape, capped))
+            if capped:
+                failure = f"{failure}; {capped}"
         if not self.is_blocked(req):
             self.blocked[(model, req.region)] = req.request_id
             if self.p.backfill:
@@ -450,10 +537,14 @@ class _Planner:
                         req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
                     )
                 if hs.reserved_at is None or hs.reserved_for == req.request_id:
+                    self.cap = _Cap(req, self.p.preempt_cap, self.now)
                     victims = self.host_victims(req, hs)
                     if victims:
                         self.mark_reserved(hs, self.now, req.request_id)
                         return self.preempt_for(req, victims)
+                    capped = self.cap.words(req)
+                    if capped:
+                        reason = f"{reason}; {capped}"
             if self.p.backfill and hs.ready and hs.reserved_at is None:
                 at = self.earliest_fit(req, hs)
                 if at < INF:
@@ -464,13 +555,15 @@ class _Planner:
         """Give ``victims`` notice to make room for ``req``, which waits for them."""
         for a in victims:
             a.doomed = True
+            # a checkpointing victim gets its declared grace to save its progress
+            notice = max(self.p.notice_s, a.alloc.grace_s)
             self.decisions.append(
                 Preempt(
                     a.alloc.request_id,
                     req.request_id,
-                    self.p.notice_s,
+                    notice,
                     f"preempted to make room for {req.priority}-class work; "
-                    f"stops in {self.p.notice_s:g} s",
+                    f"stops in {notice:g} s",
                 )
             )
             self.n["preempted"] += 1
@@ -845,12 +938,80 @@ class _Planner:
         noun = "instance" if kinds == {"instance"} else "job" if kinds == {"job"} else "workload"
         return f"{len(victims)} preempted {noun}{'s' if len(victims) != 1 else ''}"
 
-    def eligible(self, req: PlacementRequest, a: AllocState) -> bool:
+    def known_no_victims(self, pkey: tuple[object, ...], shape: _Shape) -> str | None:
+        """None, or the remembered outcome of a failed victim search this shape
+        repeats: "" (no victims, for it or any smaller shape) or the cap's words
+        (remembered for the same GPUs and duration only: a larger request is allowed more)."""
+        for f, words in self.no_victims.get(pkey, ()):
+            if words:
+                # the same GPUs and duration (so the same cap): more vCPUs, memory or
+                # nodes find no victims within it either
+                if (
+                    shape[0] == f[0]
+                    and shape[4] == f[4]
+                    and shape[1] >= f[1]
+                    and shape[2] >= f[2]
+                    and shape[3] >= f[3]
+                ):
+                    return words
+            elif (
+                shape[0] >= f[0]
+                and shape[1] >= f[1]
+                and shape[2] >= f[2]
+                and shape[3] >= f[3]
+                and shape[4] >= f[4]
+            ):
+                return ""
+        return None
+
+    def preemptible(self, rank: int, a: AllocState) -> bool:
+        """Could a request of class ``rank`` ever preempt ``a`` (whoever asks)?"""
+        if a.doomed or self.p.mode_for(a.alloc.priority) != "dynamic":
+            return False
+        if a.rank > rank:
+            return True
         return (
-            not a.doomed
-            and a.rank > CLASS_RANK.get(req.priority, 1)
-            and self.p.mode_for(a.alloc.priority) == "dynamic"
+            a.rank == rank
+            and a.alloc.restartable
+            and a.alloc.priority in self.slices
         )
+
+    def attained(self, a: AllocState) -> float:
+        """GPU-seconds ``a``'s work has received, this run included."""
+        al = a.alloc
+        return al.attained_service + a.milli / WHOLE * max(0.0, self.now - al.started_at)
+
+    def eligible(self, req: PlacementRequest, a: AllocState) -> bool:
+        if a.doomed or self.p.mode_for(a.alloc.priority) != "dynamic":
+            return False
+        rank = CLASS_RANK.get(req.priority, 1)
+        if a.rank > rank:
+            return True
+        if a.rank < rank or not self.slices:
+            return False
+        # time-slicing within a class: restartable work past its quantum that has
+        # received more service than the request (least attained service first)
+        al = a.alloc
+        q = self.slices.get(req.priority)
+        return (
+            q is not None
+            and al.restartable
+            and al.priority == req.priority
+            and self.now - al.started_at >= q
+            and self.attained(a) > req.attained_service
+        )
+
+    def lost_work(self, a: AllocState) -> float:
+        """GPU-seconds a preemption throws away: the run so far, or none for work
+        that saves its progress on the signal (its notice is the time to save)."""
+        if a.alloc.checkpointable:
+            return 0.0
+        return a.milli / WHOLE * max(0.0, self.now - a.alloc.started_at)
+
+    def victim_key(self, a: AllocState) -> tuple[bool, float, float, str]:
+        """Spot first, then the least work lost, then the shortest running."""
+        al = a.alloc
+        return (al.billing != "spot", self.lost_work(a), self.now - al.started_at, al.request_id)
 
     def fits_with(self, req: PlacementRequest, hs: HostState, gone: Sequence[AllocState]) -> bool:
         """Would ``req`` fit on ``hs`` (ignoring reservations) once ``gone`` stopped?"""
@@ -927,16 +1088,53 @@ class _Planner:
         elig = [a for a in hs.allocs if self.eligible(req, a)]
         if not elig:
             if stale is not None:
-                stale.append(hs)
+                rank = CLASS_RANK.get(req.priority, 1)
+                # time-slice victims depend on the request: stale only if nobody's
+                if not self.slices or not any(self.preemptible(rank, a) for a in hs.allocs):
+                    stale.append(hs)
             return None
         if req.gpus_per_node > 0:
             # cheap bound before the exact check
             if hs.free + sum(a.gpu_count for a in elig) < req.gpus_per_node:
                 return None
-        now = self.now
-        elig.sort(
-            key=lambda a: (a.alloc.billing != "spot", now - a.alloc.started_at, a.alloc.request_id)
-        )
+        cap = self.cap
+        assert cap is not None
+        if not cap.bounded:
+            elig.sort(key=self.victim_key)
+            return self.greedy(req, hs, elig)
+        # bounded blast radius: no victim that alone evicts more than the cap
+        within = [a for a in elig if cap.one_ok(a)]
+        g = req.gpus_per_node
+        if len(within) < len(elig) and (
+            not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)
+        ):
+            if cap.over is None:  # the first host that would need more says why, once
+                elig.sort(key=self.victim_key)
+                full = self.greedy(req, hs, elig)
+                if full is not None:
+                    cap.note(full)
+            return None
+        within.sort(key=self.victim_key)
+        chosen = self.greedy(req, hs, within)
+        if chosen is not None and not cap.ok(chosen):
+            # the least-lost-work set evicts too much: try the smallest victims first
+            over = chosen
+            chosen = self.greedy(req, hs, sorted(within, key=lambda a: (a.milli, self.victim_key(a))))
+            if chosen is None or not cap.ok(chosen):
+                cap.note(over)
+                return None
+        if chosen is None and len(within) < len(elig) and cap.over is None:
+            elig.sort(key=self.victim_key)
+            full = self.greedy(req, hs, elig)
+            if full is not None:
+                cap.note(full)  # room only past the cap: the reason says so
+        return chosen
+
+    def greedy(
+        self, req: PlacementRequest, hs: HostState, elig: Sequence[AllocState]
+    ) -> list[AllocState] | None:
+        """Take ``elig`` in order until ``req`` fits on ``hs``, then drop the ones
+        that turned out unnecessary; None when all of them do not make room."""
         chosen: list[AllocState] = []
         for a in elig:
             chosen.append(a)
@@ -992,7 +1190,7 @@ class _Planner:
                         continue
                     cost = (
                         sum(a.alloc.billing != "spot" for a in vs),
-                        sum(now - a.alloc.started_at for a in vs),
+                        sum(self.lost_work(a) for a in vs),
                         len(vs),
                     )
                     options.append((cost, hs.host_id, hs, vs))
@@ -1015,6 +1213,10 @@ class _Planner:
         for _c, _h, _hs, vs in picked:
             for a in vs:
                 victims.setdefault(a.alloc.request_id, a)
+        cap = self.cap
+        if victims and gang and cap is not None and not cap.ok(victims.values(), req.nodes):
+            cap.note(victims.values())  # host by host within the cap, together over it
+            return []
         if victims:
             for _c, _h, hs, _vs in picked:
                 self.mark_reserved(hs, now, req.request_id)
@@ -1028,12 +1230,7 @@ class _Planner:
         if hosts is None:
             hosts = {}
             for hs in pool.hosts:
-                if any(
-                    not a.doomed
-                    and a.rank > rank
-                    and self.p.mode_for(a.alloc.priority) == "dynamic"
-                    for a in hs.allocs
-                ):
+                if any(self.preemptible(rank, a) for a in hs.allocs):
                     hosts[hs] = None
             self.victim_hosts[key] = hosts
         return hosts
@@ -1130,6 +1327,9 @@ class _Planner:
             model = self.fleet.model_of(al)
             if p.reclaim_under_pressure and demand.get(model, 0) <= 0:
                 continue
+            # bounded blast radius: never reclaim more than the cap times what waits
+            if p.reclaim_under_pressure and a.milli > p.preempt_cap * demand.get(model, 0):
+                continue
             idle_for = INF
             any_gpu = False
             for pl in al.placements:
@@ -1147,8 +1347,7 @@ class _Planner:
             if not any_gpu or idle_for < p.reclaim_idle_s:
                 continue
             a.doomed = True
-            milli = sum(len(pl.gpus) * pl.milli for pl in al.placements)
-            demand[model] = demand.get(model, 0) - milli
+            demand[model] = demand.get(model, 0) - a.milli
             self.decisions.append(
                 Preempt(
                     rid,

@@ -34,6 +34,16 @@ class Policy:
     #: model (strict FIFO); with backfill, it reserves instead.
     head_of_line: bool = False
     notice_s: float = 30.0
+    #: bounded blast radius: one preemption evicts at most this multiple of what its
+    #: request needs - GPU-seconds of remaining expected work when the request and
+    #: every victim have estimates, else GPUs - and a reclaim at most this multiple
+    #: of the waiting demand; ``math.inf``: no cap
+    preempt_cap: float = 1.0
+    #: time-slicing: ((class, quantum_s), ...) - a waiting request of a listed class
+    #: may preempt restartable work of its own class (dynamic mode) that has run at
+    #: least the quantum and attained more GPU-seconds than the request; unlisted
+    #: classes only ever preempt lower classes
+    time_slice: tuple[tuple[str, float], ...] = ()
     topology: Literal["prefer", "require"] = "prefer"
     reclaim: bool = False
     reclaim_idle_util: float = 0.05

@@ -26,7 +26,7 @@ import pytest
 
 from agents.host.docker import CAP_ADD, FALLBACK_NETWORK, DockerRuntime, bridge_name
 from agents.host.egress import INPUT_CHAIN, EgressRules
-from agents.host.runtime import LABEL_MANAGED, LABEL_TENANT, container_name
+from agents.host.runtime import LABEL_MANAGED, LABEL_TENANT, RuntimeError_, container_name
 from agents.host.standin import busybox_image
 from agents.protocol import DesiredContainer
 
@@ -184,6 +184,20 @@ def test_stop_is_idempotent_and_reports_the_exit(client, runtime):
     runtime.remove(s.instance_id)
     runtime.remove(s.instance_id)
     assert observed(runtime, s.instance_id) is None
+
+
+def test_a_checkpoint_signal_reaches_the_job_which_keeps_running(client, runtime):
+    s = spec("ckpt", kind="job", checkpoint_signal="SIGUSR1", checkpoint_grace_s=5, command=[
+        "sh", "-c", 'trap "echo checkpoint saved" USR1; echo ready; while true; do sleep 0.2; done'])
+    runtime.run(s)
+    wait_for(lambda: "ready" in runtime.logs(s.instance_id), "the job to start")
+    runtime.signal(s.instance_id, "SIGUSR1")
+    wait_for(lambda: "checkpoint saved" in runtime.logs(s.instance_id), "the trap to run")
+    assert observed(runtime, s.instance_id).state == "running"  # it handled the signal
+    with pytest.raises(RuntimeError_):
+        runtime.signal(s.instance_id, "SIGKILL")  # only the checkpoint signals
+    runtime.signal(f"{RUN}-never-existed", "SIGUSR1")  # no-op
+    runtime.remove(s.instance_id)
 
 
 def test_a_job_reports_its_exit_code_and_a_rerun_replaces_it(client, runtime):
