@@ -26,7 +26,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from agents.host import mux as m
-from gateway import access
+from gateway import access, relay
 from gateway.routes import Routes
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,9 @@ class GatewayConfig:
     recheck_s: float = 2.0
     session_limit: int = 20  # open sessions per tenant on this replica
     redis_url: str = ""
+    relay_port: int | None = None  # other replicas' relay connections (gateway/relay.py); None: none
+    relay_host: str = ""  # where other replicas reach it (empty: relay.advertised_host)
+    relay_secret: bytes = b""  # empty: derived from SECRET_KEY (relay.derive_secret)
 
 
 def _sync(fn: Any) -> Any:
@@ -102,6 +105,15 @@ class Gateway:
         self.host_key = load_host_key(config.host_key_path)
         self.ready = asyncio.Event()
         self.wakes_sent = 0
+        if config.relay_secret:
+            secret = config.relay_secret
+        else:
+            from django.conf import settings
+
+            secret = relay.derive_secret(getattr(settings, "GATEWAY_RELAY_SECRET", ""), settings.SECRET_KEY)
+        self.relay = relay.RelayServer(secret, self.open_local)
+        self.relay_port = config.relay_port
+        self.relayed_out = 0  # streams this replica opened through another
 
     # ------------------------------------------------------------------ running
 
@@ -124,9 +136,16 @@ class Gateway:
                 self.proxy = HttpProxy(self)
                 http = await asyncio.start_server(self.proxy.handle, self.config.bind, self.config.http_port)
                 self.http_port = http.sockets[0].getsockname()[1]
-            logger.info("gateway %s: ssh on %s:%s, tunnels on %s:%s, http on %s:%s, host key %s", self.config.replica,
-                        self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port, self.config.bind,
-                        self.http_port, self.host_key.get_fingerprint())
+            relay_server, advertise = None, None
+            if self.config.relay_port is not None:
+                relay_server = await asyncio.start_server(self.relay.handle, self.config.bind, self.config.relay_port)
+                self.relay_port = relay_server.sockets[0].getsockname()[1]
+                address = f"{relay.advertised_host(self.config.bind, self.config.relay_host)}:{self.relay_port}"
+                advertise = asyncio.ensure_future(self._advertise(address))
+            logger.info("gateway %s: ssh on %s:%s, tunnels on %s:%s, http on %s:%s, relay on %s:%s, host key %s",
+                        self.config.replica, self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port,
+                        self.config.bind, self.http_port, self.config.bind, self.relay_port,
+                        self.host_key.get_fingerprint())
             recheck = asyncio.ensure_future(self._recheck_loop())
             wakes = asyncio.ensure_future(self.routes.listen_wakes(self.wake))
             self.ready.set()
@@ -139,6 +158,14 @@ class Gateway:
                 if http is not None:
                     http.close()
                     self.proxy.shutdown()
+                if relay_server is not None and advertise is not None:
+                    advertise.cancel()
+                    relay_server.close()
+                    self.relay.shutdown()
+                    try:
+                        await self.routes.withdraw()
+                    except Exception:  # Redis gone: the entry expires
+                        logger.warning("could not withdraw this replica's relay address", exc_info=True)
                 for session in list(self.sessions.values()):
                     self._end(session, "gateway shutting down")
                 for mux in list(self.tunnels.values()):
@@ -184,6 +211,15 @@ class Gateway:
                 await self.routes.release(host_id)
                 await self.routes.watch(host_id, False)
             logger.info("tunnel down: host %s", host_id)
+
+    async def _advertise(self, address: str) -> None:
+        """Keep this replica's relay address in the table, as routes are (Redis errors: retried)."""
+        while True:
+            try:
+                await self.routes.advertise(address)
+            except Exception:
+                logger.warning("could not advertise the relay address %s", address, exc_info=True)
+            await asyncio.sleep(self.routes.ttl_s / 3)
 
     async def _refresh_route(self, host_id: str, mux: m.Mux) -> None:
         while not mux.closed:
@@ -249,12 +285,29 @@ class Gateway:
                     self._end(session, "the instance stopped or your access was withdrawn")
 
     async def open_stream(self, grant: access.Grant, kind: int, params: dict[str, Any]) -> m.Stream:
+        """A stream to the grant's container: over the host's tunnel when this replica holds it,
+        else relayed through the replica that does (gateway/relay.py). Host and container come
+        from the grant only; `params` are the command or port."""
+        params = {**params, "instance": grant.container}
         mux = self.tunnels.get(grant.host_id)
+        if mux is not None:
+            return await mux.open(kind, params)
+        where = await self.routes.lookup(grant.host_id)
+        if where is None or where == self.config.replica:
+            raise m.OpenFailed("the instance's host is not connected to any gateway just now (try again shortly)")
+        address = await self.routes.address_of(where)
+        if address is None:
+            raise m.OpenFailed(f"the instance's host is connected to gateway replica {where}, which does not relay")
+        stream = await relay.open_remote(address, self.relay.secret, kind, {**params, "host": grant.host_id})
+        self.relayed_out += 1
+        return stream
+
+    async def open_local(self, host_id: str, kind: int, params: dict[str, Any]) -> m.Stream:
+        """For another replica's relay: a stream on a tunnel this replica holds, and only that."""
+        mux = self.tunnels.get(host_id)
         if mux is None:
-            where = await self.routes.lookup(grant.host_id)
-            raise m.OpenFailed("the instance's host is not connected to this gateway"
-                               + (f" (its tunnel is on {where})" if where else ""))
-        return await mux.open(kind, {"instance": grant.container, **params})
+            raise m.OpenFailed("the instance's host is not connected to this gateway replica")
+        return await mux.open(kind, params)
 
     # ------------------------------------------------------------------ SSH processes
 
