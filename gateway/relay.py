@@ -110,6 +110,8 @@ async def _pump(reader: asyncio.StreamReader, mux: m.Mux, reason: str) -> None:
             await mux.feed(await reader.readexactly(size))
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
+    except Exception:  # a malformed frame from an authenticated peer: this connection only
+        logger.exception("relay: bad frame; connection dropped")
     finally:
         mux.shutdown(reason)
 

@@ -114,6 +114,7 @@ class Gateway:
         self.relay = relay.RelayServer(secret, self.open_local)
         self.relay_port = config.relay_port
         self.relayed_out = 0  # streams this replica opened through another
+        self._auditing = 0  # session audit writes under way
 
     # ------------------------------------------------------------------ running
 
@@ -168,6 +169,10 @@ class Gateway:
                         logger.warning("could not withdraw this replica's relay address", exc_info=True)
                 for session in list(self.sessions.values()):
                     self._end(session, "gateway shutting down")
+                # the ended sessions' `session.end` written before the loop goes (bounded)
+                deadline = time.monotonic() + 3
+                while (self.sessions or self._auditing) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
                 for mux in list(self.tunnels.values()):
                     mux.shutdown()
                 await self.routes.close()
@@ -246,16 +251,23 @@ class Gateway:
             return None
         session = Session(id=next(self._ids), grant=grant, kind=kind, source=source)
         self.sessions[session.id] = session
-        await _sync(access.audit_session)(
+        await self._audit(
             grant=grant, action="session.start", source_ip=source.split(":")[0] or None,
             data={"session": f"{self.config.replica}/{session.id}", "kind": kind, "source": source})
         return session
+
+    async def _audit(self, **kwargs: Any) -> None:
+        self._auditing += 1
+        try:
+            await _sync(access.audit_session)(**kwargs)
+        finally:
+            self._auditing -= 1
 
     async def finish_session(self, session: Session, reason: str = "") -> None:
         if self.sessions.pop(session.id, None) is None:
             return
         sent, received = session.bytes
-        await _sync(access.audit_session)(
+        await self._audit(
             grant=session.grant, action="session.end", source_ip=session.source.split(":")[0] or None,
             data={"session": f"{self.config.replica}/{session.id}", "kind": session.kind, "source": session.source,
                   "started": session.started, "ended": time.time(), "bytes_in": sent, "bytes_out": received,

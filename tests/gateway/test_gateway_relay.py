@@ -21,6 +21,7 @@ import asyncssh
 import pytest
 import redis
 from django.conf import settings as django_settings
+from django.db import connection
 
 from agents.host import mux as m
 from agents.host.tunnel import AgentTunnel, SimConnector
@@ -158,19 +159,26 @@ def test_a_relayed_session_ends_on_stop_and_releases_the_tunnel_stream(make_sim_
     try:
         wait_until(lambda: a.call(a.gw.routes.lookup(host_id)) == "gw-ra", "the route naming replica A")
 
+        def stop() -> None:
+            try:
+                workload_transition(workload=w, to=State.STOPPING, reason="user stop")
+            finally:
+                connection.close()  # this thread's own
+
         async def open_shell_until_stopped() -> int:
             async with asyncssh.connect("127.0.0.1", b.gw.ssh_port, username=str(w.pk), client_keys=[str(key)],
                                         known_hosts=None) as conn:
                 proc = await conn.create_process(term_type="xterm", encoding=None)
                 await proc.stdout.readexactly(2)  # the prompt: open, through A
                 assert len(a.gw.tunnels[host_id].streams) == 1 and a.gw.relay.relayed == 1
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: workload_transition(workload=w, to=State.STOPPING, reason="user stop"))
+                await asyncio.get_running_loop().run_in_executor(None, stop)
                 return (await asyncio.wait_for(proc.wait(), 10)).exit_status
 
         assert run_in_own_loop(open_shell_until_stopped(), 20) == 255
         wait_until(lambda: not a.gw.tunnels[host_id].streams, "A's tunnel stream closed", 5)
         assert b.gw.relayed_out == 1 and not b.gw.sessions
+        wait_until(lambda: AuditEvent.objects.filter(tenant=alice.tenant, action="session.end").exists(),
+                   "the session's end audited by B", 5)
     finally:
         tunnel.stop()
         a.stop()
