@@ -73,7 +73,9 @@ def two_replicas(make_sim_host, alice, tmp_path):
         http.shutdown()
 
 
-def test_ssh_http_pty_and_forwarding_through_the_replica_without_the_tunnel(two_replicas, alice, tmp_path):
+def test_ssh_http_pty_and_forwarding_through_the_replica_without_the_tunnel_and_strangers_refused(
+        two_replicas, alice, tmp_path):
+    """(One test: two gateway processes start once.)"""
     sim, w, a, b = two_replicas
     key, pub = keypair(tmp_path, "alice")
     ssh_key_add(membership=alice.membership, name="a", public_key=pub)
@@ -109,10 +111,7 @@ def test_ssh_http_pty_and_forwarding_through_the_replica_without_the_tunnel(two_
 
     run_in_own_loop(pty_and_forward(), 20)
 
-
-def test_the_relay_port_refuses_peers_without_the_secret(two_replicas):
-    sim, w, a, b = two_replicas
-    # a wrong proof: the connection is closed, nothing after the challenge
+    # A's relay port, to peers without the secret: a wrong proof: the connection is closed, nothing after the challenge
     with socket.create_connection(("127.0.0.1", a.relay_port), timeout=5) as s:
         challenge = _read(s, len(relay.MAGIC) + relay.NONCE)
         assert challenge.startswith(relay.MAGIC)
