@@ -6,7 +6,8 @@
 One asyncio loop holds both servers, the tunnels (host id → Mux), the open sessions and
 the loop that re-checks them every `recheck_s` (an instance that stopped, a member removed
 or demoted: the session is ended). The routing table host → replica lives in Redis with
-an expiry (`routes.py`), refreshed while the tunnel is up.
+an expiry (`routes.py`), refreshed while the tunnel is up. A session for a host whose tunnel
+another replica holds is relayed there (`relay.py`: this replica's relay port answers the others).
 """
 from __future__ import annotations
 
@@ -304,10 +305,14 @@ class Gateway:
         mux = self.tunnels.get(grant.host_id)
         if mux is not None:
             return await mux.open(kind, params)
-        where = await self.routes.lookup(grant.host_id)
+        try:
+            where = await self.routes.lookup(grant.host_id)
+            address = await self.routes.address_of(where) if where and where != self.config.replica else None
+        except Exception:  # Redis down: as good as no route
+            logger.warning("the routing table could not be read", exc_info=True)
+            raise m.OpenFailed("the gateway's routing table is not reachable just now (try again shortly)") from None
         if where is None or where == self.config.replica:
             raise m.OpenFailed("the instance's host is not connected to any gateway just now (try again shortly)")
-        address = await self.routes.address_of(where)
         if address is None:
             raise m.OpenFailed(f"the instance's host is connected to gateway replica {where}, which does not relay")
         stream = await relay.open_remote(address, self.relay.secret, kind, {**params, "host": grant.host_id})
