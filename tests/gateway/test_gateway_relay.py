@@ -22,11 +22,13 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from django.db import connection
+from websockets.sync.client import connect as ws_connect
 
 from agents.host import mux as m
 from agents.host.tunnel import AgentTunnel, SimConnector
 from frontend.services import ssh_key_add
 from gateway import relay
+from gateway.public import terminal_ticket
 from gateway.routes import Routes
 from gateway.server import load_host_key
 from gpucloud.tenancy.models import AuditEvent
@@ -91,6 +93,19 @@ def test_ssh_http_pty_and_forwarding_through_the_replica_without_the_tunnel_and_
     status, body = fetch(f"http://127.0.0.1:{b.http_port}/i/{w.pk}/80/hello?x=1", key=alice.key)
     assert status == 200 and json.loads(body)["path"] == "/hello?x=1", body
     assert fetch(f"http://127.0.0.1:{b.http_port}/i/{w.pk}/80/")[0] == 401  # B still checks credentials
+
+    # the web terminal through B: a PTY, its size, the exit status
+    ticket = terminal_ticket(user_id=alice.user.pk, workload_id=w.pk)
+    with ws_connect(f"ws://127.0.0.1:{b.http_port}/terminal/{w.pk}?ticket={ticket}", open_timeout=10) as ws:
+        ws.send(json.dumps({"resize": [100, 30]}))
+        ws.send(b"stty size\r")
+        seen = b""
+        while b"30 100" not in seen:
+            seen += ws.recv(timeout=10)
+        ws.send(b"exit 7\r")
+        while isinstance(message := ws.recv(timeout=10), bytes):
+            pass
+        assert json.loads(message) == {"exit": 7}
 
     async def pty_and_forward() -> None:
         async with asyncssh.connect("127.0.0.1", b.ssh_port, username=str(w.pk), client_keys=[str(key)],
