@@ -1,7 +1,8 @@
 """The tunnel routing table (which gateway replica holds each host's tunnel) and wake-ups.
 
 In Redis (`gateway:route:<host id>` → replica name) with an expiry, refreshed while the
-tunnel is up, so a replica that dies stops being named within `ttl_s`. Without Redis (the
+tunnel is up, so a replica that dies stops being named within `ttl_s`; beside it each
+replica's relay address (`gateway:replica:<name>` → `host:port`, gateway/relay.py), the same way. Without Redis (the
 demo's single gateway) the table is this process's own dict.
 """
 from __future__ import annotations
@@ -51,6 +52,31 @@ class Routes:
         if self._redis is None:
             return self._local.get(host_id)
         value = await self._redis.get(self.key(host_id))
+        return value.decode() if value else None
+
+    # ------------------------------------------------------------------ replicas' relay addresses
+
+    @staticmethod
+    def replica_key(replica: str) -> str:
+        return f"gateway:replica:{replica}"
+
+    async def advertise(self, address: str) -> None:
+        """Where other replicas reach this one's relay port (`host:port`), with the routes' expiry."""
+        if self._redis is None:
+            self._local[self.replica_key(self.replica)] = address
+        else:
+            await self._redis.set(self.replica_key(self.replica), address, ex=int(self.ttl_s))
+
+    async def withdraw(self) -> None:
+        if self._redis is None:
+            self._local.pop(self.replica_key(self.replica), None)
+        else:
+            await self._redis.delete(self.replica_key(self.replica))
+
+    async def address_of(self, replica: str) -> str | None:
+        if self._redis is None:
+            return self._local.get(self.replica_key(replica))
+        value = await self._redis.get(self.replica_key(replica))
         return value.decode() if value else None
 
     async def close(self) -> None:

@@ -153,6 +153,13 @@ GATEWAY_TUNNEL_PORT = env_int("GATEWAY_TUNNEL_PORT", 8022)
 GATEWAY_HOST_KEY_PATH = Path(env_str("GATEWAY_HOST_KEY_PATH", str(VAR_DIR / "gateway_host_key")))
 GATEWAY_REPLICA = env_str("GATEWAY_REPLICA", "gw-1")
 GATEWAY_SESSION_LIMIT = env_int("GATEWAY_SESSION_LIMIT", 20)
+# Relaying between replicas (gateway/relay.py): each listens on GATEWAY_RELAY_PORT (0: any free
+# port; advertised in Redis either way) for the others, reached at GATEWAY_RELAY_HOST (empty: the
+# bind address, or this machine's address when bound to all), authenticated by GATEWAY_RELAY_SECRET
+# (empty: derived from SECRET_KEY, which replicas share).
+GATEWAY_RELAY_PORT = env_int("GATEWAY_RELAY_PORT", 8023)
+GATEWAY_RELAY_HOST = env_str("GATEWAY_RELAY_HOST", "")
+GATEWAY_RELAY_SECRET = env_str("GATEWAY_RELAY_SECRET", "")
 # Where users reach the gateway: the host and port in the `connect` hints of the API and console.
 GATEWAY_PUBLIC_HOST = env_str("GATEWAY_PUBLIC_HOST", "127.0.0.1")
 GATEWAY_PUBLIC_SSH_PORT = env_int("GATEWAY_PUBLIC_SSH_PORT", GATEWAY_SSH_PORT)

@@ -91,7 +91,7 @@ def test_demo_stays_up_under_load_and_restarts_a_killed_worker(tmp_path: Path):
     env.update(DJANGO_SETTINGS_MODULE="gpucloud.settings", DEBUG="1", GPUCLOUD_VAR_DIR=str(tmp_path),
                PORT=str(port), API_RATE_LIMIT="100000/min", AGENT_HEARTBEAT_INTERVAL_S="1",
                PYTHONUNBUFFERED="1", GATEWAY_SSH_PORT=str(free_port()), GATEWAY_TUNNEL_PORT=str(free_port()),
-               GATEWAY_HTTP_PORT=str(free_port()),
+               GATEWAY_HTTP_PORT=str(free_port()), GATEWAY_RELAY_PORT="0",
                # The simulated runtime: hundreds of launches under load, no containers
                # (tests/test_commands.py covers the choice of the Docker runtime).
                GPUCLOUD_DEMO_RUNTIME="sim")
