@@ -140,11 +140,18 @@ LAUNCH_BLOCKED = {
 }
 
 
-def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec, now: datetime) -> None:
+def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec, now: datetime,
+                     tenant_fresh: bool = False) -> None:
     """Raise 402 when billing says nothing new may launch (no credit left, a hard-stop budget
-    spent: the flag the scheduler reads too), and refuse a spot max price below the spot price."""
-    blocked, reason = Tenant.objects.filter(pk=tenant.pk).values_list(
-        "launch_blocked", "launch_blocked_reason").get()
+    spent: the flag the scheduler reads too), and refuse a spot max price below the spot price.
+
+    `tenant_fresh`: `tenant` was read moments ago (by the API request's authentication), so its
+    flag is as fresh as a read here would be; otherwise the flag is read now."""
+    if tenant_fresh:
+        blocked, reason = tenant.launch_blocked, tenant.launch_blocked_reason
+    else:
+        blocked, reason = Tenant.objects.filter(pk=tenant.pk).values_list(
+            "launch_blocked", "launch_blocked_reason").get()
     if blocked:
         raise PaymentRequired(LAUNCH_BLOCKED.get(reason, "Billing stops new launches."), code=reason or None)
     if spec.max_price is not None and spec.billing == Billing.SPOT:
@@ -159,11 +166,13 @@ def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: Wor
 
 
 @transaction.atomic
-def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workload:
-    """Queue an instance or a batch job. It waits PENDING until the scheduler places it."""
+def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None, tenant_fresh: bool = False) -> Workload:
+    """Queue an instance or a batch job. It waits PENDING until the scheduler places it.
+
+    `tenant_fresh`: `tenant` was read in this request (see `_check_admission`)."""
     it, region = _resolve(spec)
     _check_quota_ceiling(tenant, it, region, spec)
-    _check_admission(tenant, it, region, spec, timezone.now())
+    _check_admission(tenant, it, region, spec, timezone.now(), tenant_fresh=tenant_fresh)
     check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)  # 409: no host could ever run it
     now = timezone.now()
     workload = Workload.objects.create(
