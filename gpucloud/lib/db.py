@@ -78,3 +78,21 @@ def redis_client(url: str) -> redis.Redis:
     """One client (and connection pool) per URL for the process: the agents' fast path,
     the wake-ups and the /metrics event counters share it."""
     return redis.Redis.from_url(url)
+
+
+# --- written SQL that still yields model instances (hot paths: the launch, docs/benchmarks.md)
+
+
+def model_columns(model: type, alias: str) -> str:
+    """`alias."col", …` for every concrete field of `model`, in `_meta.concrete_fields` order."""
+    return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)  # type: ignore[attr-defined]
+
+
+def model_from_row(model: type, row: tuple, start: int = 0) -> tuple[object, int]:
+    """The instance of `model` whose columns (as `model_columns` selects them) start at
+    `row[start]`, loaded as the ORM loads a row; and the index after its columns."""
+    fields = model._meta.concrete_fields  # type: ignore[attr-defined]
+    end = start + len(fields)
+    values = [f.from_db_value(v, None, connection) if hasattr(f, "from_db_value") else v
+              for f, v in zip(fields, row[start:end], strict=True)]
+    return model.from_db(connection.alias, [f.attname for f in fields], values), end  # type: ignore[attr-defined]
