@@ -38,7 +38,9 @@ def resolve_tenant(request: Request) -> Membership | None:
     if not user or not user.is_authenticated:
         return None
     if key is not None:
-        # the key's own tenant, already read with the key (api_key_check): its membership only
+        # the key's creator's membership of the key's tenant, read with the key (api_key_check)
+        if hasattr(key, "membership"):
+            return key.membership
         m = Membership.objects.filter(user=user, tenant_id=key.tenant_id).first()
         if m is not None:
             m.tenant = key.tenant
