@@ -75,10 +75,11 @@ def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
         cur.execute(_resolve_sql(), [spec.instance_type, spec.region, spec.billing, timezone.now()])
         row = cur.fetchone()
     if row is not None:
-        it, at = model_from_row(InstanceType, row, 1)
+        price, at = model_from_row(Price, row)
+        it, at = model_from_row(InstanceType, row, at)
         it.gpu_model, at = model_from_row(GpuModel, row, at)
         region, _ = model_from_row(Region, row, at)
-        it.price_now = row[0]
+        it.price_now = price.per_hour
     else:
         it, region = _resolve_refusal(spec)
     if it.gpu_share_milli < 1000 and spec.nodes > 1:
@@ -91,7 +92,7 @@ def _resolve_sql() -> str:
     """The price in force of a type (with its GPU model) in a region at a billing kind,
     both active; the newest first. As the ORM would write it, once."""
     p, it, gm, r = (m._meta.db_table for m in (Price, InstanceType, GpuModel, Region))
-    return (f'SELECT p."per_hour", {model_columns(InstanceType, "it")}, {model_columns(GpuModel, "gm")}, '
+    return (f'SELECT {model_columns(Price, "p")}, {model_columns(InstanceType, "it")}, {model_columns(GpuModel, "gm")}, '
             f'{model_columns(Region, "r")} FROM "{p}" p JOIN "{it}" it ON it."id" = p."instance_type_id" '
             f'JOIN "{gm}" gm ON gm."id" = it."gpu_model_id" JOIN "{r}" r ON r."id" = p."region_id" '
             f'WHERE it."code" = %s AND it."active" AND r."code" = %s AND r."active" AND p."kind" = %s '
