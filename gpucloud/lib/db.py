@@ -90,7 +90,7 @@ def model_columns(model: type, alias: str) -> str:
     return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)  # type: ignore[attr-defined]
 
 
-def model_from_row(model: type, row: tuple, start: int = 0) -> tuple[Any, int]:
+def model_from_row(model: type, row: tuple[Any, ...], start: int = 0) -> tuple[Any, int]:
     """The instance of `model` whose columns (as `model_columns` selects them) start at
     `row[start]`, loaded as the ORM loads a row (the backend's and the fields' converters);
     and the index after its columns."""
