@@ -93,7 +93,8 @@ def _resolve_sql() -> str:
     both active; the newest first. As the ORM would write it, once."""
     p, it, gm, r = (m._meta.db_table for m in (Price, InstanceType, GpuModel, Region))
     return (f'SELECT {model_columns(Price, "p")}, {model_columns(InstanceType, "it")}, '
-            f'{model_columns(GpuModel, "gm")}, {model_columns(Region, "r")} FROM "{p}" p JOIN "{it}" it ON it."id" = p."instance_type_id" '
+            f'{model_columns(GpuModel, "gm")}, {model_columns(Region, "r")} '
+            f'FROM "{p}" p JOIN "{it}" it ON it."id" = p."instance_type_id" '
             f'JOIN "{gm}" gm ON gm."id" = it."gpu_model_id" JOIN "{r}" r ON r."id" = p."region_id" '
             f'WHERE it."code" = %s AND it."active" AND r."code" = %s AND r."active" AND p."kind" = %s '
             f'AND p."effective_from" <= %s ORDER BY p."effective_from" DESC LIMIT 1')
