@@ -166,34 +166,53 @@ def test_a_member_whose_host_agent_is_killed_is_replaced_on_the_other_host(agent
     deadline; the ticks run here in a loop as the beat would run them."""
     group = make_group(alice, min_size=1, max_size=2, desired=1)
     services.reconcile_group(group.pk)
-    run_cycle(region_id=region.pk)
     [member] = live(group)
+
+    def member_placed() -> bool:
+        run_cycle(region_id=region.pk)
+        return Allocation.objects.filter(workload=member, active=True).exists()
+
+    wait_for(member_placed, "the member placed", *agent_procs.values(), timeout=10)
     victim = Allocation.objects.get(workload=member, active=True).host
     [survivor] = [n for n in agent_procs if n != victim.name]
     wait_for(lambda: Workload.objects.get(pk=member.pk).state == State.RUNNING, "the member running",
-             *agent_procs.values(), timeout=10)
+             *agent_procs.values(), timeout=15)
 
     killed = agent_procs[victim.name].proc
     killed.send_signal(signal.SIGKILL)
     assert killed.wait(timeout=5) == -signal.SIGKILL
-    # The beat's ticks: liveness (DOWN after 2 s of silence, LOST 1 s later) and the groups.
-    def ticked() -> bool:
+    alive = agent_procs[survivor]
+
+    # The beat's liveness tick: DOWN after 2 s of silence, the member LOST 1 s later. Ticked only
+    # until then, so a survivor slowed by a loaded machine is not judged while it matters.
+    def member_lost() -> bool:
         hosts_liveness_task()
+        return Workload.objects.get(pk=member.pk).state == State.LOST
+
+    wait_for(member_lost, "the member lost with its host", alive, timeout=15)
+    assert Host.objects.get(pk=victim.pk).state == HostState.DOWN
+    member.refresh_from_db()
+    assert member.reason.startswith(f"host {victim.name} down")
+
+    # The group's tick replaces it.
+    def replaced() -> bool:
         services.reconcile_all(min_interval_s=0)
         return len(live(group)) == 1 and live(group)[0].pk != member.pk
 
-    wait_for(ticked, "the lost member replaced", agent_procs[survivor], timeout=15)
-    assert Host.objects.get(pk=victim.pk).state == HostState.DOWN
-    member.refresh_from_db()
-    assert member.state == State.LOST and member.reason.startswith(f"host {victim.name} down")
+    wait_for(replaced, "the lost member replaced", alive, timeout=10)
     assert GroupMember.objects.get(workload=member).detached_at is not None
     assert any(f"member {member.pk} is lost" in c for c in causes(group))
-    # the survivor host takes the replacement and runs it
     [replacement] = live(group)
-    run_cycle(region_id=region.pk)
+
+    # The scheduler places the replacement on the surviving host (never the DOWN one), which runs it.
+    def placed() -> bool:
+        run_cycle(region_id=region.pk)
+        return Allocation.objects.filter(workload=replacement, active=True).exists()
+
+    wait_for(placed, "the replacement placed", alive, timeout=10)
     assert Allocation.objects.get(workload=replacement, active=True).host.name == survivor
     wait_for(lambda: Workload.objects.get(pk=replacement.pk).state == State.RUNNING, "the replacement running",
-             agent_procs[survivor], timeout=10)
+             alive, timeout=15)
 
 
 def test_a_spot_interruption_is_replaced_on_demand(fleet, region, alice):
