@@ -138,7 +138,7 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "gpucloud.lib.cache.RedisCache",  # one client per pool, not per call
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": env_str("CACHE_KEY_PREFIX", "gpucloud"),
         }

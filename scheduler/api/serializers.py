@@ -253,7 +253,7 @@ class WorkloadDetailSerializer(WorkloadSerializer):
 
     @extend_schema_field(RanOnSerializer(allow_null=True))
     def get_ran_on(self, obj) -> dict | None:
-        if obj.active_allocations:
+        if obj.active_allocations or getattr(obj, "never_ran", False):  # a launch's 201: nothing to read
             return None
         from scheduler.selectors import workload_last_allocations
 
