@@ -244,19 +244,24 @@ class _Planner:
         )
         self.mix = policy.mix or derive_mix(reqs)
         self.workload = (
-            (policy.workload or derive_workload(reqs)) if self.spec.gradient else ()
+            (policy.workload or derive_workload(reqs)) if self.spec.uses_workload else ()
         )
         if cache is not None:
             # cached score totals are only valid for the same plugins and mix
             key: tuple[object, ...] = (self.spec, self.mix)
-            if self.spec.gradient:
+            if self.spec.uses_workload:
                 key = (self.spec, self.mix, self.workload)
             if cache.key != key:
                 cache.clear()
                 cache.key = key
         self.fleet = Fleet(snapshot, now, cache)
         self.frag = frag_model(self.mix)
-        ctx = CycleContext(now=now, mix=self.mix, require_island=policy.topology == "require")
+        ctx = CycleContext(
+            now=now,
+            mix=self.mix,
+            workload=self.workload,
+            require_island=policy.topology == "require",
+        )
         names = list(BASE_FILTERS)
         if policy.topology == "require":
             names.append("nvlink")
@@ -270,8 +275,8 @@ class _Planner:
         self.pick_hot_filters()
         self.scores: list[Score] = [SCORES[n](ctx, w) for n, w in self.spec.scores]
         self.fgd: FgdModel | None = None
-        if self.spec.gradient or self.spec.share_pick == "fgd":
-            self.fgd = fgd_model(self.workload or derive_workload(reqs))
+        if self.spec.uses_workload:
+            self.fgd = fgd_model(self.workload)
         if self.spec.gradient:
             assert self.fgd is not None
             self.scores = [FgdGradientScore(self.fgd)]

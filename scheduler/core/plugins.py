@@ -559,10 +559,10 @@ class FgdGradientScore:
     (FGD picks at random among them)."""
 
     name = "frag-gradient"
-    weight = 1
 
-    def __init__(self, model: FgdModel) -> None:
+    def __init__(self, model: FgdModel, weight: int = 1) -> None:
         self.model = model
+        self.weight = weight
 
     def delta(self, req: PlacementRequest, host: HostState) -> float | None:
         if req.gpus_per_node == 0 and req.gpu_milli == 0:
@@ -585,6 +585,12 @@ class FgdGradientScore:
 @functools.lru_cache(maxsize=8)
 def fgd_model(workload: Workload) -> FgdModel:
     return FgdModel(workload)
+
+
+# FGD's gradient as one score among others (on the k candidates a placement scores)
+register_score(
+    "fgd", lambda ctx, w: FgdGradientScore(fgd_model(ctx.workload or ((1, WHOLE, 0, 1.0),)), w)
+)
 
 
 # ---------------------------------------------------------------------------- pickers
@@ -682,11 +688,22 @@ register_placement(
         share_pick="spread",
     )
 )
-# Fragmentation-aware for the live loop: the expected-fragmentation score on the policy's
-# k candidates (fast enough for 100,000 GPUs), with topology and load.
+# Fragmentation-aware for the live loop: FGD's gradient (vCPUs included, against the
+# target workload) on the policy's k fullest feasible candidates only (fast enough for
+# 100,000 GPUs), with topology and load; a share goes on the GPU FGD would pick.
 register_placement(
     PlacementSpec(
         "frag-aware",
+        scan="fullest",
+        scores=(("fgd", 3), ("topology", 2), ("load", 1)),
+        share_pick="fgd",
+    )
+)
+# The earlier live default: the old expected-fragmentation score (GPU shapes only, no
+# vCPUs, the 8 most common shapes) on the k candidates. Kept for comparison.
+register_placement(
+    PlacementSpec(
+        "frag-mix",
         scan="fullest",
         scores=(("frag-aware", 3), ("topology", 2), ("load", 1)),
         share_pick="frag",

@@ -275,7 +275,7 @@ class Simulator:
         if not policy.mix and gpu_shapes:
             self.p = policy.with_(mix=derive_mix(gpu_shapes))  # the mix counts GPU shapes only
         spec = PLACEMENTS[self.p.placement]
-        if spec.gradient and not self.p.workload and shapes:
+        if spec.uses_workload and not self.p.workload and shapes:
             # FGD's "typical pods": the most popular shapes covering 95 % of the tasks
             self.p = self.p.with_(workload=derive_workload(shapes, FGD_POPULARITY))
         self.k = (
