@@ -160,3 +160,17 @@ def test_derive_workload_keeps_the_typical_shapes():
     assert len(derive_workload(reqs, 0.95)) == 3
     # 90 %: the 8-GPU shape is left out and the rest renormalised
     assert derive_workload(reqs, 0.9) == ((1, 1000, 8, 6 / 9), (0, 500, 2, 3 / 9))
+
+
+def test_the_live_default_scores_fgds_gradient_on_its_candidates():
+    # frag-aware (the gpucloud preset's placement, k=2) ranks its candidates by FGD's
+    # gradient: the 300-milli share avoids a, where it would leave too few vCPUs for
+    # the whole-GPU half of the workload; best-fit fills a's GPU0
+    s = ClusterSnapshot(hosts=hosts())
+    req = make_request("r", gpus_per_node=0, gpu_milli=300, vcpus=2)
+    live = get_policy("gpucloud")
+    assert live.placement == "frag-aware" and live.k == 2
+    (d,) = plan(s, [req], live.with_(mode="static", workload=WORKLOAD), now=0).decisions
+    assert isinstance(d, Place) and d.placements[0].host_id == "b"
+    (d,) = plan(s, [req], live.with_(mode="static", placement="frag-mix"), now=0).decisions
+    assert isinstance(d, Place) and d.placements[0].host_id == "a"  # the old score: no vCPUs
