@@ -555,8 +555,9 @@ class FgdGradientScore:
     """Ranks hosts for an FGD placement by the fragmentation gradient alone, scored
     as FGD's own plugin does (fgd_score.go in Weng et al.'s simulator):
     ``int(sigmoid(-delta / 1000) * MAX_SCORE)``, so a host whose F falls scores
-    over 50 and one whose F rises under. Equal scores go to the lower host_id
-    (FGD picks at random among them)."""
+    over 50 and one whose F rises under. Equal scores go to the lower host_id,
+    as FGD's simulator gives them to the smallest node name (which it prefixes with
+    a seeded random permutation: ``scheduler.sim.trace.fgd_node_order``)."""
 
     name = "frag-gradient"
 
