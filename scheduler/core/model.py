@@ -159,6 +159,8 @@ class PlacementRequest:
 
     Whole GPUs: ``gpus_per_node >= 1`` and ``gpu_milli == 1000``. A fractional
     share: ``gpus_per_node == 0`` and ``0 < gpu_milli < 1000`` (single node).
+    No GPU at all (vCPUs and memory only, e.g. openb's GPU-less pods):
+    ``gpus_per_node == 0`` and ``gpu_milli == 0`` (single node).
     ``nodes > 1`` is a multi-host gang, placed all-or-nothing in one region.
     ``expected_duration`` (seconds) feeds backfill and the oracle orders (sjf,
     srtf); ``attained_service`` (GPU-seconds already received, e.g. by a requeued

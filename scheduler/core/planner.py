@@ -267,18 +267,28 @@ ALL_HOSTS = 1 << 30
 _WORKLOAD_OF = operator.attrgetter("gpus_per_node", "gpu_milli", "vcpus")
 
 
-def derive_workload(reqs: Iterable[PlacementRequest]) -> tuple[tuple[int, int, int, float], ...]:
-    """The FGD target workload: the popularity of every task shape (GPU count or
+def derive_workload(
+    reqs: Iterable[PlacementRequest], popularity: float = 1.0
+) -> tuple[tuple[int, int, int, float], ...]:
+    """The FGD target workload: the popularity of the task shapes (GPU count or
     milli share, and vCPUs) among ``reqs``, as (gpus_per_node, gpu_milli, vcpus,
-    probability), most popular first (ties by shape)."""
+    probability), most popular first (ties by shape). With ``popularity`` < 1 only
+    the most popular shapes are kept, until they cover that share of the tasks,
+    and renormalised (FGD's "typical pods": 0.95 in its experiments)."""
     counts = Counter(map(_WORKLOAD_OF, reqs))
     if not counts:
         return ((1, WHOLE, 0, 1.0),)
     total = sum(counts.values())
-    return tuple(
-        (g, m, c, n / total)
-        for (g, m, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    )
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    if popularity < 1.0:
+        kept = 0
+        for i, (_shape, n) in enumerate(ranked):
+            if kept >= popularity * total:
+                ranked = ranked[:i]
+                break
+            kept += n
+        total = kept
+    return tuple((g, m, c, n / total) for (g, m, c), n in ranked)
 
 
 def _gib(mib: int) -> str:
@@ -309,19 +319,24 @@ class _Planner:
         )
         self.mix = policy.mix or derive_mix(reqs)
         self.workload = (
-            (policy.workload or derive_workload(reqs)) if self.spec.gradient else ()
+            (policy.workload or derive_workload(reqs)) if self.spec.uses_workload else ()
         )
         if cache is not None:
             # cached score totals are only valid for the same plugins and mix
             key: tuple[object, ...] = (self.spec, self.mix)
-            if self.spec.gradient:
+            if self.spec.uses_workload:
                 key = (self.spec, self.mix, self.workload)
             if cache.key != key:
                 cache.clear()
                 cache.key = key
         self.fleet = Fleet(snapshot, now, cache)
         self.frag = frag_model(self.mix)
-        ctx = CycleContext(now=now, mix=self.mix, require_island=policy.topology == "require")
+        ctx = CycleContext(
+            now=now,
+            mix=self.mix,
+            workload=self.workload,
+            require_island=policy.topology == "require",
+        )
         names = list(BASE_FILTERS)
         if policy.topology == "require":
             names.append("nvlink")
@@ -335,8 +350,8 @@ class _Planner:
         self.pick_hot_filters()
         self.scores: list[Score] = [SCORES[n](ctx, w) for n, w in self.spec.scores]
         self.fgd: FgdModel | None = None
-        if self.spec.gradient or self.spec.share_pick == "fgd":
-            self.fgd = fgd_model(self.workload or derive_workload(reqs))
+        if self.spec.uses_workload:
+            self.fgd = fgd_model(self.workload)
         if self.spec.gradient:
             assert self.fgd is not None
             self.scores = [FgdGradientScore(self.fgd)]
@@ -604,10 +619,12 @@ class _Planner:
         if req.gpus_per_node < 0 or req.vcpus < 0 or req.memory_mib < 0:
             return "GPU, vCPU and memory amounts cannot be negative"
         if req.gpus_per_node == 0:
-            if not 0 < req.gpu_milli < WHOLE:
+            if not 0 <= req.gpu_milli < WHOLE:
                 return "a fractional GPU share must be between 1 and 999 milli-GPUs"
             if req.nodes > 1:
                 return "fractional GPU shares are single-node"
+            if req.gpu_milli == 0 and not (req.vcpus or req.memory_mib):
+                return "a request without GPUs must ask for vCPUs or memory"
         elif req.gpu_milli != WHOLE:
             return "whole-GPU requests take whole GPUs (gpu_milli must be 1000)"
         if req.pinned_host is not None and req.nodes > 1:
@@ -654,6 +671,8 @@ class _Planner:
     # ------------------------------------------------------------------ placement
 
     def what(self, req: PlacementRequest) -> str:
+        if req.gpus_per_node == 0 and req.gpu_milli == 0:
+            return "room for work without GPUs"
         if req.gpus_per_node == 0:
             return f"a {req.gpu_milli / 10:g}% share of a {req.gpu_model} GPU free"
         g = req.gpus_per_node
@@ -750,6 +769,13 @@ class _Planner:
                         yield from pool.by_free[c]
             return
         m = req.gpu_milli
+        if m == 0:
+            # no GPU: any host, fullest (fewest free GPUs) first when packing
+            for c in range(0, top + 1) if fullest else range(top, -1, -1):
+                for pool in pools:
+                    if c < len(pool.by_free):
+                        yield from pool.by_free[c]
+            return
         tenant = req.tenant_id
         seen: set[HostState] = set()
         lo = m // SHARE_BUCKET
@@ -888,6 +914,8 @@ class _Planner:
                 assert idxs is not None
                 pool.take_whole(hs, idxs)
                 out.append(HostPlacement(hs.host_id, tuple([uuids[i] for i in idxs]), WHOLE))
+            elif req.gpu_milli == 0:
+                out.append(HostPlacement(hs.host_id, (), 0))  # no GPU: vCPUs and memory only
             else:
                 if self.fgd is not None and self.spec.share_pick == "fgd":
                     got = self.fgd.best_share(hs, req.gpu_milli, req.vcpus, req.tenant_id)

@@ -15,7 +15,14 @@ from scheduler.core import PLACEMENTS, POLICIES, get_policy
 
 from .engine import Simulator
 from .report import plot, summarize, write_jobs_csv
-from .trace import Node, TraceError, read_cluster, read_partitions, read_trace
+from .trace import (
+    Node,
+    TraceError,
+    fgd_node_order,
+    read_cluster,
+    read_partitions,
+    read_trace,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let shares of several tenants mix on one GPU (MIG / operator-allowed models); "
         "by default a GPU's shares go to one tenant at a time, as in the live loop",
+    )
+    p.add_argument(
+        "--setup",
+        default="trace",
+        choices=("trace", "fgd"),
+        help="alibaba-openb: 'fgd' replays FGD's own experiment (all pods, GPU-less too, "
+        "shuffled by --seed, one tenant, nodes tie-broken in a seeded random order)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -112,6 +126,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
         )
     else:
         raise TraceError("give --cluster or --partitions")
+    setup = getattr(args, "setup", "trace")
+    if args.format == "alibaba-openb" and setup == "fgd":
+        nodes = fgd_node_order(nodes, args.seed)
     if getattr(args, "cross_tenant", False):
         nodes = [replace(n, cross_tenant=True) for n in nodes]
     kw: dict[str, Any] = {}
@@ -127,6 +144,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
             "inflate": args.inflate,
             "capacity_gpus": sum(n.num_gpus for n in nodes),
             "seed": args.seed,
+            "setup": setup,
         }
     jobs = read_trace(args.trace, args.format, **kw)
     if args.format == "alibaba-openb":

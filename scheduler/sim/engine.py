@@ -70,6 +70,8 @@ ORACLE_ORDERS = ("sjf", "srtf")
 _NOWHERE = "~elsewhere"  # host id of the per-tenant summary allocations
 #: fifo without backfill: pass the queue in chunks; the head blocks the rest anyway
 FIFO_CHUNK = 32
+#: FGD's typical pods: the most popular task shapes that cover 95 % of the tasks
+FGD_POPULARITY = 0.95
 
 
 @dataclass(slots=True)
@@ -269,11 +271,13 @@ class Simulator:
                              gpu_milli=j.gpu_milli, vcpus=j.vcpus)
             for j in self.jobs
         ]
-        if not policy.mix and shapes:
-            self.p = policy.with_(mix=derive_mix(shapes))  # the mix counts GPU shapes only
+        gpu_shapes = [r for r in shapes if r.gpus_per_node or r.gpu_milli]
+        if not policy.mix and gpu_shapes:
+            self.p = policy.with_(mix=derive_mix(gpu_shapes))  # the mix counts GPU shapes only
         spec = PLACEMENTS[self.p.placement]
-        if spec.gradient and not self.p.workload and shapes:
-            self.p = self.p.with_(workload=derive_workload(shapes))
+        if spec.uses_workload and not self.p.workload and shapes:
+            # FGD's "typical pods": the most popular shapes covering 95 % of the tasks
+            self.p = self.p.with_(workload=derive_workload(shapes, FGD_POPULARITY))
         self.k = (
             ALL_HOSTS
             if spec.gradient
@@ -332,7 +336,7 @@ class Simulator:
         where = f" in {j.region}" if j.region else ""
         if not sizes:
             return f"the fleet has no {j.gpu_model} GPUs{where}"
-        if j.gpus_per_node == 0 and not 0 < j.gpu_milli < WHOLE:
+        if j.gpus_per_node == 0 and not 0 <= j.gpu_milli < WHOLE:
             return "a fractional share must be between 1 and 999 milli-GPUs"
         if j.gpus_per_node > sizes[0]:
             return f"asks for {j.gpus_per_node} GPUs on one host; the largest{where} has {sizes[0]}"
@@ -409,6 +413,7 @@ class Simulator:
         series: list[tuple[float, int, float, dict[str, float]]] = []
         marks = list(self.marks)
         mark_out: dict[str, float] = {}
+        by_pct: dict[int, list[float]] = {}
         arrived = 0.0
         skipped = 0
         jobs = self.jobs
@@ -445,6 +450,7 @@ class Simulator:
                 )
                 next_sample = t + step
             # ---- events at t
+            arrived_now = ai < len(jobs) and jobs[ai].submit == t
             while ai < len(jobs) and jobs[ai].submit == t:
                 j = jobs[ai]
                 ai += 1
@@ -469,9 +475,28 @@ class Simulator:
                 dirty = self._schedule(t)
             elif not self.queue:
                 dirty = False
+            if arrived_now and cap:
+                # FGD's reading: the allocation after each arrival, grouped by the
+                # arrived demand in whole per cent of capacity
+                pct = round(100 * arrived / cap)
+                acc = by_pct.setdefault(pct, [0.0, 0])
+                acc[0] += self.used / cap
+                acc[1] += 1
             while marks and arrived >= marks[0] * cap - 1e-6:
                 mark_out[f"{marks[0]:g}"] = self.used / cap
                 marks.pop(0)
+        for m in self.marks:
+            # as FGD's analysis reads its log: the mean allocation over the arrivals
+            # whose demand rounds to the mark (else to the mark +- 1 %); a mark never
+            # reached that way keeps the allocation when the demand crossed it
+            p = round(100 * m)
+            got = by_pct.get(p)
+            if got is None:
+                near = [by_pct[q] for q in (p - 1, p, p + 1) if q in by_pct]
+                if near:
+                    got = [sum(a[0] for a in near), sum(int(a[1]) for a in near)]
+            if got is not None and got[1]:
+                mark_out[f"{m:g}"] = got[0] / got[1]
         # whatever could never start (no departures, or blocked forever)
         for js in self.queue.values():
             js.rejected = js.rejected or "never placed"
@@ -604,14 +629,17 @@ class Simulator:
         need: dict[tuple[str, str | None, int], int] = {}
         min_g = math.inf
         frac = False
+        cpu_only: set[tuple[str | None, str]] = set()
         min_rank = 3
         for r in reqs:
+            if r.gpus_per_node == 0 and r.gpu_milli == 0:
+                cpu_only.add((r.region, r.gpu_model))
             models[(r.region, r.gpu_model)] += r.nodes
             key = (r.gpu_model, r.region, max(r.gpus_per_node, 1))
             if need.get(key, 0) < r.nodes:
                 need[key] = r.nodes
             if r.gpus_per_node == 0:
-                frac = True
+                frac = True  # a share, or no GPU at all
             elif r.gpus_per_node < min_g:
                 min_g = r.gpus_per_node
             rank = CLASS_RANK.get(r.priority, 1)
@@ -642,6 +670,11 @@ class Simulator:
             if vr:
                 want = 2 * (self.p.preempt_candidates + max(need.values(), default=1))
                 victims = set(sorted(set(vr))[:want])
+        # work without GPUs may go on any host with vCPUs and memory left
+        if cpu_only:
+            for h in hosts.values():
+                if (h.region, h.model) in cpu_only or (None, h.model) in cpu_only:
+                    ids.add(h.host_id)
         # nothing could start and nothing could be preempted: plan() would only wait
         if not victims and not frac:
             best = max((hosts[h].nfree for h in ids), default=0)
