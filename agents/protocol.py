@@ -38,6 +38,9 @@ REGISTER_PATH: Final = "/agent/v1/register"
 HEARTBEAT_PATH: Final = "/agent/v1/heartbeat"
 WAIT_PATH: Final = "/agent/v1/wait"
 WAIT_MAX_S: Final = 60.0  # the longest wait a request may ask for
+# A registration nonce (RegisterRequest.registration_nonce) is at least this long: the agent
+# sends 43 characters (256 random bits, URL-safe base64).
+REGISTRATION_NONCE_MIN_LEN: Final = 32
 
 ContainerState = Literal["running", "exited", "created", "missing"]
 CONTAINER_STATES: Final[frozenset[str]] = frozenset({"running", "exited", "created", "missing"})
@@ -738,6 +741,11 @@ class RegisterRequest:
     # already registered under ``hostname``. Without it (or an operator's "replace host")
     # a registration naming an existing host is refused, whatever the bootstrap token.
     previous_host_token: str | None = None
+    # A random secret the agent picks once for a sequence of attempts with one bootstrap
+    # token (kept on disk until it holds its host credentials). An attempt whose answer
+    # was lost after the control plane consumed the token is repeated with the same nonce
+    # and gets the same host again (a fresh host token) within REGISTER_RETRY_WINDOW_S.
+    registration_nonce: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -753,6 +761,8 @@ class RegisterRequest:
         }
         if self.previous_host_token:
             out["previous_host_token"] = self.previous_host_token
+        if self.registration_nonce:
+            out["registration_nonce"] = self.registration_nonce
         return out
 
     @classmethod
@@ -772,7 +782,17 @@ class RegisterRequest:
             memory_mib=r.int_("memory_mib", minimum=1, maximum=INT64_MAX),
             gpus=gpus,
             previous_host_token=r.opt_str("previous_host_token", max_len=200) or None,
+            registration_nonce=_nonce(r.opt_str("registration_nonce", max_len=200)),
         )
+
+
+def _nonce(v: str | None) -> str | None:
+    """A registration nonce: absent, or a secret long enough not to be guessed."""
+    if v and len(v) < REGISTRATION_NONCE_MIN_LEN:
+        raise ProtocolError(
+            "registration_nonce", f"must be at least {REGISTRATION_NONCE_MIN_LEN} characters"
+        )
+    return v or None
 
 
 @dataclass(frozen=True)

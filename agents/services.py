@@ -317,6 +317,8 @@ def _host_register(*, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
         .filter(token_hash=hash_token(req.bootstrap_token))
         .first()
     )
+    if boot is not None and boot.used_at is not None and _is_retry(boot, req, now):
+        return _register_retry(boot=boot, req=req, now=now)
     if boot is None or boot.used_at is not None or (boot.expires_at and boot.expires_at <= now):
         logger.warning(
             "registration refused host=%s token=%s",
@@ -401,7 +403,13 @@ def _host_register(*, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
                 )
             raise _host_exists(host, f"Host {host.name!r} was re-registered meanwhile.")
         host.refresh_from_db()
-    BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(used_at=now, host=host)
+    BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(
+        used_at=now,
+        host=host,
+        # kept hashed (a 256-bit random secret), so a retry of this very registration can be
+        # recognised; never the nonce itself
+        nonce_hash=hash_token(req.registration_nonce) if req.registration_nonce else "",
+    )
     fastpath.hosts_changed(host_ids=[host.pk])  # the old token, inventory, seq: all re-read
     audit_record(
         tenant=None,
@@ -422,6 +430,54 @@ def _host_register(*, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
         host.name,
         boot.region.code,
         len(req.gpus),
+    )
+    return host, token
+
+
+def _is_retry(boot: BootstrapToken, req: RegisterRequest, now: datetime) -> bool:
+    """Is this the repeat of the registration that consumed `boot` (its answer lost)?
+
+    The same bootstrap token, the same registration nonce (compared on hashes in constant
+    time), the same host name, within REGISTER_RETRY_WINDOW_S of the first, and the host
+    is still there. Anything else is refused as a used token.
+    """
+    if not (req.registration_nonce and boot.nonce_hash and boot.host_id and boot.used_at):
+        return False
+    if now - boot.used_at > timedelta(seconds=settings.REGISTER_RETRY_WINDOW_S):
+        return False
+    if not secrets.compare_digest(hash_token(req.registration_nonce), boot.nonce_hash):
+        return False
+    return bool(Host.objects.filter(pk=boot.host_id, name=req.hostname, region_id=boot.region_id).exists())
+
+
+def _register_retry(*, boot: BootstrapToken, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
+    """The repeat of a registration whose answer was lost: the same host, a fresh host token
+    (the one in the lost answer is refused from now on), no new row. Audited. Runs in the
+    caller's transaction, with `boot` locked, so two repeats at once are one after the other.
+    The inventory stays as the first attempt stored it; the agent's heartbeats keep it fresh."""
+    token = HOST_TOKEN_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
+    Host.objects.filter(pk=boot.host_id).update(
+        token_hash=hash_token(token),
+        agent_version=req.agent_version[:50],
+        last_heartbeat_at=now,
+        last_seq=0,  # the repeat may come from a restarted agent: its seq starts again at 1
+        state=F("admin_state"),  # gone DOWN while the agent retried: back as the operator wants
+        down_since=None,
+    )
+    host = Host.objects.select_related("region").get(pk=boot.host_id)
+    fastpath.hosts_changed(host_ids=[host.pk])  # the revoked token: re-read
+    audit_record(
+        tenant=None,
+        action="host.register_retry",
+        obj=host,
+        data={
+            "region": boot.region.code,
+            "bootstrap": boot.prefix,
+            "first_at": boot.used_at.isoformat() if boot.used_at else None,
+        },
+    )
+    logger.info(
+        "host.register_retry host=%s name=%s region=%s", host.pk, host.name, boot.region.code
     )
     return host, token
 

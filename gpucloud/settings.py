@@ -369,6 +369,9 @@ SCHEDULER_LOCK = env_bool("SCHEDULER_LOCK", True)
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 5)
 HOST_DOWN_AFTER_S = env_int("HOST_DOWN_AFTER_S", 30)
 HOST_LOST_GRACE_S = env_int("HOST_LOST_GRACE_S", 120)
+# An agent whose registration answer was lost repeats it with the same bootstrap token and
+# registration nonce within this many seconds of the first and gets the same host again.
+REGISTER_RETRY_WINDOW_S = env_int("REGISTER_RETRY_WINDOW_S", 600)
 AGENT_PIDS_LIMIT = env_int("AGENT_PIDS_LIMIT", 4096)
 AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeats need 12/min
 # Long polls (POST /agent/v1/wait, agents/longpoll.py) one web process holds at once; each holds

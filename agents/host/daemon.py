@@ -50,7 +50,14 @@ from agents.host.reconcile import (
     reconcile,
 )
 from agents.host.runtime import Runtime
-from agents.host.state import HostState, clear_state, load_state, save_state
+from agents.host.state import (
+    HostState,
+    clear_registration_nonce,
+    clear_state,
+    load_state,
+    registration_nonce,
+    save_state,
+)
 from agents.protocol import (
     FINAL_TAIL_LINES,
     HEARTBEAT_LOGS_MAX_BYTES,
@@ -489,11 +496,15 @@ class Agent:
                 memory_mib=mem,
                 gpus=self._inventory,
                 previous_host_token=self._previous_token,
+                # the same for every attempt until one is answered: a retry of an attempt
+                # whose answer was lost gets the same host again (never logged)
+                registration_nonce=registration_nonce(self.config.state_dir),
             )
         )
         self._previous_token = None
         self.state = HostState(self.config.server, resp.host_id, resp.host_token)
         save_state(self.config.state_dir, self.state)
+        clear_registration_nonce(self.config.state_dir)  # the next registration: a new one
         self.interval_s = resp.heartbeat_interval_s
         logger.info(
             "registered",
