@@ -79,6 +79,48 @@ class Routes:
         value = await self._redis.get(self.replica_key(replica))
         return value.decode() if value else None
 
+    # ------------------------------------------------------------------ sessions per tenant
+
+    # A tenant's open sessions across every replica: a sorted set of `<replica>/<session>`
+    # scored by the time its lease ends. Admission drops the lapsed leases (a replica that
+    # died stops counting within `ttl_s`) and adds the session only under the limit, in one
+    # atomic step, so two replicas admitting at once cannot both take the last place.
+    _ADMIT = """
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+    if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+    redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+    redis.call('EXPIRE', KEYS[1], ARGV[5])
+    return 1
+    """
+
+    @staticmethod
+    def sessions_key(tenant_id: str) -> str:
+        return f"gateway:sessions:{tenant_id}"
+
+    async def session_admit(self, tenant_id: str, session: str, *, limit: int, now: float) -> bool | None:
+        """Count `session` against its tenant's limit on every replica; None without Redis
+        (the caller counts this replica's own)."""
+        if self._redis is None:
+            return None
+        admitted = await self._redis.eval(  # type: ignore[misc]
+            self._ADMIT, 1, self.sessions_key(tenant_id), now, limit, now + self.ttl_s,
+            f"{self.replica}/{session}", int(self.ttl_s * 2))
+        return bool(admitted)
+
+    async def session_renew(self, held: list[tuple[str, str]], *, now: float) -> None:
+        """Extend the leases of this replica's open sessions ((tenant id, session) pairs)."""
+        if self._redis is None or not held:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for tenant_id, session in held:
+                pipe.zadd(self.sessions_key(tenant_id), {f"{self.replica}/{session}": now + self.ttl_s}, xx=True)
+                pipe.expire(self.sessions_key(tenant_id), int(self.ttl_s * 2))
+            await pipe.execute()
+
+    async def session_release(self, tenant_id: str, session: str) -> None:
+        if self._redis is not None:
+            await self._redis.zrem(self.sessions_key(tenant_id), f"{self.replica}/{session}")
+
     async def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None  # tunnels closing after this unsubscribe nothing
         if pubsub is not None:

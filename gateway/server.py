@@ -15,6 +15,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -50,7 +51,7 @@ class GatewayConfig:
     host_key_path: Path = Path("var/gateway_host_key")
     replica: str = "gw-1"
     recheck_s: float = 2.0
-    session_limit: int = 20  # open sessions per tenant on this replica
+    session_limit: int = 20  # open sessions per tenant (on all replicas sharing Redis)
     redis_url: str = ""
     relay_port: int | None = None  # other replicas' relay connections (gateway/relay.py); None: none
     relay_host: str = ""  # where other replicas reach it (empty: relay.advertised_host)
@@ -99,6 +100,7 @@ class Gateway:
         self.tunnel_changed = asyncio.Event()
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
+        self._incarnation = secrets.token_hex(4)  # session leases of an earlier run of this replica are not ours
         self.routes = Routes(config.redis_url, replica=config.replica)
         self.ssh_port = config.ssh_port
         self.tunnel_port = config.tunnel_port
@@ -149,12 +151,14 @@ class Gateway:
                         self.config.bind, self.http_port, self.config.bind, self.relay_port,
                         self.host_key.get_fingerprint())
             recheck = asyncio.ensure_future(self._recheck_loop())
+            renew = asyncio.ensure_future(self._renew_sessions())
             wakes = asyncio.ensure_future(self.routes.listen_wakes(self.wake))
             self.ready.set()
             try:
                 await stop.wait()
             finally:
                 recheck.cancel()
+                renew.cancel()
                 wakes.cancel()
                 ssh.close()
                 if http is not None:
@@ -227,6 +231,20 @@ class Gateway:
                 logger.warning("could not advertise the relay address %s", address, exc_info=True)
             await asyncio.sleep(self.routes.ttl_s / 3)
 
+    def _lease(self, session: Session) -> str:
+        """The session's name in its tenant's count: unique across this replica's restarts."""
+        return f"{self._incarnation}.{session.id}"
+
+    async def _renew_sessions(self) -> None:
+        """Keep the leases of this replica's open sessions in the tenants' counts (Redis errors: retried)."""
+        while True:
+            await asyncio.sleep(self.routes.ttl_s / 3)
+            held = [(str(s.grant.tenant_id), self._lease(s)) for s in self.sessions.values()]
+            try:
+                await self.routes.session_renew(held, now=time.time())
+            except Exception:
+                logger.warning("could not renew the sessions' leases", exc_info=True)
+
     async def _refresh_route(self, host_id: str, mux: m.Mux) -> None:
         while not mux.closed:
             await asyncio.sleep(self.routes.ttl_s / 3)
@@ -247,10 +265,20 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
 
     async def start_session(self, grant: access.Grant, kind: str, source: str) -> Session | None:
-        open_here = sum(1 for s in self.sessions.values() if s.grant.tenant_id == grant.tenant_id)
-        if open_here >= self.config.session_limit:
-            return None
+        """A session counted against its tenant's limit (across replicas where they share Redis),
+        audited; None when the tenant is at its limit."""
         session = Session(id=next(self._ids), grant=grant, kind=kind, source=source)
+        try:
+            admitted = await self.routes.session_admit(str(grant.tenant_id), self._lease(session),
+                                                       limit=self.config.session_limit, now=time.time())
+        except Exception:  # Redis unreachable: this replica's own count, rather than no session at all
+            logger.warning("could not count session %s across replicas", session.id, exc_info=True)
+            admitted = None
+        if admitted is None:  # no Redis (the demo's single gateway): this replica's own count
+            open_here = sum(1 for s in self.sessions.values() if s.grant.tenant_id == grant.tenant_id)
+            admitted = open_here < self.config.session_limit
+        if not admitted:
+            return None
         self.sessions[session.id] = session
         await self._audit(
             grant=grant, action="session.start", source_ip=source.split(":")[0] or None,
@@ -267,6 +295,10 @@ class Gateway:
     async def finish_session(self, session: Session, reason: str = "") -> None:
         if self.sessions.pop(session.id, None) is None:
             return
+        try:
+            await self.routes.session_release(str(session.grant.tenant_id), self._lease(session))
+        except Exception:  # Redis gone: the lease lapses within the routes' expiry
+            logger.warning("could not release session %s from its tenant's count", session.id, exc_info=True)
         sent, received = session.bytes
         await self._audit(
             grant=session.grant, action="session.end", source_ip=session.source.split(":")[0] or None,

@@ -206,3 +206,46 @@ def _read(s: socket.socket, n: int) -> bytes:
         assert chunk, "closed early"
         out += chunk
     return out
+
+
+def test_a_tenants_session_limit_counts_its_sessions_on_every_replica(make_sim_host, alice, tmp_path):
+    """The per-tenant limit is one count across the replicas sharing Redis: with a limit of 1,
+    a shell open through A refuses a second one through B, until the first has ended."""
+    sim, w = running_instance(make_sim_host, alice.tenant)
+    key, pub = keypair(tmp_path, "alice")
+    ssh_key_add(membership=alice.membership, name="a", public_key=pub)
+    a = GatewayThread(tmp_path, redis_url=django_settings.REDIS_URL, replica="gw-la", session_limit=1)
+    b = GatewayThread(tmp_path, redis_url=django_settings.REDIS_URL, replica="gw-lb", session_limit=1)
+    tunnel = tunnel_up(sim, SimConnector(sim.runtime), a)
+    host_id = str(sim.host.pk)
+
+    async def run(port: int, command: str):
+        async with asyncssh.connect("127.0.0.1", port, username=str(w.pk), client_keys=[str(key)],
+                                    known_hosts=None) as conn:
+            return await conn.run(command)
+
+    async def one_open_on_a_then_b() -> tuple[asyncssh.SSHCompletedProcess, asyncssh.SSHCompletedProcess]:
+        async with asyncssh.connect("127.0.0.1", a.gw.ssh_port, username=str(w.pk), client_keys=[str(key)],
+                                    known_hosts=None) as conn:
+            proc = await conn.create_process(term_type="xterm", encoding=None)
+            await proc.stdout.readexactly(2)  # the prompt: A's session is open
+            refused = await run(b.gw.ssh_port, "echo second")
+            proc.stdin.write(b"exit 0\n")
+            await asyncio.wait_for(proc.wait(), 10)
+        wait_until(lambda: not a.gw.sessions, "A's session finished", 5)
+        return refused, await run(b.gw.ssh_port, "echo second")
+
+    try:
+        wait_until(lambda: a.call(a.gw.routes.lookup(host_id)) == "gw-la", "the route naming replica A")
+        refused, admitted = run_in_own_loop(one_open_on_a_then_b(), 30)
+        assert refused.exit_status != 0 and "limit of open sessions" in refused.stderr, refused
+        assert admitted.exit_status == 0 and "second" in admitted.stdout, admitted
+        # nothing left counted once every session has ended
+        wait_until(lambda: not b.gw.sessions, "B's session finished", 5)
+        r = redis.Redis.from_url(django_settings.REDIS_URL)
+        assert r.zcard(Routes.sessions_key(str(alice.tenant.pk))) == 0
+        r.close()
+    finally:
+        tunnel.stop()
+        a.stop()
+        b.stop()
