@@ -138,7 +138,10 @@ def attach_for_launch(*, workload: Workload, volumes: list[dict[str, Any]]) -> N
     if len(hosts) > 1:
         raise Conflict("These volumes live on different hosts; one workload cannot use them all.",
                        code="unsatisfiable")
+    from volumes.moves import refuse_if_moving
+
     for v in found.values():
+        refuse_if_moving(v)
         if v.region_id != workload.region_id:
             msg = f"Volume {v.name!r} is in {v.region.code}, not in {workload.region.code}."
             raise Conflict(msg, code="unsatisfiable", fields={"volumes": [msg]})
@@ -171,6 +174,9 @@ def check_start(*, workload: Workload) -> None:
         v = Volume.objects.select_for_update().get(pk=att.volume_id)
         if v.deleted_at is not None:
             raise Conflict(f"Volume {v.name!r} was deleted.", code="volume_deleted")
+        from volumes.moves import refuse_if_moving
+
+        refuse_if_moving(v)
         other = active_attachment(v)
         if other is not None and other.workload_id != workload.pk:
             raise Conflict(f"Volume {v.name!r} is attached to {_attached_words(other)}: one writer at a time.",
