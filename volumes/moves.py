@@ -138,6 +138,7 @@ def read_chunk(*, move_id: Any, host: Host, seq: int) -> bytes:
 def _fail(move: VolumeMove, error: str) -> None:
     now = timezone.now()
     VolumeMove.objects.filter(pk=move.pk).update(state=VolumeMove.FAILED, error=error[:500], finished_at=now)
+    move.state, move.error, move.finished_at = VolumeMove.FAILED, error[:500], now
     VolumeMoveChunk.objects.filter(move=move).delete()
     VolumeEvent.objects.create(volume=move.volume, kind="move_failed", created_at=now,
                                message=f"The move to another host failed; the volume stays where it was: {error}"[:500])
