@@ -61,7 +61,7 @@ def test_a_move_needs_a_detached_placed_volume_and_another_ready_host(alice, cat
     with pytest.raises(Exception) as e:
         moves.move_start(volume=fresh, target=dst)
     assert e.value.code == "volume_not_placed"
-    move = moves.move_start(volume=volume, target=dst)
+    moves.move_start(volume=volume, target=dst)
     with pytest.raises(Exception) as e:
         moves.move_start(volume=volume, target=dst)
     assert e.value.code == "volume_moving"
