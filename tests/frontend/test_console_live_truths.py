@@ -70,3 +70,25 @@ def test_an_operator_without_a_tenant_is_sent_to_the_fleet_page(db, django_user_
     client.force_login(op)
     r = client.get("/console/")
     assert (r.status_code, r["Location"]) == (302, "/admin/fleet/")
+
+
+def test_the_landing_page_is_styled_at_both_widths_with_its_icon(page, phone, live_server, catalog):
+    from tests.frontend.conftest import horizontal_overflow, shot
+    from tests.scheduler.fleet import make_hosts
+
+    make_hosts(n=1, model="L40S", region="eu-central-1")
+    for p, name in ((page, "home"), (phone, "home-phone")):
+        p.goto("/")
+        expect(p.locator("#rentable tbody tr")).to_have_count(7)
+        cta = p.locator("#cta-signup")
+        expect(cta).to_be_visible()
+        # the console's stylesheet, not the browser's defaults: a filled button, a sans-serif page
+        assert p.evaluate("getComputedStyle(document.querySelector('#cta-signup')).backgroundColor") not in (
+            "rgba(0, 0, 0, 0)", "transparent")
+        assert "serif" not in p.evaluate("getComputedStyle(document.body).fontFamily").replace("sans-serif", "")
+        assert p.evaluate("document.querySelector('.topbar') && getComputedStyle(document.querySelector('.topbar'))"
+                          ".display") != "inline"
+        assert horizontal_overflow(p) == [], name
+        icon = p.evaluate("document.querySelector('link[rel=icon]').href")
+        assert p.request.get(icon).status == 200
+        shot(p, name)
