@@ -14,6 +14,7 @@ from agents.selectors import hash_token
 from agents.signals import move_orders, removals
 from gpucloud.tenancy.models import AuditEvent
 from scheduler.cycle import run_cycle
+from tests.agents.test_agent_api import make_sim_host, region, triggered  # noqa: F401 - fixtures, used by name
 from tests.scheduler.fleet import make_hosts
 from tests.volumes.test_volumes_api import code, create, launch, region_id
 from volumes import moves
@@ -145,3 +146,27 @@ def test_the_operators_command_and_admin_action(alice, catalog, settings, admin_
                                                      "_selected_action": [str(volume.pk)]}, follow=True)
     assert r.status_code == 200
     assert VolumeMove.objects.filter(state="copying", target=dst).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_runtime_that_cannot_move_fails_the_move_and_the_volume_stays(make_sim_host, alice, triggered):
+    """The simulated runtime keeps no files: its agent takes the send order, says why it
+    cannot, and the volume stays where it is, attachable again."""
+    from agents.models import Host
+
+    a = make_sim_host(name="sim-a", model="H100")
+    b = make_sim_host(name="sim-b", model="H100")
+    a.beat()
+    b.beat()
+    vol = Volume.objects.get(pk=create(alice).json()["id"])
+    Volume.objects.filter(pk=vol.pk).update(host=Host.objects.get(name="sim-a"))
+    vol.refresh_from_db()
+    move = moves.move_start(volume=vol, target=Host.objects.get(name="sim-b"))
+    a.beat()  # the send order: the agent's thread reports the failure
+    for t in a.agent.moves.values():
+        t.join(timeout=10)
+    move.refresh_from_db()
+    assert move.state == "failed" and "cannot move volumes" in move.error, move.error
+    assert Volume.objects.get(pk=vol.pk).host.name == "sim-a"
+    assert moves.open_move(vol.pk) is None
+    moves.refuse_if_moving(vol)  # attachable again at once
