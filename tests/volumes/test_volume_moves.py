@@ -23,6 +23,14 @@ from volumes.models import Volume, VolumeMove, VolumeMoveChunk
 pytestmark = pytest.mark.django_db
 
 
+def signed_in(actor):
+    from django.test import Client
+
+    c = Client()
+    c.force_login(actor.user)
+    return c
+
+
 def placed_volume(alice, settings):
     settings.PLAN_QUOTAS = {plan: {"max_gpus": 64, "max_instances": 32} for plan in settings.PLAN_QUOTAS}
     a, b = make_hosts(n=2, gpus=8)
@@ -67,7 +75,11 @@ def test_a_move_needs_a_detached_placed_volume_and_another_ready_host(alice, cat
         moves.move_start(volume=volume, target=dst)
     assert e.value.code == "volume_moving"
     assert AuditEvent.objects.filter(action="volume.move").count() == 1
-    # attaching (a launch, a start) waits for the move
+    # the owner sees it moving (API and console); attaching (a launch, a start) waits for the move
+    assert alice.client().get(f"/api/v1/volumes/{volume.pk}").json()["state"] == "moving"
+    assert [v["state"] for v in alice.client().get("/api/v1/volumes").json()["results"]] == ["available", "moving"]
+    page = signed_in(alice).get(f"/console/volumes/{volume.pk}/").content.decode()
+    assert 'id="volume-moving"' in page
     assert code(launch(alice, "second", str(volume.pk))) == (409, "volume_moving")
     assert code(alice.client().post(f"/api/v1/instances/{first}/start")) == (409, "volume_moving")
     assert [(o.role, o.volume) for o in move_orders(host=src)] == [("send", volume.docker_name)]
