@@ -116,6 +116,11 @@ def volume_delete(*, volume: Volume) -> None:
     if att is not None:
         raise Conflict(f"Volume {volume.name!r} is attached to {_attached_words(att)}; stop it first.",
                        code="volume_attached")
+    from volumes.moves import open_move
+
+    if open_move(volume.pk) is not None:
+        raise Conflict(f"Volume {volume.name!r} is being moved to another host; delete it when the move is done.",
+                       code="volume_moving")
     Volume.objects.filter(pk=volume.pk).update(deleted_at=timezone.now())
     audit_record(tenant=volume.tenant, action="volume.delete", obj=volume, object_repr=volume.name,
                  data={"purge_after_s": settings.VOLUME_PURGE_GRACE_S})

@@ -82,6 +82,7 @@ def test_a_move_needs_a_detached_placed_volume_and_another_ready_host(alice, cat
     assert 'id="volume-moving"' in page
     assert code(launch(alice, "second", str(volume.pk))) == (409, "volume_moving")
     assert code(alice.client().post(f"/api/v1/instances/{first}/start")) == (409, "volume_moving")
+    assert code(alice.client().delete(f"/api/v1/volumes/{volume.pk}")) == (409, "volume_moving")
     assert [(o.role, o.volume) for o in move_orders(host=src)] == [("send", volume.docker_name)]
     assert move_orders(host=dst) == []
 
