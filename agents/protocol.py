@@ -37,6 +37,10 @@ PROTOCOL_VERSION: Final = 1
 REGISTER_PATH: Final = "/agent/v1/register"
 HEARTBEAT_PATH: Final = "/agent/v1/heartbeat"
 WAIT_PATH: Final = "/agent/v1/wait"
+# A volume move's data, relayed by the control plane (docs/volumes.md "Moving a volume"):
+# PUT/GET {VOLUME_MOVES_PATH}/<move id>/chunks/<n>, POST …/<move id>/sent|received|failed.
+VOLUME_MOVES_PATH: Final = "/agent/v1/volume-moves"
+VOLUME_MOVE_ROLES: Final = ("send", "receive")
 WAIT_MAX_S: Final = 60.0  # the longest wait a request may ask for
 # A registration nonce (RegisterRequest.registration_nonce) is at least this long: the agent
 # sends 43 characters (256 random bits, URL-safe base64).
@@ -498,6 +502,40 @@ class VolumeUsage:
 
 
 @dataclass(frozen=True)
+class VolumeMoveOrder:
+    """Part of a volume's move between hosts: the source ``send``s a tar of ``volume`` in
+    chunks to the control plane; once all arrived the target ``receive``s them, checks the
+    size and SHA-256 and unpacks them into its own ``volume`` (docs/volumes.md)."""
+
+    move_id: str
+    volume: str
+    role: str
+    tenant_id: str = ""  # the label the target's copy gets
+    # receive: what the source sent, checked before anything is unpacked
+    size_bytes: int = 0
+    sha256: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"move_id": self.move_id, "volume": self.volume, "role": self.role, "tenant_id": self.tenant_id,
+                "size_bytes": self.size_bytes, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> VolumeMoveOrder:
+        r = _Reader(data, path)
+        move_id = r.str_("move_id", max_len=64)
+        if not move_id.replace("-", "").isalnum():
+            raise ProtocolError(r._p("move_id"), "must be an id (letters, digits, -)")
+        volume = _volume_name(r.str_("volume", max_len=128), r._p("volume"))
+        role = r.str_("role", max_len=16)
+        if role not in VOLUME_MOVE_ROLES:
+            raise ProtocolError(r._p("role"), f"must be one of {', '.join(VOLUME_MOVE_ROLES)}")
+        tenant = r.opt_str("tenant_id", max_len=64) or ""
+        size = r.int_("size_bytes", maximum=INT64_MAX, required=False)
+        return cls(move_id=move_id, volume=volume, role=role, tenant_id=tenant, size_bytes=size,
+                   sha256=r.opt_str("sha256", max_len=64) or "")
+
+
+@dataclass(frozen=True)
 class DesiredContainer:
     """One container the control plane wants on this host (an instance or a batch job).
 
@@ -887,6 +925,9 @@ class HeartbeatResponse:
     # Volumes to delete with their data (deleted by their owner, past the purge grace; optional):
     # the agent removes each that no container uses and stops reporting it.
     remove_volumes: list[str] = field(default_factory=list)
+    # Volume moves this host takes part in (optional; an older agent ignores them and the
+    # move waits until an operator cancels it).
+    volume_moves: list[VolumeMoveOrder] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -896,6 +937,7 @@ class HeartbeatResponse:
             "host_token": self.host_token,
             "logs_requests": [q.to_dict() for q in self.logs_requests],
             "remove_volumes": list(self.remove_volumes),
+            "volume_moves": [m.to_dict() for m in self.volume_moves],
         }
         if self.desired_version is not None:
             out["desired_version"] = self.desired_version
@@ -919,6 +961,7 @@ class HeartbeatResponse:
             logs_requests=r.list_("logs_requests", LogsRequest.from_dict),
             desired_version=r.opt_str("desired_version", max_len=64),
             remove_volumes=r.list_("remove_volumes", _volume_name),
+            volume_moves=r.list_("volume_moves", VolumeMoveOrder.from_dict),
         )
 
 

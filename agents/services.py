@@ -62,7 +62,7 @@ from agents.selectors import hash_token, host_allocations, host_attempts, worklo
 from gpucloud.catalogue.models import GpuModel, Region
 from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
-from scheduler.choices import HOLDING, State, WorkloadKind
+from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
 from scheduler.cycle import notice_served, policy_for
 from scheduler.hooks import cycle_wanted, holding_changed
 from scheduler.lifecycle import can_transition
@@ -772,6 +772,48 @@ class _Mover:
                 self.end(w, f"container exited with code {code}", exit_code=code)
 
 
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def _observed_times(containers: list[ObservedContainer], attempts: dict[str, Workload],
+                    outcome: HeartbeatOutcome, now: datetime) -> None:
+    """Run time as the agent saw it: a workload that started or ended in this heartbeat gets
+    the container's own start and finish (a job that ran 20 s shows 20 s, not the span
+    between two heartbeats). Trusted only between its queueing (or start) and now: a host
+    clock off by more keeps the control plane's times."""
+    terminal = {str(s) for s in TERMINAL}
+    moved: dict[str, set[str]] = defaultdict(set)
+    for wid, state in outcome.transitions:
+        moved[wid].add(str(state))
+    for o in containers:
+        w = attempts.get(o.instance_id)
+        if w is None or w.nodes > 1 or str(w.pk) not in moved:
+            continue
+        states = moved[str(w.pk)]
+        row = Workload.objects.filter(pk=w.pk).values("state", "queued_at", "started_at", "ended_at").first()
+        if row is None:
+            continue
+        fields: dict[str, datetime] = {}
+        started, finished = _parse_time(o.started_at), _parse_time(o.finished_at)
+        floor = row["queued_at"]
+        if (str(State.RUNNING) in states and row["started_at"] is not None and started is not None
+                and (floor is None or started >= floor) and started <= now):
+            fields["started_at"] = started
+        begun = fields.get("started_at", row["started_at"])
+        if (str(row["state"]) in terminal and states & terminal and row["ended_at"] is not None
+                and finished is not None and begun is not None and begun <= finished <= now):
+            fields["ended_at"] = finished
+        if fields:
+            Workload.objects.filter(pk=w.pk, state=row["state"]).update(**fields)
+
+
 def _bulk_moves(host: Host, w: Workload, o: ObservedContainer, groups: dict) -> bool:
     """Put the common transitions (a container seen running; a job that exited 0) in `groups`,
     to apply many at once (`_apply_bulk`); False for the rest, which `_Mover` handles one by
@@ -895,6 +937,7 @@ def host_heartbeat(
             else:
                 mover.stopped(w, "container gone")
     if outcome.transitions:
+        _observed_times(hb.containers, attempts, outcome, now)
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
     elif not failed_gpus:
         outcome.allocations = allocations  # nothing moved: the answer can reuse them

@@ -347,7 +347,9 @@ def launch(request):
             except ServiceError as exc:
                 service_error_to_form(form, exc, LaunchForm.FIELD_MAP)
             else:
-                messages.success(request, f"{workload.name} is queued; the scheduler places it in a moment.")
+                # said while it is queued: the page's live part takes it away once it is not
+                messages.success(request, f"{workload.name} is queued; the scheduler places it in a moment.",
+                                 extra_tags="pending")
                 return redirect(_detail_url(workload))
     first = {name: (form.fields[name].choices[0][0] if form.fields[name].choices else "")
              for name in ("instance_type", "region")}
@@ -531,28 +533,31 @@ def workload_logs(request, kind: str, pk):
                   {"tail": tail, "w": workload, "poll_s": POLL_S * 2, **_kind(kind)})
 
 
-def _workload_action(request, kind: str, pk, service, verb: str, done: str):
-    """Run `service(workload=…)` on the tenant's workload; say how it went; back to its page."""
+def _workload_action(request, kind: str, pk, service, verb: str, done: str, while_state: str = ""):
+    """Run `service(workload=…)` on the tenant's workload; say how it went; back to its page.
+    `while_state`: the message is true only in that state; the detail page's live part
+    removes it once the workload left it (console.js)."""
     workload = _workload(request, kind, pk)
     try:
         service(workload=workload)
     except ServiceError as exc:
         messages.error(request, f"Could not {verb} {workload.name}: {exc.message}")
     else:
-        messages.success(request, done.format(name=workload.name))
+        messages.success(request, done.format(name=workload.name), extra_tags=while_state)
     return redirect(_detail_url(workload))
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
 def workload_stop(request, kind: str, pk):
-    return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.")
+    return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.",
+                            while_state="stopping")
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
 def workload_start(request, kind: str, pk):
     """Start a stopped instance again: back through the queue with the same configuration."""
     return _workload_action(request, kind, pk, workload_services.workload_start, "start",
-                            "{name} is queued again; the scheduler places it in a moment.")
+                            "{name} is queued again; the scheduler places it in a moment.", while_state="pending")
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)

@@ -350,6 +350,9 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
 # how long a deleted volume's data is kept before the purge removes it from its host.
 VOLUME_QUOTA_GIB: dict[str, int] = {"starter": 1024, "team": 16 * 1024, "enterprise": 256 * 1024, "default": 1024}
 VOLUME_PURGE_GRACE_S = env_int("VOLUME_PURGE_GRACE_S", 24 * 3600)
+# The largest volume (its tar) an operator can move between hosts: the control plane relays
+# the data through PostgreSQL (docs/volumes.md "Moving a volume").
+VOLUME_MOVE_MAX_BYTES = env_int("VOLUME_MOVE_MAX_BYTES", 8 * 1024**3)
 
 # Prometheus scrapes /metrics with `Authorization: Bearer <token>`. With no token /metrics is
 # served only when DEBUG (the demo); otherwise it answers 403.

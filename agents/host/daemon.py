@@ -20,9 +20,11 @@ containers are left running (the agent may be restarted or upgraded under them).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +35,7 @@ from agents.host import __version__
 from agents.host.client import (
     ControlPlaneClient,
     ControlPlaneError,
+    MoveClient,
     Rejected,
     Unauthorized,
 )
@@ -71,6 +74,7 @@ from agents.protocol import (
     ObservedContainer,
     RegisterRequest,
     RegisterResponse,
+    VolumeMoveOrder,
     VolumeUsage,
     WaitRequest,
     clip_log,
@@ -82,6 +86,62 @@ logger = logging.getLogger(__name__)
 # How often the agent measures its volumes' usage for the control plane (docs/volumes.md):
 # measuring walks their files (`docker system df`), so not every heartbeat.
 VOLUME_USAGE_EVERY_S = 60.0
+# A volume move's data goes up in pieces of this size (the control plane's limit per request).
+MOVE_CHUNK_BYTES = 1024 * 1024
+
+
+def send_volume(runtime: object, client: MoveClient, volume: str) -> None:
+    """The source: a tar of the volume, up in CHUNK_BYTES pieces, then its size and SHA-256."""
+    export: Callable[[str], Iterable[bytes]] | None = getattr(runtime, "volume_export", None)
+    if export is None:
+        raise RuntimeError(f"the {getattr(runtime, 'name', '?')} runtime cannot move volumes")
+    digest, size, seq, buf = hashlib.sha256(), 0, 0, bytearray()
+    for piece in export(volume):
+        buf += piece
+        while len(buf) >= MOVE_CHUNK_BYTES:
+            chunk = bytes(buf[:MOVE_CHUNK_BYTES])
+            del buf[:MOVE_CHUNK_BYTES]
+            client.put_chunk(seq, chunk)
+            digest.update(chunk)
+            size, seq = size + len(chunk), seq + 1
+    if buf or seq == 0:
+        client.put_chunk(seq, bytes(buf))
+        digest.update(buf)
+        size, seq = size + len(buf), seq + 1
+    client.report("sent", {"size_bytes": size, "sha256": digest.hexdigest(), "chunks": seq})
+
+
+def receive_volume(runtime: object, client: MoveClient, order: VolumeMoveOrder) -> None:
+    """The target: the chunks down into a temporary file, checked against the size and
+    SHA-256 the source sent (nothing is unpacked otherwise), unpacked into a new volume, then
+    reported. A copy the control plane does not accept is removed again."""
+    volume = order.volume
+    unpack: Callable[[str, str, object], None] | None = getattr(runtime, "volume_import", None)
+    if unpack is None:
+        raise RuntimeError(f"the {getattr(runtime, 'name', '?')} runtime cannot move volumes")
+    digest, size, seq = hashlib.sha256(), 0, 0
+    with tempfile.TemporaryFile(prefix="gpucloud-move-") as f:
+        while True:
+            try:
+                chunk = client.get_chunk(seq)
+            except Rejected as e:
+                if "unknown_chunk" in str(e) and seq > 0:
+                    break  # past the last one
+                raise
+            f.write(chunk)
+            digest.update(chunk)
+            size, seq = size + len(chunk), seq + 1
+        if (size, digest.hexdigest()) != (order.size_bytes, order.sha256):
+            raise RuntimeError(f"received {size} bytes with sha256 {digest.hexdigest()[:12]}, the source sent "
+                               f"{order.size_bytes} bytes with sha256 {order.sha256[:12]}: nothing unpacked")
+        f.seek(0)
+        unpack(volume, order.tenant_id, f)
+    state = client.report("received", {"size_bytes": size, "sha256": digest.hexdigest()})
+    if state != "done":
+        remove: Callable[[str], bool] | None = getattr(runtime, "remove_volume", None)
+        if remove is not None:
+            remove(volume)
+        logger.error("volume copy not accepted; removed", extra={"volume": volume, "state": state})
 
 
 def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
@@ -175,6 +235,8 @@ class Agent:
         self.failures = 0  # consecutive iterations that did not reach the control plane
         self.seq = 0
         self._volumes_measured_at = float("-inf")
+        # volume moves under way in this process (move id -> its thread): one each
+        self.moves: dict[str, threading.Thread] = {}
         self.desired: list[DesiredContainer] = []
         self.last_ok = False
         self._inventory: list[GpuInfo] | None = None
@@ -365,6 +427,42 @@ class Agent:
                 logger.warning("volume not removed", extra={"volume": name, "error": str(e)})
         self._volumes_measured_at = float("-inf")  # report the set without it at once
 
+    def _start_moves(self, orders: list[VolumeMoveOrder]) -> None:
+        """Each move order not under way gets a thread (heartbeats go on meanwhile); an order
+        repeated while its thread runs is the same move, left alone."""
+        for order in orders:
+            t = self.moves.get(order.move_id)
+            if t is not None and t.is_alive():
+                continue
+            if self.state is None:
+                return
+            t = threading.Thread(target=self._move, args=(order, self.state), daemon=True,
+                                 name=f"volume-move-{order.move_id[:8]}")
+            self.moves[order.move_id] = t
+            t.start()
+
+    def _move(self, order: VolumeMoveOrder, state: HostState) -> None:
+        client = MoveClient(state.server, state.host_token, order.move_id)
+        try:
+            if order.role == "send":
+                send_volume(self.runtime, client, order.volume)
+            else:
+                receive_volume(self.runtime, client, order)
+            logger.info("volume move done", extra={"volume": order.volume, "role": order.role})
+        except ControlPlaneError as e:
+            # the control plane is unreachable: the order comes again with a later answer
+            logger.warning("volume move interrupted", extra={"volume": order.volume, "error": str(e)})
+        except Exception as e:  # noqa: BLE001 - the runtime failed: the move fails, the volume stays
+            logger.error("volume move failed", extra={"volume": order.volume, "error": str(e)})
+            remove: Callable[[str], bool] | None = getattr(self.runtime, "remove_volume", None)
+            if order.role == "receive" and remove is not None:
+                remove(order.volume)  # no half copy stays behind
+            try:
+                client.report("failed", {"error": f"{order.role}: {e}"[:400]})
+            except ControlPlaneError:
+                pass
+        self._volumes_measured_at = float("-inf")  # report the volumes as they are now
+
     def _retry_delay(self) -> float:
         self.last_ok = False
         delay = backoff(
@@ -440,6 +538,7 @@ class Agent:
         else:
             self._acted = False
         self._remove_volumes(resp.remove_volumes)
+        self._start_moves(resp.volume_moves)
         wanted = {d.instance_id for d in self.desired}
         if observed is not None:
             self._known = (self._known | wanted) & ({o.instance_id for o in view} | wanted)

@@ -34,6 +34,7 @@ import importlib
 import logging
 import resource
 import shlex
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
@@ -227,27 +228,33 @@ class DockerRuntime:
                 raise
         return name
 
+    def engine_volume(self, name: str) -> str:
+        """The engine's name of gpucloud volume ``name``: itself, or with ``.<scope>`` when
+        agents share an engine (tests, simulations), so that each has its own copy."""
+        return f"{name}.{self._scope}" if self._scope else name
+
     def _volume(self, name: str, tenant_id: str) -> None:
         """Create the named volume (local driver) once, labelled as gpucloud's; an existing one
         is kept with its data. The local driver has no size limit for a named volume (only a
         tmpfs or a block device behind it would have one): the size is measured, not enforced
         (docs/volumes.md)."""
         try:
-            self._client.volumes.get(name)
+            self._client.volumes.get(self.engine_volume(name))
             return
         except self._docker.errors.NotFound:
             pass
         labels = {LABEL_MANAGED: "1", LABEL_TENANT: tenant_id, LABEL_VOLUME: name}
         if self._scope:
             labels[LABEL_AGENT] = self._scope
-        self._client.volumes.create(name=name, driver="local", labels=labels)
+        self._client.volumes.create(name=self.engine_volume(name), driver="local", labels=labels)
 
     def volume_names(self) -> list[str]:
         """The gpucloud volumes on this host (of this agent's scope)."""
         selector = [f"{LABEL_MANAGED}=1", LABEL_VOLUME]
         if self._scope:
             selector.append(f"{LABEL_AGENT}={self._scope}")
-        return sorted(v.name for v in self._client.volumes.list(filters={"label": selector}))
+        return sorted((v.attrs.get("Labels") or {}).get(LABEL_VOLUME) or v.name
+                      for v in self._client.volumes.list(filters={"label": selector}))
 
     def volume_usage(self) -> dict[str, int]:
         """Bytes used by each gpucloud volume of this scope (``docker system df``: it walks
@@ -260,14 +267,14 @@ class DockerRuntime:
             if self._scope and labels.get(LABEL_AGENT) != self._scope:
                 continue
             size = (v.get("UsageData") or {}).get("Size", -1)
-            out[str(v["Name"])] = max(0, int(size))
+            out[str(labels.get(LABEL_VOLUME) or v["Name"])] = max(0, int(size))
         return out
 
     def remove_volume(self, name: str) -> bool:
         """Remove a gpucloud volume and its data. Docker refuses while a container uses it
         (then False: asked again later); an unknown volume is already gone (True)."""
         try:
-            v = self._client.volumes.get(name)
+            v = self._client.volumes.get(self.engine_volume(name))
         except self._docker.errors.NotFound:
             return True
         if (v.attrs.get("Labels") or {}).get(LABEL_MANAGED) != "1":
@@ -277,6 +284,44 @@ class DockerRuntime:
         except self._docker.errors.APIError:
             return False
         return True
+
+    def _helper(self, name: str, mode: str) -> Any:
+        """A created (never started) container of the stand-in image with volume ``name`` at
+        /v: the engine's archive API reads and writes a volume through it, no shell needed."""
+        if not self._image_fallback:
+            raise RuntimeError_("moving a volume needs a local helper image (--docker-image-fallback)")
+        labels = {"gpucloud.volume-move": "1"}
+        if self._scope:
+            labels[LABEL_AGENT] = self._scope
+        return self._client.containers.create(
+            self._image_fallback, command=["true"], labels=labels, network_mode="none",
+            volumes={self.engine_volume(name): {"bind": "/v", "mode": mode}},
+        )
+
+    def volume_export(self, name: str) -> Iterator[bytes]:
+        """A tar of volume ``name``'s files (entries under ``v/``), in pieces as the engine
+        streams it. Raises RuntimeError_ for a volume this host does not have."""
+        try:
+            self._client.volumes.get(self.engine_volume(name))
+        except self._docker.errors.NotFound:
+            raise RuntimeError_(f"no volume {name} on this host") from None
+        helper = self._helper(name, "ro")
+        try:
+            stream, _stat = helper.get_archive("/v")
+            yield from stream
+        finally:
+            helper.remove(force=True)
+
+    def volume_import(self, name: str, tenant_id: str, data: Any) -> None:
+        """Create volume ``name`` and unpack ``data`` (a tar from ``volume_export``: bytes or a
+        binary file, streamed to the engine) into it."""
+        self._volume(name, tenant_id)
+        helper = self._helper(name, "rw")
+        try:
+            if not helper.put_archive("/", data):
+                raise RuntimeError_(f"the engine did not unpack the data into {name}")
+        finally:
+            helper.remove(force=True)
 
     def _check_disk_quota(self) -> None:
         """Ask the engine once whether its storage driver can limit the writable layer."""
@@ -366,7 +411,8 @@ class DockerRuntime:
         kwargs["network"] = spec.network or FALLBACK_NETWORK
         if spec.mounts:
             kwargs["volumes"] = {
-                m.volume: {"bind": m.path, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
+                self.engine_volume(m.volume): {"bind": m.path, "mode": "ro" if m.read_only else "rw"}
+                for m in spec.mounts
             }
         if self.disk_quota == "applied":
             kwargs["storage_opt"] = {"size": f"{self._disk_gib}G"}
