@@ -130,8 +130,11 @@ def dcgm_sql() -> str:
     pg = connection.vendor == "postgresql"
     # (no DISTINCT: a workload holds a GPU once; a tenant twice on one GPU is deduplicated in Python)
     agg = (lambda col: f"string_agg({col}, ',')") if pg else (lambda col: f"group_concat({col})")
-    wid = "a.workload_id::text" if pg else "a.workload_id"
+    # (SQLite keeps a UUID as 32 hex digits: written here as str(uuid) writes it)
+    wid = "a.workload_id::text" if pg else "||'-'||".join(
+        f"substr(a.workload_id, {a}, {n})" for a, n in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12)))
     idx = "g.\"index\""
+    fence = " OFFSET 0" if pg else ""  # (PostgreSQL would otherwise pull the escaping up, once per GPU)
     head = (f"'{{gpu=\"' || {idx} || '\",UUID=\"' || {_sql_esc('g.uuid', pg)} || '\",device=\"nvidia' || {idx} "
             "|| '\",modelName=\"' || m.name || '\",Hostname=\"' || h.name "
             "|| '\"'")
@@ -146,8 +149,8 @@ def dcgm_sql() -> str:
         f"{txt('COALESCE(g.ecc_uncorrected, 0)')} "
         # host and model names escaped once each, not once per GPU
         f"FROM {Gpu._meta.db_table} g "
-        f"JOIN (SELECT id, {_sql_esc('name', pg)} AS name FROM {Host._meta.db_table} OFFSET 0) h ON h.id = g.host_id "
-        f"JOIN (SELECT id, {_sql_esc('name', pg)} AS name FROM {GpuModel._meta.db_table} OFFSET 0) m "
+        f"JOIN (SELECT id, {_sql_esc('name', pg)} AS name FROM {Host._meta.db_table}{fence}) h ON h.id = g.host_id "
+        f"JOIN (SELECT id, {_sql_esc('name', pg)} AS name FROM {GpuModel._meta.db_table}{fence}) m "
         "ON m.id = g.gpu_model_id "
         f"LEFT JOIN (SELECT a.gpu_id, {agg('t.slug')} AS tenants, {agg(wid)} AS workloads "
         f"FROM {Allocation._meta.db_table} a JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
