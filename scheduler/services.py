@@ -81,7 +81,10 @@ def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
     One query when all is well (the price in force, joined to both); the precise refusals
     below only when it finds nothing."""
     with connection.cursor() as cur:  # the ORM's query cost more CPU to build than to run
-        cur.execute(_resolve_sql(), [spec.instance_type, spec.region, spec.billing, timezone.now()])
+        # parameters as the ORM would send them (SQLite, the demo's database, takes neither an aware
+        # datetime's offset nor a UUID as they are)
+        cur.execute(_resolve_sql(), [spec.instance_type, spec.region, spec.billing,
+                                     connection.ops.adapt_datetimefield_value(timezone.now())])
         row = cur.fetchone()
     if row is not None:
         price, at = model_from_row(Price, row)
@@ -143,7 +146,7 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
     # Only the limits are read (not the usage the snapshot's tenant views count): a request
     # larger than a limit never fits, whatever runs now. The rules are the core's.
     with connection.cursor() as cur:  # the ORM's query cost more CPU to build than to run
-        cur.execute(_quota_limits_sql(), [tenant.pk])
+        cur.execute(_quota_limits_sql(), [Tenant._meta.pk.get_db_prep_value(tenant.pk, connection)])
         rules = [QuotaRule(max_gpus=max_gpus, gpu_model=model, region=quota_region)
                  for model, quota_region, max_gpus in cur.fetchall()]
     if not any(r.gpu_model is None and r.region is None for r in rules):

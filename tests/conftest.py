@@ -145,6 +145,7 @@ def worker(transactional_db):
     import os
     import subprocess
     import sys
+    import tempfile
     import time
 
     from django.conf import settings
@@ -155,20 +156,29 @@ def worker(transactional_db):
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.test_settings",
            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
     app.control.purge()
+    # Its log goes to a file: a pipe nobody reads fills up and stops the worker mid-test.
+    log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "gpucloud", "worker", "--pool=solo", "--concurrency=1",
          "--without-gossip", "--without-mingle", "--loglevel=INFO"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # a worker starting on a loaded machine
         while time.monotonic() < deadline:
             if app.control.ping(timeout=0.5):
                 break
-            assert proc.poll() is None, proc.stdout.read()
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"the Celery worker exited: {log.read()[-4000:]}")
         else:
-            pytest.fail("the Celery worker did not start within 60 s")
+            pytest.fail("the Celery worker did not start within 120 s")
         yield proc
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()

@@ -39,12 +39,17 @@ def start_worker() -> subprocess.Popen:
          "--without-gossip", "--without-mingle", "--loglevel=WARNING"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if app.control.ping(timeout=0.5):
-            return proc
-        assert proc.poll() is None
-    pytest.fail("the Celery worker did not start")
+    deadline = time.monotonic() + 120  # a worker starting on a loaded machine
+    try:
+        while time.monotonic() < deadline:
+            if app.control.ping(timeout=0.5):
+                return proc
+            assert proc.poll() is None
+        pytest.fail("the Celery worker did not start")
+    except BaseException:
+        proc.kill()  # never left behind to take later tests' tasks
+        proc.wait(timeout=30)
+        raise
 
 
 def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
@@ -126,7 +131,7 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
         with connect() as lock:
             assert lock.execute(f"SELECT 1 FROM {Workload._meta.db_table} WHERE id = %s FOR UPDATE",
                                 [remaining[gate]]).fetchone() == (1,)
-            worker = start_worker()
+            worker = start_worker()  # killed if it does not answer: never left to take later tests' tasks
             try:
                 metering_run_task.delay(now.isoformat())
                 deadline = time.monotonic() + 60

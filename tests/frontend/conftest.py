@@ -11,12 +11,10 @@ anyone can look at the pages after a run.
 """
 from __future__ import annotations
 
-import collections
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,13 +110,8 @@ def _env() -> dict[str, str]:
 @pytest.fixture
 def celery_stack(worker) -> Iterator[subprocess.Popen]:
     """The `worker` fixture's real Celery worker plus a real beat (scheduler ticks, sample flushes)."""
-    # The worker logs every task to a pipe nobody else reads: with beat ticking every second
-    # the 64 KiB pipe fills within a minute, the worker blocks on its next log line and stops
-    # working (and then ignores SIGTERM). Drain it, keeping the tail for a failing test's report.
-    tail: collections.deque[str] = collections.deque(maxlen=200)
-    if worker.stdout is not None:
-        threading.Thread(target=lambda: tail.extend(worker.stdout), daemon=True).start()
-    worker.log_tail = tail
+    # (The worker logs to a file, not a pipe: with beat ticking every second a pipe nobody
+    # reads fills within a minute and the worker blocks on its next log line.)
     # On Redis, beat keeps its schedule in Redis (celery-redbeat): start from none, as a new
     # schedule file would, so every entry runs at start-up and no earlier test's timing carries over.
     import redis
