@@ -111,6 +111,9 @@ class Allocation:
     preempting_for: str | None = None
     stop_by: float | None = None
     pinned: bool = False  # bound to its host (a volume lives there): never migrated
+    #: GPU-seconds this work had received before ``started_at`` (earlier runs of a
+    #: requeued job); the time-slice policies add what it received since
+    attained_service: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +180,9 @@ class PlacementRequest:
     expected_duration: float | None = None
     attained_service: float = 0.0
     restartable: bool = False
+    #: saves its progress when preempted (resumes, keeping attained service and
+    #: progress); otherwise a preempted restartable job starts from scratch
+    checkpointable: bool = False
     #: host affinity: placed on this host only, or it waits for it (a volume lives there)
     pinned_host: str | None = None
     #: the pinned host's name in words (its id when empty)

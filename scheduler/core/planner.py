@@ -57,7 +57,7 @@ from .plugins import (
     pick_whole,
 )
 from .policy import Policy, get_policy
-from .queue import ShareBook, make_order
+from .queue import Order, ShareBook, las_level, las_queue, make_order, remaining_time
 from .quota import QuotaBook
 from .state import (
     INF,
@@ -285,15 +285,28 @@ class _Planner:
         self.pool_cache: dict[tuple[str, str | None, tuple[str, ...]], list[Pool]] = {}
         self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, bool]]] = {}
         # (pool, class rank) -> hosts that still hold work that class could preempt
-        self.victim_hosts: dict[tuple[str, str, int], dict[HostState, None]] = {}
+        self.victim_hosts: dict[tuple[str, str, int, float], dict[HostState, None]] = {}
+        self.slice_cache: dict[str, float] = {}
 
     # ------------------------------------------------------------------ the cycle
 
     def run(self) -> Plan:
-        order = make_order(self.p, self.reqs, self.book)
-        while (req := order.pop()) is not None:
-            placed = self.decide(req)
-            order.done(req, placed)
+        order = make_order(self.p, self.reqs, self.book, self.now)
+        cap = self.p.max_waits
+        if cap is None:
+            while (req := order.pop()) is not None:
+                placed = self.decide(req)
+                order.done(req, placed)
+        else:
+            misses = 0
+            while (req := order.pop()) is not None:
+                placed = self.decide(req)
+                order.done(req, placed)
+                if not placed:
+                    misses += 1
+                    if misses >= cap:
+                        break
+            self.unexamined(order, misses)
         if self.p.reclaim:
             self.reclaim()
         if self.p.defrag:
@@ -315,6 +328,20 @@ class _Planner:
                 hosts_examined=n["examined"],
             ),
         )
+
+    def unexamined(self, order: Order, misses: int) -> None:
+        """The depth cap: what is left of the queue waits without being looked at."""
+        rest = []
+        while (req := order.pop()) is not None:
+            rest.append(req)
+            order.done(req, False)
+        if not rest:
+            return
+        reason = (
+            f"not examined this cycle: {_plural(misses, 'request')} ahead of it could not start"
+        )
+        self.decisions.extend(Wait(r.request_id, reason) for r in rest)
+        self.n["waiting"] += len(rest)
 
     def wait(self, req: PlacementRequest, reason: str, *, capacity: bool = True) -> bool:
         if capacity:
@@ -409,7 +436,7 @@ class _Planner:
                 return self.wait(
                     req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
                 )
-            pkey = (*key, CLASS_RANK.get(req.priority, 1))
+            pkey = (*key, CLASS_RANK.get(req.priority, 1), self.slice_of(req))
             known = _dominated(self.no_victims.get(pkey), shape) is not None
             victims = [] if known else self.find_victims(req, pools)
             if not victims:
@@ -846,11 +873,49 @@ class _Planner:
         return f"{len(victims)} preempted {noun}{'s' if len(victims) != 1 else ''}"
 
     def eligible(self, req: PlacementRequest, a: AllocState) -> bool:
-        return (
-            not a.doomed
-            and a.rank > CLASS_RANK.get(req.priority, 1)
-            and self.p.mode_for(a.alloc.priority) == "dynamic"
-        )
+        return self.can_evict(a, CLASS_RANK.get(req.priority, 1), self.slice_of(req))
+
+    def slice_of(self, req: PlacementRequest) -> float:
+        """The requester's time-slice key: its attained-service queue (las) or its
+        expected remaining time (srtf); INF when it may preempt nothing of its class."""
+        ts = self.p.time_slice
+        if not ts:
+            return INF
+        got = self.slice_cache.get(req.request_id)
+        if got is None:
+            if ts == "las":
+                got = float(las_level(self.p, req, self.now))
+            else:
+                got = remaining_time(req)
+            self.slice_cache[req.request_id] = got
+        return got
+
+    def run_level(self, a: AllocState) -> int:
+        """The attained-service queue running work is in now."""
+        al = a.alloc
+        attained = al.attained_service + max(0.0, self.now - al.started_at) * a.milli / WHOLE
+        return las_queue(attained, self.p.las_thresholds)
+
+    def can_evict(self, a: AllocState, rank: int, mine: float) -> bool:
+        """May a request of class ``rank`` with time-slice key ``mine`` preempt ``a``?
+
+        By class: ``a`` is of a lower class whose mode is dynamic. Inside a class
+        (``time_slice``): ``a`` is restartable batch work (kind job) that ran at
+        least ``min_run_s`` and sits in a lower attained-service queue (las) or
+        is expected to run longer than the request (srtf). Instances are never
+        time-sliced."""
+        if a.doomed or self.p.mode_for(a.alloc.priority) != "dynamic":
+            return False
+        if a.rank > rank:
+            return True
+        if a.rank < rank or mine == INF:
+            return False
+        al = a.alloc
+        if al.kind != "job" or not al.restartable or self.now - al.started_at < self.p.min_run_s:
+            return False
+        if self.p.time_slice == "las":
+            return self.run_level(a) > mine
+        return al.expected_end is not None and al.expected_end - self.now > mine
 
     def fits_with(self, req: PlacementRequest, hs: HostState, gone: Sequence[AllocState]) -> bool:
         """Would ``req`` fit on ``hs`` (ignoring reservations) once ``gone`` stopped?"""
@@ -967,6 +1032,7 @@ class _Planner:
         options: list[tuple[tuple[int, float, int], str, HostState, list[AllocState]]] = []
         want = max(self.p.preempt_candidates, req.nodes)
         rank = CLASS_RANK.get(req.priority, 1)
+        mine = self.slice_of(req)
         stale: list[HostState] = []
         gang = req.nodes > 1
         g = req.gpus_per_node
@@ -976,7 +1042,7 @@ class _Planner:
             if gang:
                 hosts = pool.hosts
             else:
-                hosts = self.preemptible_hosts(pool, rank)
+                hosts = self.preemptible_hosts(pool, rank, mine)
             # no copy of the index: hosts found stale are dropped after the loop
             for hs in hosts:
                 if hs.reserved_at is not None and hs.reserved_for != rid:
@@ -1001,10 +1067,12 @@ class _Planner:
             else:
                 continue
             break
+        if self.p.time_slice == "srtf":
+            stale = []  # the index is a superset for every remaining time: keep it
         for hs in stale:
             home = hs.pool
             if home is not None:
-                index = self.victim_hosts.get((home.region, home.model, rank))
+                index = self.victim_hosts.get((home.region, home.model, rank, mine))
                 if index is not None:
                     index.pop(hs, None)
         options.sort(key=lambda o: (o[0], o[1]))
@@ -1020,20 +1088,17 @@ class _Planner:
                 self.mark_reserved(hs, now, req.request_id)
         return [victims[k] for k in sorted(victims)]
 
-    def preemptible_hosts(self, pool: Pool, rank: int) -> dict[HostState, None]:
-        """Hosts of ``pool`` holding work a request of class ``rank`` could preempt,
-        built once per cycle and pruned as victims get chosen."""
-        key = (pool.region, pool.model, rank)
+    def preemptible_hosts(self, pool: Pool, rank: int, mine: float) -> dict[HostState, None]:
+        """Hosts of ``pool`` holding work a request of class ``rank`` (and
+        time-slice key ``mine``) could preempt, built once per cycle and pruned
+        as victims get chosen. Under srtf one index serves every remaining time."""
+        key = (pool.region, pool.model, rank, mine)
         hosts = self.victim_hosts.get(key)
         if hosts is None:
             hosts = {}
+            probe = -INF if self.p.time_slice == "srtf" else mine
             for hs in pool.hosts:
-                if any(
-                    not a.doomed
-                    and a.rank > rank
-                    and self.p.mode_for(a.alloc.priority) == "dynamic"
-                    for a in hs.allocs
-                ):
+                if any(self.can_evict(a, rank, probe) for a in hs.allocs):
                     hosts[hs] = None
             self.victim_hosts[key] = hosts
         return hosts

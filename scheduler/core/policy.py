@@ -50,6 +50,22 @@ class Policy:
     preempt_candidates: int = 8
     #: Tiresias-style discretised attained-service queues (GPU-seconds)
     las_thresholds: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
+    #: starvation guard: a request is promoted to the first queue once its age
+    #: (now - submitted_at) reaches max(las_starve_s, las_starve_factor x its
+    #: attained run time per GPU)
+    las_starve_s: float = 4 * 3600.0
+    las_starve_factor: float = 4.0
+    #: preemption inside a class, for restartable batch work only (kind job,
+    #: restartable): "las" - a request in a higher attained-service queue
+    #: preempts jobs in lower ones; "srtf" - a request expected to finish sooner
+    #: preempts jobs with more expected remaining time (oracle). "" = by class only.
+    time_slice: Literal["", "las", "srtf"] = ""
+    #: a job runs at least this long before a time-slice preemption (quantum)
+    min_run_s: float = 600.0
+    #: per-cycle depth cap: after this many requests could not start (waits and
+    #: rejects), the rest of the queue waits unexamined this cycle. None = no cap.
+    #: Placements are never capped.
+    max_waits: int | None = None
     #: fixed fragmentation mix ((gpus_per_node, gpu_milli, weight), ...); empty =
     #: derive from the queue being planned
     mix: tuple[tuple[int, int, float], ...] = ()
@@ -93,8 +109,28 @@ register_policy(
     )
 )
 register_policy(Policy(name="sjf", queue_order="sjf", placement="best-fit"))
-register_policy(Policy(name="srtf", queue_order="srtf", placement="best-fit"))
-register_policy(Policy(name="las", queue_order="las", placement="best-fit"))
+# preemptive SRTF (oracle, for comparison) and Tiresias-style 2D-LAS: both
+# preempt restartable batch jobs of their own class
+register_policy(
+    Policy(
+        name="srtf",
+        queue_order="srtf",
+        placement="best-fit",
+        mode="dynamic",
+        preemption=True,
+        time_slice="srtf",
+    )
+)
+register_policy(
+    Policy(
+        name="las",
+        queue_order="las",
+        placement="best-fit",
+        mode="dynamic",
+        preemption=True,
+        time_slice="las",
+    )
+)
 register_policy(Policy(name="drf", queue_order="drf", placement="best-fit"))
 register_policy(
     Policy(
@@ -119,6 +155,9 @@ register_policy(
         backfill=True,
         topology="require",
         reclaim=True,
+        # least attained service inside a class, for restartable batch work only
+        # (instances are never preempted but by class)
+        time_slice="las",
         # score the two fullest feasible hosts: packing already comes from the
         # bucket walk, so more candidates buy little and cost ~25 % throughput
         k=2,

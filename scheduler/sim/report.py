@@ -73,6 +73,8 @@ def summarize(res: Result, *, policy: str, placement: str) -> dict[str, Any]:
         "allocation_at_demand": {k: round(v, 4) for k, v in res.demand_marks.items()},
         "jain_fairness": round(jain(list(norm.values())), 4),
         "preemptions": res.preemptions,
+        "preempted_gpu_s": round(res.preempted_gpu_s, 1),
+        "lost_gpu_s": round(res.lost_gpu_s, 1),
         "per_tenant": dict(sorted(per.items())),
         "capacity_gpus": cap / 1000,
         "plan_calls": res.plan_calls,
