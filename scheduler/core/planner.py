@@ -287,6 +287,8 @@ class _Planner:
         # (pool, class rank) -> hosts that still hold work that class could preempt
         self.victim_hosts: dict[tuple[str, str, int, float], dict[HostState, None]] = {}
         self.slice_cache: dict[str, float] = {}
+        self.level_cache: dict[str, int] = {}
+        self.dynamic = {c: policy.mode_for(c) == "dynamic" for c in CLASS_RANK}
 
     # ------------------------------------------------------------------ the cycle
 
@@ -893,8 +895,11 @@ class _Planner:
     def run_level(self, a: AllocState) -> int:
         """The attained-service queue running work is in now."""
         al = a.alloc
-        attained = al.attained_service + max(0.0, self.now - al.started_at) * a.milli / WHOLE
-        return las_queue(attained, self.p.las_thresholds)
+        got = self.level_cache.get(al.request_id)
+        if got is None:
+            attained = al.attained_service + max(0.0, self.now - al.started_at) * a.milli / WHOLE
+            got = self.level_cache[al.request_id] = las_queue(attained, self.p.las_thresholds)
+        return got
 
     def can_evict(self, a: AllocState, rank: int, mine: float) -> bool:
         """May a request of class ``rank`` with time-slice key ``mine`` preempt ``a``?
@@ -904,7 +909,7 @@ class _Planner:
         least ``min_run_s`` and sits in a lower attained-service queue (las) or
         is expected to run longer than the request (srtf). Instances are never
         time-sliced."""
-        if a.doomed or self.p.mode_for(a.alloc.priority) != "dynamic":
+        if a.doomed or not self.dynamic.get(a.alloc.priority, False):
             return False
         if a.rank > rank:
             return True

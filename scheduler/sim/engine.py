@@ -66,7 +66,7 @@ from scheduler.core import (
 from scheduler.core.framework import PLACEMENTS
 from scheduler.core.gcpause import gc_paused
 from scheduler.core.planner import ALL_HOSTS
-from scheduler.core.queue import fair_orders, las_level, las_promote_at, las_queue, order_key
+from scheduler.core.queue import fair_orders, las_level, las_promote_at, order_key
 
 from .trace import Job, Node
 
@@ -356,6 +356,14 @@ class Simulator:
             and len({j.gpu_model for j in self.jobs}) <= 1
         )
         self.may_preempt = self.p.preemption and self.p.mode != "static"
+        #: class -> rank for the classes whose running work may be preempted
+        self.dynamic = {
+            c: r for c, r in CLASS_RANK.items() if self.p.mode_for(c) == "dynamic"
+        }
+        if self.p.reclaim:
+            # every simulated GPU computes (utilisation 1.0, never idle), so a
+            # reclaim never fires: skip its pass over the running work
+            self.p = self.p.with_(reclaim=False)
         # Running work the core can never touch: no class is dynamic (so nothing is
         # a victim, reclaimed or migrated, and nothing is ever under notice) and no
         # end times are known (backfill finds no end). Then the core reads running
@@ -827,26 +835,26 @@ class Simulator:
             c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
         ):
             vr: list[str] = []
-            min_run = self.p.min_run_s
+            started_by = now - self.p.min_run_s
+            th0 = self.p.las_thresholds[0] if self.p.las_thresholds else 0.0
+            las = ts == "las"
+            dynamic = self.dynamic
             for run in self.running.values():
-                if run.preempting or self.p.mode_for(run.priority) != "dynamic":
+                if run.preempting:
                     continue
-                rank = CLASS_RANK.get(run.priority, 1)
+                rank = dynamic.get(run.priority, -1)
                 if rank < min_rank:
                     continue
                 if rank == min_rank:
                     # inside the class: time-sliced work that may be evicted now
-                    if not ts or now - run.start < min_run:
+                    if not ts or run.start > started_by:
                         continue
-                    if ts == "las":
-                        attained = run.js.attained + (now - run.start) * run.milli / WHOLE
-                        if las_queue(attained, self.p.las_thresholds) == 0:
-                            continue
-                vr.extend(p.host_id for p in run.placements)
+                    if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
+                        continue  # still in the first attained-service queue
+                for p in run.placements:
+                    vr.append(p.host_id)
             if vr:
                 want = 2 * (self.p.preempt_candidates + max(need.values(), default=1))
-                if ts:
-                    want *= 2
                 victims = set(sorted(set(vr))[:want])
         # nothing could start and nothing could be preempted: plan() would only wait
         if not victims and not frac:
