@@ -14,6 +14,8 @@ from typing import Any, TextIO
 from scheduler.core import PLACEMENTS, POLICIES, get_policy
 
 from .engine import Simulator
+from .report import plot, summarize, write_jobs_csv
+from .trace import Node, TraceError, read_cluster, read_partitions, read_trace
 
 #: the simulator's default per-cycle depth cap (docs/simulator.md measures it)
 DEFAULT_DEPTH = 64
@@ -38,8 +40,6 @@ def scale_partitions(parts: dict[str, int], total: int) -> dict[str, int]:
         out[t] -= 1
         left += 1
     return out
-from .report import plot, summarize, write_jobs_csv
-from .trace import Node, TraceError, read_cluster, read_partitions, read_trace
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -14,9 +14,6 @@ from scheduler.core import (
     Allocation,
     ClusterSnapshot,
     HostPlacement,
-    Place,
-    Preempt,
-    Wait,
     get_policy,
     plan,
 )
