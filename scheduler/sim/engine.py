@@ -40,7 +40,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from sortedcontainers import SortedList
 
 from scheduler.core import (
     CLASS_RANK,
@@ -242,6 +241,16 @@ class Result:
 #: a queued request's shape: region, model, gpus_per_node, gpu_milli, nodes,
 #: class rank, asks vCPUs, asks memory
 _Shape = tuple[str | None, str, int, int, int, int, bool, bool]
+
+
+#: a queued job's place in its group: the core's order key, then the job id
+_Key = tuple[tuple[object, ...], str]
+
+
+def _unsort(lst: list[_Key], key: _Key) -> None:
+    i = bisect.bisect_left(lst, key)
+    assert lst[i] == key
+    del lst[i]
 
 
 class _Agg:
@@ -460,8 +469,8 @@ class Simulator:
         # the incremental queue: per group (a tenant for fair orders, else one
         # group) the queued jobs sorted by the core's order key
         self.grouped = fair_orders(self.p)
-        self.ordered: dict[str, SortedList] = {}
-        self.qkey: dict[str, tuple[str, tuple[object, ...], _Shape]] = {}
+        self.ordered: dict[str, list[_Key]] = {}
+        self.qkey: dict[str, tuple[str, _Key, _Shape]] = {}
         self.key_dirty: set[str] = set()
         self.promotions: list[tuple[float, str]] = []
         #: queued request shapes -> count (what the view needs of the whole queue)
@@ -601,7 +610,7 @@ class Simulator:
             return None
         old = self.qkey.pop(jid, None)
         if old is not None:
-            self.ordered[old[0]].remove(old[1])
+            _unsort(self.ordered[old[0]], old[1])
             self._count(old[2], -1)
         self.key_dirty.discard(jid)
         return js
@@ -628,7 +637,7 @@ class Simulator:
             if js is None:
                 continue
             req = self._request(js, self._cls.get(jid, "low") if self.guar else js.job.priority)
-            key = (order_key(p, req, now), jid)
+            key: _Key = (order_key(p, req, now), jid)
             group = req.tenant_id if grouped else ""
             shape: _Shape = (
                 req.region,
@@ -644,12 +653,12 @@ class Simulator:
             if old is not None:
                 if old[1] == key and old[2] == shape:
                     continue
-                self.ordered[old[0]].remove(old[1])
+                _unsort(self.ordered[old[0]], old[1])
                 self._count(old[2], -1)
             lst = self.ordered.get(group)
             if lst is None:
-                lst = self.ordered[group] = SortedList()
-            lst.add(key)
+                lst = self.ordered[group] = []
+            bisect.insort(lst, key)
             self.qkey[jid] = (group, key, shape)
             self._count(shape, 1)
             if promote and req.attained_service > 0 and las_level(p, req, now) > 0:
@@ -739,19 +748,19 @@ class Simulator:
         cls_of = self._cls.get if self.guar else None
         if self.chunked:
             # fifo without backfill: the age order, in chunks; the head blocks the rest
-            order = self.ordered.get("", ())
+            order = self.ordered.get("", [])
             i = 0
             n = len(order)
             while i < n:
                 chunk = [
                     self._request(self.queue[jid], self._prio(jid, cls_of))
-                    for _k, jid in order.islice(i, i + FIFO_CHUNK)
+                    for _k, jid in order[i : i + FIFO_CHUNK]
                 ]
                 placed, waited = self._plan_once(chunk, now, None)
                 if waited or not placed:
                     break
                 i += FIFO_CHUNK
-                order = self.ordered.get("", ())  # placed jobs left it
+                order = self.ordered.get("", [])  # placed jobs left it
                 i -= placed
                 n = len(order)
             return False
@@ -780,7 +789,7 @@ class Simulator:
         n = cap + free // smallest + 1
         out = []
         for lst in self.ordered.values():
-            for _k, jid in lst.islice(0, n):
+            for _k, jid in lst[:n]:
                 out.append(self._request(self.queue[jid], self._prio(jid, cls_of)))
         return out
 
