@@ -18,7 +18,7 @@ from .report import plot, summarize, write_jobs_csv
 from .trace import Node, TraceError, read_cluster, read_partitions, read_trace
 
 #: the simulator's default per-cycle depth cap (docs/simulator.md measures it)
-DEFAULT_DEPTH = 64
+DEFAULT_DEPTH = 16
 
 
 def scale_partitions(parts: dict[str, int], total: int) -> dict[str, int]:
