@@ -236,11 +236,29 @@ class Result:
     skipped: int = 0
     lost_gpu_s: float = 0.0
     preempted_gpu_s: float = 0.0
+    #: per tenant, the integral of its max-min (water-filled) fair share of the
+    #: capacity given every tenant's demand (GPUs of its queued and running jobs)
+    tenant_maxmin: dict[str, float] = field(default_factory=dict)
 
 
 #: a queued request's shape: region, model, gpus_per_node, gpu_milli, nodes,
 #: class rank, asks vCPUs, asks memory
 _Shape = tuple[str | None, str, int, int, int, int, bool, bool]
+
+
+def _maxmin(demand: dict[str, float], weights: dict[str, float], cap: float) -> dict[str, float]:
+    """Weighted max-min fair shares of ``cap`` (water-filling): no tenant gets more
+    than it asks, and what one cannot use goes to the others by weight."""
+    out: dict[str, float] = {}
+    left = float(cap)
+    wsum = sum(weights.get(t, 1.0) for t in demand)
+    for t in sorted(demand, key=lambda t: (demand[t] / weights.get(t, 1.0), t)):
+        w = weights.get(t, 1.0)
+        give = min(demand[t], left * w / wsum) if wsum > 0 else 0.0
+        out[t] = give
+        left -= give
+        wsum -= w
+    return out
 
 
 #: a queued job's place in its group: the core's order key, then the job id
@@ -497,6 +515,8 @@ class Simulator:
         active_time = 0.0
         t_alloc: dict[str, float] = defaultdict(float)
         t_fair: dict[str, float] = defaultdict(float)
+        t_maxmin: dict[str, float] = defaultdict(float)
+        self.dem_milli: dict[str, float] = {}
         series: list[tuple[float, int, float, dict[str, float]]] = []
         marks = list(self.marks)
         mark_out: dict[str, float] = {}
@@ -524,6 +544,8 @@ class Simulator:
                 for tn in active:
                     t_alloc[tn] += self.tenant_used.get(tn, 0) * dt
                     t_fair[tn] += cap * self.weights.get(tn, 1.0) / wsum * dt
+                for tn, f in _maxmin(self.dem_milli, self.weights, cap).items():
+                    t_maxmin[tn] += f * dt
             last = t
             if t >= next_sample:
                 series.append(
@@ -574,6 +596,7 @@ class Simulator:
             active_time=active_time,
             tenant_alloc=dict(t_alloc),
             tenant_fair=dict(t_fair),
+            tenant_maxmin=dict(t_maxmin),
             preemptions=self.preemptions,
             plan_calls=self.plan_calls,
             wall_s=time.perf_counter() - t_wall,
@@ -586,6 +609,13 @@ class Simulator:
         )
 
     # ------------------------------------------------------------------ queue
+
+    def _demand_milli(self, j: Job, sign: int) -> None:
+        d = self.dem_milli.get(j.tenant, 0.0) + sign * j.gpus * WHOLE
+        if d > 1e-6:
+            self.dem_milli[j.tenant] = d
+        else:
+            self.dem_milli.pop(j.tenant, None)
 
     def _checkpoints(self, job_id: str) -> bool:
         """A deterministic ``checkpoint_fraction`` of the jobs checkpoint."""
@@ -600,6 +630,7 @@ class Simulator:
         j = js.job
         self.queue[j.job_id] = js
         self.demand[j.tenant] += 1
+        self._demand_milli(j, 1)
         self.reqs.pop(j.job_id, None)
         self.dirty_tenants.add(j.tenant)
         self.key_dirty.add(j.job_id)
@@ -990,6 +1021,7 @@ class Simulator:
                     if js is not None:
                         js.rejected = "did not fit when it arrived"
                         self.demand[js.job.tenant] -= 1
+                        self._demand_milli(js.job, -1)
         return placed, waited
 
     # ------------------------------------------------------------------ runs
@@ -1110,7 +1142,9 @@ class Simulator:
                 self.lost_gpu_s += (j.duration - js.remaining + ran) * run.milli / WHOLE
                 js.remaining = j.duration
             self.demand[j.tenant] -= 1
+            self._demand_milli(j, -1)
             self._enqueue(js)
         else:
             js.end = now
             self.demand[j.tenant] -= 1
+            self._demand_milli(j, -1)

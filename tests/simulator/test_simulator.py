@@ -436,3 +436,13 @@ def test_incremental_queue_plans_the_same_as_the_whole_queue(policy, lend):
     assert _rows(a) == _rows(b)
     assert a.preemptions == b.preemptions and a.lost_gpu_s == b.lost_gpu_s
     assert a.preemptions > 0 or not fast.may_preempt
+
+
+def test_max_min_fair_shares_give_what_one_cannot_use_to_the_others():
+    from scheduler.sim.engine import _maxmin
+
+    got = _maxmin({"a": 1000.0, "b": 9000.0, "c": 9000.0}, {}, 8000.0)
+    assert got == {"a": 1000.0, "b": 3500.0, "c": 3500.0}
+    got = _maxmin({"a": 9000.0, "b": 9000.0}, {"a": 3.0, "b": 1.0}, 8000.0)
+    assert got == {"a": 6000.0, "b": 2000.0}
+    assert _maxmin({"a": 100.0}, {}, 8000.0) == {"a": 100.0}
