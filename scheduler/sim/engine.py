@@ -40,7 +40,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-
 from scheduler.core import (
     CLASS_RANK,
     WHOLE,
