@@ -489,6 +489,8 @@ class Simulator:
         self.ordered: dict[str, list[_Key]] = {}
         self.qkey: dict[str, tuple[str, _Key, _Shape]] = {}
         self.key_dirty: set[str] = set()
+        #: per tenant, its queued jobs in submit order (lending's classes)
+        self.tenant_queue: dict[str, list[tuple[float, str]]] = {}
         self.promotions: list[tuple[float, str]] = []
         #: queued request shapes -> count (what the view needs of the whole queue)
         self.shapes: dict[_Shape, int] = {}
@@ -633,11 +635,17 @@ class Simulator:
         self.reqs.pop(j.job_id, None)
         self.dirty_tenants.add(j.tenant)
         self.key_dirty.add(j.job_id)
+        tq = self.tenant_queue.get(j.tenant)
+        if tq is None:
+            tq = self.tenant_queue[j.tenant] = []
+        bisect.insort(tq, (j.submit, j.job_id))
 
     def _dequeue(self, jid: str) -> JobState | None:
         js = self.queue.pop(jid, None)
         if js is None:
             return None
+        tq = self.tenant_queue[js.job.tenant]
+        del tq[bisect.bisect_left(tq, (js.job.submit, jid))]
         old = self.qkey.pop(jid, None)
         if old is not None:
             _unsort(self.ordered[old[0]], old[1])
@@ -745,11 +753,9 @@ class Simulator:
                     r.alloc = replace(
                         r.alloc, priority=cls, billing="spot" if cls == "low" else "on_demand"
                     )  # type: ignore[arg-type]
-            qd = sorted(
-                (js for js in self.queue.values() if js.job.tenant == tn),
-                key=lambda js: (js.job.submit, js.job.job_id),
-            )
-            for js in qd:
+            queue = self.queue
+            for _s, jid in self.tenant_queue.get(tn, ()):
+                js = queue[jid]
                 m = (
                     js.job.gpu_milli * js.job.nodes
                     if js.job.gpus_per_node == 0
