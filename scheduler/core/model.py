@@ -114,6 +114,9 @@ class Allocation:
     #: GPU-seconds this work had received before ``started_at`` (earlier runs of a
     #: requeued job); the time-slice policies add what it received since
     attained_service: float = 0.0
+    #: saves its progress when preempted; only such jobs are time-sliced (a job
+    #: that restarts from scratch would lose its run at every slice)
+    checkpointable: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

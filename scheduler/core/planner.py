@@ -905,7 +905,7 @@ class _Planner:
         """May a request of class ``rank`` with time-slice key ``mine`` preempt ``a``?
 
         By class: ``a`` is of a lower class whose mode is dynamic. Inside a class
-        (``time_slice``): ``a`` is restartable batch work (kind job) that ran at
+        (``time_slice``): ``a`` is checkpointing batch work (kind job) that ran at
         least ``min_run_s`` and sits in a lower attained-service queue (las) or
         is expected to run longer than the request (srtf). Instances are never
         time-sliced."""
@@ -916,7 +916,12 @@ class _Planner:
         if a.rank < rank or mine == INF:
             return False
         al = a.alloc
-        if al.kind != "job" or not al.restartable or self.now - al.started_at < self.p.min_run_s:
+        if (
+            al.kind != "job"
+            or not al.restartable
+            or not al.checkpointable
+            or self.now - al.started_at < self.p.min_run_s
+        ):
             return False
         if self.p.time_slice == "las":
             return self.run_level(a) > mine

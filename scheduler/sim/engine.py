@@ -892,7 +892,7 @@ class Simulator:
                     continue
                 if rank == min_rank:
                     # inside the class: time-sliced work that may be evicted now
-                    if not ts or run.start > started_by:
+                    if not ts or run.start > started_by or not run.js.checkpoint:
                         continue
                     if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
                         continue  # still in the first attained-service queue
@@ -1077,6 +1077,7 @@ class Simulator:
             vcpus=j.vcpus,
             memory_mib=j.memory_mib,
             attained_service=js.attained,
+            checkpointable=js.checkpoint,
         )
         run = _Run(js, now, placements, alloc, milli, j.gpu_model, prio)
         old = self.running.get(j.job_id)

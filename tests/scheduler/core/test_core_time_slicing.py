@@ -47,7 +47,13 @@ def preempted(policy: str, victim: Allocation, **req: object) -> list[str]:
     return [d.victim_id for d in p.preempts]
 
 
-LONG_JOB = {"kind": "job", "restartable": True, "started_at": NOW - 7200, "priority": "standard"}
+LONG_JOB = {
+    "kind": "job",
+    "restartable": True,
+    "checkpointable": True,
+    "started_at": NOW - 7200,
+    "priority": "standard",
+}
 
 
 def test_las_preempts_a_job_in_a_lower_attained_service_queue_for_a_fresh_one():
@@ -64,7 +70,7 @@ def test_las_keeps_a_job_of_the_same_queue_and_one_inside_its_quantum():
 
 
 def test_time_slicing_never_touches_instances_nor_work_that_cannot_restart():
-    for kw in ({"kind": "instance"}, {"restartable": False}):
+    for kw in ({"kind": "instance"}, {"restartable": False}, {"checkpointable": False}):
         a = running("r", "h1", 1, **{**LONG_JOB, **kw})  # type: ignore[arg-type]
         assert preempted("las", a) == []
         assert preempted("gpucloud", a) == []
@@ -178,14 +184,16 @@ def test_replays_keep_capacity_and_checkpointed_progress(data, policy, fraction)
     assert math.isclose(res.lost_gpu_s, lost, abs_tol=1e-6)
 
 
-def test_a_waiting_fresh_job_preempts_a_long_runner_and_both_finish():
+def test_a_waiting_fresh_job_preempts_a_long_runner_only_if_it_checkpoints():
     nodes = [Node("n0", "H100", 1, 1)]
     jobs = [Job("long", 0.0, 5000.0, 1, tenant="a"), Job("short", 1000.0, 100.0, 1, tenant="b")]
     pol = get_policy("las").with_(min_run_s=60.0, las_thresholds=(500.0,), notice_s=10.0)
-    for fraction, long_end in ((1.0, 5100.0), (0.0, 6110.0)):
-        res = Simulator(nodes, [replace(j) for j in jobs], pol, checkpoint_fraction=fraction).run()
-        s = res.jobs
-        assert s["short"].end == 1110.0  # waits out the 10 s notice, runs 100 s
-        assert s["long"].preemptions == 1
-        assert s["long"].end == long_end
-        assert res.lost_gpu_s == (0.0 if fraction else 1010.0)
+    res = Simulator(nodes, [replace(j) for j in jobs], pol, checkpoint_fraction=1.0).run()
+    s = res.jobs
+    assert s["short"].end == 1110.0  # waits out the 10 s notice, runs 100 s
+    assert s["long"].preemptions == 1
+    assert s["long"].end == 5100.0  # resumed: 1010 s done, 3990 s left at 1110
+    assert res.lost_gpu_s == 0.0
+    # a job that would restart from scratch is never time-sliced
+    res = Simulator(nodes, [replace(j) for j in jobs], pol, checkpoint_fraction=0.0).run()
+    assert res.jobs["long"].preemptions == 0 and res.jobs["short"].end == 5100.0
