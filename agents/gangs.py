@@ -16,6 +16,7 @@ from agents.models import Host
 from agents.selectors import gang_parts
 from scheduler import gang
 from scheduler.choices import State
+from scheduler.cycle import notice_served
 from scheduler.models import GangPart, Workload
 from scheduler.services import workload_requeue_or_end, workload_stopped, workload_transition
 
@@ -47,7 +48,12 @@ def gang_report(*, host: Host, workload: Workload, attempt: str, state: str, exi
         if move.to == State.FAILED:
             if extra:
                 Workload.objects.filter(pk=w.pk, state=old).update(**extra)
-            workload_requeue_or_end(workload=w, ended=State.FAILED, reason=move.reason)
+            if w.stop_by is not None:
+                # a part ended under a preemption notice (stopped after its checkpoint grace):
+                # the gang is preempted and requeued, as when the notice runs out
+                workload_requeue_or_end(workload=w, ended=State.PREEMPTED, reason=notice_served(w.reason))
+            else:
+                workload_requeue_or_end(workload=w, ended=State.FAILED, reason=move.reason)
             ok = w.state != old
         elif move.to == State.STOPPED:
             ok = workload_stopped(workload=w, reason=move.reason, now=now, **extra)

@@ -117,6 +117,8 @@ class BootstrapToken(models.Model):
     Operators create it in the admin; the secret is shown once and stored as SHA-256
     (random 256-bit, so a plain hash suffices, as for API keys). The first successful
     registration consumes it (`used_at`, `host`); after `expires_at` it admits nothing.
+    An agent whose answer was lost may repeat that registration with the same nonce within
+    REGISTER_RETRY_WINDOW_S of `used_at` (`nonce_hash`; docs/agent.md).
     """
 
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="bootstrap_tokens")
@@ -136,6 +138,9 @@ class BootstrapToken(models.Model):
         Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="bootstrap_tokens",
         editable=False,
     )
+    # SHA-256 of the registration nonce the consuming agent sent (never the nonce): a
+    # retry with this token and the same nonce soon after `used_at` gets `host` again.
+    nonce_hash = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-created_at"]

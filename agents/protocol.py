@@ -37,7 +37,14 @@ PROTOCOL_VERSION: Final = 1
 REGISTER_PATH: Final = "/agent/v1/register"
 HEARTBEAT_PATH: Final = "/agent/v1/heartbeat"
 WAIT_PATH: Final = "/agent/v1/wait"
+# A volume move's data, relayed by the control plane (docs/volumes.md "Moving a volume"):
+# PUT/GET {VOLUME_MOVES_PATH}/<move id>/chunks/<n>, POST …/<move id>/sent|received|failed.
+VOLUME_MOVES_PATH: Final = "/agent/v1/volume-moves"
+VOLUME_MOVE_ROLES: Final = ("send", "receive")
 WAIT_MAX_S: Final = 60.0  # the longest wait a request may ask for
+# A registration nonce (RegisterRequest.registration_nonce) is at least this long: the agent
+# sends 43 characters (256 random bits, URL-safe base64).
+REGISTRATION_NONCE_MIN_LEN: Final = 32
 
 ContainerState = Literal["running", "exited", "created", "missing"]
 CONTAINER_STATES: Final[frozenset[str]] = frozenset({"running", "exited", "created", "missing"})
@@ -53,6 +60,12 @@ WORKLOAD_KINDS: Final[frozenset[str]] = frozenset({"instance", "job"})
 FATAL_XIDS: Final[frozenset[int]] = frozenset({48, 62, 64, 74, 79, 95, 119, 120})
 IDLE_BELOW: Final = 0.05  # utilisation under 5 % counts as idle (the reclaimer and auto-stop read idle_since)
 WAKE_PREFIX: Final = "gateway:wake:"
+# Checkpoint-aware preemption: the signals a job may ask for before it is stopped (the API
+# refuses others; the agent sends nothing else), and the longest grace it may ask for.
+CHECKPOINT_SIGNALS: Final[frozenset[str]] = frozenset(
+    {"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
+)
+CHECKPOINT_GRACE_MAX_S: Final = 3600
 
 
 def wake_channel(host_id: str) -> str:
@@ -489,11 +502,51 @@ class VolumeUsage:
 
 
 @dataclass(frozen=True)
+class VolumeMoveOrder:
+    """Part of a volume's move between hosts: the source ``send``s a tar of ``volume`` in
+    chunks to the control plane; once all arrived the target ``receive``s them, checks the
+    size and SHA-256 and unpacks them into its own ``volume`` (docs/volumes.md)."""
+
+    move_id: str
+    volume: str
+    role: str
+    tenant_id: str = ""  # the label the target's copy gets
+    # receive: what the source sent, checked before anything is unpacked
+    size_bytes: int = 0
+    sha256: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"move_id": self.move_id, "volume": self.volume, "role": self.role, "tenant_id": self.tenant_id,
+                "size_bytes": self.size_bytes, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "") -> VolumeMoveOrder:
+        r = _Reader(data, path)
+        move_id = r.str_("move_id", max_len=64)
+        if not move_id.replace("-", "").isalnum():
+            raise ProtocolError(r._p("move_id"), "must be an id (letters, digits, -)")
+        volume = _volume_name(r.str_("volume", max_len=128), r._p("volume"))
+        role = r.str_("role", max_len=16)
+        if role not in VOLUME_MOVE_ROLES:
+            raise ProtocolError(r._p("role"), f"must be one of {', '.join(VOLUME_MOVE_ROLES)}")
+        tenant = r.opt_str("tenant_id", max_len=64) or ""
+        size = r.int_("size_bytes", maximum=INT64_MAX, required=False)
+        return cls(move_id=move_id, volume=volume, role=role, tenant_id=tenant, size_bytes=size,
+                   sha256=r.opt_str("sha256", max_len=64) or "")
+
+
+@dataclass(frozen=True)
 class DesiredContainer:
     """One container the control plane wants on this host (an instance or a batch job).
 
     ``gpu_milli`` is the share of *each* GPU in ``gpu_uuids``: 1000 is a whole GPU, less
     is a fraction of a shared GPU. ``network`` is the tenant's bridge network name.
+
+    Checkpoint-aware preemption (optional fields, sent only when set): a job that declared
+    ``checkpoint_signal`` (one of ``CHECKPOINT_SIGNALS``) and ``checkpoint_grace_s`` gets,
+    once it is under a preemption notice (``stop_by``, ISO 8601 UTC, its end), that signal
+    from the agent at once, and is stopped ``checkpoint_grace_s`` later (or at ``stop_by``,
+    whichever comes first) while it is still desired.
     """
 
     instance_id: str
@@ -511,9 +564,12 @@ class DesiredContainer:
     ports: list[int] = field(default_factory=list)  # container TCP ports to publish
     labels: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)  # persistent volumes (optional field)
+    checkpoint_signal: str | None = None
+    checkpoint_grace_s: int = 0
+    stop_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "instance_id": self.instance_id,
             "tenant_id": self.tenant_id,
             "kind": self.kind,
@@ -530,6 +586,12 @@ class DesiredContainer:
             "labels": dict(self.labels),
             "mounts": [m.to_dict() for m in self.mounts],
         }
+        if self.checkpoint_signal is not None:
+            out["checkpoint_signal"] = self.checkpoint_signal
+            out["checkpoint_grace_s"] = self.checkpoint_grace_s
+        if self.stop_by is not None:
+            out["stop_by"] = self.stop_by
+        return out
 
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> DesiredContainer:
@@ -540,6 +602,9 @@ class DesiredContainer:
         vcpus = r.float_("vcpus", required=False, default=1.0)
         if vcpus <= 0:
             raise ProtocolError(r._p("vcpus"), "must be > 0")
+        signal = r.opt_str("checkpoint_signal")
+        if signal is not None and signal not in CHECKPOINT_SIGNALS:
+            raise ProtocolError(r._p("checkpoint_signal"), f"must be one of {sorted(CHECKPOINT_SIGNALS)}")
         return cls(
             instance_id=r.str_("instance_id"),
             tenant_id=r.str_("tenant_id"),
@@ -556,6 +621,10 @@ class DesiredContainer:
             network=r.str_("network", required=False, default=""),
             labels=r.str_map("labels"),
             mounts=r.list_("mounts", Mount.from_dict),
+            checkpoint_signal=signal,
+            checkpoint_grace_s=r.int_("checkpoint_grace_s", required=False, default=0,
+                                      maximum=CHECKPOINT_GRACE_MAX_S),
+            stop_by=r.opt_str("stop_by", max_len=64),
         )
 
 
@@ -710,6 +779,11 @@ class RegisterRequest:
     # already registered under ``hostname``. Without it (or an operator's "replace host")
     # a registration naming an existing host is refused, whatever the bootstrap token.
     previous_host_token: str | None = None
+    # A random secret the agent picks once for a sequence of attempts with one bootstrap
+    # token (kept on disk until it holds its host credentials). An attempt whose answer
+    # was lost after the control plane consumed the token is repeated with the same nonce
+    # and gets the same host again (a fresh host token) within REGISTER_RETRY_WINDOW_S.
+    registration_nonce: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -725,6 +799,8 @@ class RegisterRequest:
         }
         if self.previous_host_token:
             out["previous_host_token"] = self.previous_host_token
+        if self.registration_nonce:
+            out["registration_nonce"] = self.registration_nonce
         return out
 
     @classmethod
@@ -744,7 +820,17 @@ class RegisterRequest:
             memory_mib=r.int_("memory_mib", minimum=1, maximum=INT64_MAX),
             gpus=gpus,
             previous_host_token=r.opt_str("previous_host_token", max_len=200) or None,
+            registration_nonce=_nonce(r.opt_str("registration_nonce", max_len=200)),
         )
+
+
+def _nonce(v: str | None) -> str | None:
+    """A registration nonce: absent, or a secret long enough not to be guessed."""
+    if v and len(v) < REGISTRATION_NONCE_MIN_LEN:
+        raise ProtocolError(
+            "registration_nonce", f"must be at least {REGISTRATION_NONCE_MIN_LEN} characters"
+        )
+    return v or None
 
 
 @dataclass(frozen=True)
@@ -839,6 +925,9 @@ class HeartbeatResponse:
     # Volumes to delete with their data (deleted by their owner, past the purge grace; optional):
     # the agent removes each that no container uses and stops reporting it.
     remove_volumes: list[str] = field(default_factory=list)
+    # Volume moves this host takes part in (optional; an older agent ignores them and the
+    # move waits until an operator cancels it).
+    volume_moves: list[VolumeMoveOrder] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -848,6 +937,7 @@ class HeartbeatResponse:
             "host_token": self.host_token,
             "logs_requests": [q.to_dict() for q in self.logs_requests],
             "remove_volumes": list(self.remove_volumes),
+            "volume_moves": [m.to_dict() for m in self.volume_moves],
         }
         if self.desired_version is not None:
             out["desired_version"] = self.desired_version
@@ -871,6 +961,7 @@ class HeartbeatResponse:
             logs_requests=r.list_("logs_requests", LogsRequest.from_dict),
             desired_version=r.opt_str("desired_version", max_len=64),
             remove_volumes=r.list_("remove_volumes", _volume_name),
+            volume_moves=r.list_("volume_moves", VolumeMoveOrder.from_dict),
         )
 
 

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -179,9 +179,17 @@ def host_desired_containers(
                 labels=labels,
                 mounts=[Mount(volume=m["name"], path=m["path"], read_only=bool(m.get("read_only")))
                         for m in w.mounts],
+                checkpoint_signal=w.checkpoint_signal or None,
+                checkpoint_grace_s=w.checkpoint_grace_s or 0,
+                # under a notice: a checkpointing job gets its signal (the agent sends it once)
+                stop_by=_iso(w.stop_by) if w.stop_by is not None and w.checkpoint_signal else None,
             )
         )
     return out
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def workload_attempt(*, workload: Workload) -> tuple[UUID, str] | None:

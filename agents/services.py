@@ -62,9 +62,9 @@ from agents.selectors import hash_token, host_allocations, host_attempts, worklo
 from gpucloud.catalogue.models import GpuModel, Region
 from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
-from scheduler.choices import HOLDING, State, WorkloadKind
-from scheduler.cycle import policy_for
-from scheduler.hooks import cycle_wanted
+from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
+from scheduler.cycle import notice_served, policy_for
+from scheduler.hooks import cycle_wanted, holding_changed
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload
 from scheduler.services import (
@@ -317,6 +317,8 @@ def _host_register(*, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
         .filter(token_hash=hash_token(req.bootstrap_token))
         .first()
     )
+    if boot is not None and boot.used_at is not None and _is_retry(boot, req, now):
+        return _register_retry(boot=boot, req=req, now=now)
     if boot is None or boot.used_at is not None or (boot.expires_at and boot.expires_at <= now):
         logger.warning(
             "registration refused host=%s token=%s",
@@ -401,7 +403,13 @@ def _host_register(*, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
                 )
             raise _host_exists(host, f"Host {host.name!r} was re-registered meanwhile.")
         host.refresh_from_db()
-    BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(used_at=now, host=host)
+    BootstrapToken.objects.filter(pk=boot.pk, used_at__isnull=True).update(
+        used_at=now,
+        host=host,
+        # kept hashed (a 256-bit random secret), so a retry of this very registration can be
+        # recognised; never the nonce itself
+        nonce_hash=hash_token(req.registration_nonce) if req.registration_nonce else "",
+    )
     fastpath.hosts_changed(host_ids=[host.pk])  # the old token, inventory, seq: all re-read
     audit_record(
         tenant=None,
@@ -422,6 +430,54 @@ def _host_register(*, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
         host.name,
         boot.region.code,
         len(req.gpus),
+    )
+    return host, token
+
+
+def _is_retry(boot: BootstrapToken, req: RegisterRequest, now: datetime) -> bool:
+    """Is this the repeat of the registration that consumed `boot` (its answer lost)?
+
+    The same bootstrap token, the same registration nonce (compared on hashes in constant
+    time), the same host name, within REGISTER_RETRY_WINDOW_S of the first, and the host
+    is still there. Anything else is refused as a used token.
+    """
+    if not (req.registration_nonce and boot.nonce_hash and boot.host_id and boot.used_at):
+        return False
+    if now - boot.used_at > timedelta(seconds=settings.REGISTER_RETRY_WINDOW_S):
+        return False
+    if not secrets.compare_digest(hash_token(req.registration_nonce), boot.nonce_hash):
+        return False
+    return bool(Host.objects.filter(pk=boot.host_id, name=req.hostname, region_id=boot.region_id).exists())
+
+
+def _register_retry(*, boot: BootstrapToken, req: RegisterRequest, now: datetime) -> tuple[Host, str]:
+    """The repeat of a registration whose answer was lost: the same host, a fresh host token
+    (the one in the lost answer is refused from now on), no new row. Audited. Runs in the
+    caller's transaction, with `boot` locked, so two repeats at once are one after the other.
+    The inventory stays as the first attempt stored it; the agent's heartbeats keep it fresh."""
+    token = HOST_TOKEN_PREFIX + secrets.token_urlsafe(_SECRET_BYTES)
+    Host.objects.filter(pk=boot.host_id).update(
+        token_hash=hash_token(token),
+        agent_version=req.agent_version[:50],
+        last_heartbeat_at=now,
+        last_seq=0,  # the repeat may come from a restarted agent: its seq starts again at 1
+        state=F("admin_state"),  # gone DOWN while the agent retried: back as the operator wants
+        down_since=None,
+    )
+    host = Host.objects.select_related("region").get(pk=boot.host_id)
+    fastpath.hosts_changed(host_ids=[host.pk])  # the revoked token: re-read
+    audit_record(
+        tenant=None,
+        action="host.register_retry",
+        obj=host,
+        data={
+            "region": boot.region.code,
+            "bootstrap": boot.prefix,
+            "first_at": boot.used_at.isoformat() if boot.used_at else None,
+        },
+    )
+    logger.info(
+        "host.register_retry host=%s name=%s region=%s", host.pk, host.name, boot.region.code
     )
     return host, token
 
@@ -660,6 +716,18 @@ class _Mover:
         if w.state != old:
             self.outcome.transitions.append((str(w.pk), State.FAILED))
 
+    def preempted(self, w: Workload, exit_code: int | None) -> None:
+        """A job under a preemption notice exited (the agent stopped it after its checkpoint
+        grace, or it saved and exited): PREEMPTED and requeued, as when the notice runs out,
+        without spending a retry."""
+        old = w.state
+        with transaction.atomic():
+            if exit_code is not None:
+                Workload.objects.filter(pk=w.pk, state=old).update(exit_code=exit_code)
+            workload_requeue_or_end(workload=w, ended=State.PREEMPTED, reason=notice_served(w.reason))
+        if w.state != old:
+            self.outcome.transitions.append((str(w.pk), State.PREEMPTED))
+
     def stopped(self, w: Workload, reason: str, **extra) -> None:
         """A STOPPING workload's container is gone; scheduler.services says what it ends as."""
         if workload_stopped(workload=w, reason=reason, now=self.now, **extra):
@@ -698,8 +766,52 @@ class _Mover:
             code = o.exit_code
             if w.kind == WorkloadKind.JOB and code == 0:
                 self.to(w, State.SUCCEEDED, "exited with code 0", exit_code=0)
+            elif w.kind == WorkloadKind.JOB and w.stop_by is not None:
+                self.preempted(w, code)
             else:
                 self.end(w, f"container exited with code {code}", exit_code=code)
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def _observed_times(containers: list[ObservedContainer], attempts: dict[str, Workload],
+                    outcome: HeartbeatOutcome, now: datetime) -> None:
+    """Run time as the agent saw it: a workload that started or ended in this heartbeat gets
+    the container's own start and finish (a job that ran 20 s shows 20 s, not the span
+    between two heartbeats). Trusted only between its queueing (or start) and now: a host
+    clock off by more keeps the control plane's times."""
+    terminal = {str(s) for s in TERMINAL}
+    moved: dict[str, set[str]] = defaultdict(set)
+    for wid, state in outcome.transitions:
+        moved[wid].add(str(state))
+    for o in containers:
+        w = attempts.get(o.instance_id)
+        if w is None or w.nodes > 1 or str(w.pk) not in moved:
+            continue
+        states = moved[str(w.pk)]
+        row = Workload.objects.filter(pk=w.pk).values("state", "queued_at", "started_at", "ended_at").first()
+        if row is None:
+            continue
+        fields: dict[str, datetime] = {}
+        started, finished = _parse_time(o.started_at), _parse_time(o.finished_at)
+        floor = row["queued_at"]
+        if (str(State.RUNNING) in states and row["started_at"] is not None and started is not None
+                and (floor is None or started >= floor) and started <= now):
+            fields["started_at"] = started
+        begun = fields.get("started_at", row["started_at"])
+        if (str(row["state"]) in terminal and states & terminal and row["ended_at"] is not None
+                and finished is not None and begun is not None and begun <= finished <= now):
+            fields["ended_at"] = finished
+        if fields:
+            Workload.objects.filter(pk=w.pk, state=row["state"]).update(**fields)
 
 
 def _bulk_moves(host: Host, w: Workload, o: ObservedContainer, groups: dict) -> bool:
@@ -825,6 +937,7 @@ def host_heartbeat(
             else:
                 mover.stopped(w, "container gone")
     if outcome.transitions:
+        _observed_times(hb.containers, attempts, outcome, now)
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
     elif not failed_gpus:
         outcome.allocations = allocations  # nothing moved: the answer can reuse them
@@ -959,7 +1072,8 @@ def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[s
     Returns the host and the ids of the jobs given notice now."""
     now = now or timezone.now()
     host = _host_set_admin_state(host=host, to=AdminState.DRAINING)
-    stop_by = now + timedelta(seconds=policy_for(host.region_id).notice_s)
+    notice_s = policy_for(host.region_id).notice_s
+    stop_by = now + timedelta(seconds=notice_s)
     noticed = []
     jobs = (
         Workload.objects.filter(
@@ -972,11 +1086,15 @@ def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[s
         .order_by("created_at")
     )
     for w in jobs:
+        # a checkpointing job's notice lasts its grace at least, as for a preemption
+        stop = now + timedelta(seconds=max(notice_s, w.checkpoint_grace_s or 0))
         # a job already on notice (preempted) keeps its earlier deadline
         if Workload.objects.filter(pk=w.pk, stop_by__isnull=True).update(
-            stop_by=stop_by, reason=f"host {host.name} is draining; stopping at {stop_by:%H:%M:%S} UTC"
+            stop_by=stop, reason=f"host {host.name} is draining; stopping at {stop:%H:%M:%S} UTC"
         ):
             noticed.append(str(w.pk))
+    if noticed:
+        holding_changed(noticed)  # a checkpointing job gets its signal
     logger.info("host drained host=%s noticed=%s stop_by=%s", host.pk, noticed, stop_by.isoformat())
     return host, noticed
 

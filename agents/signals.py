@@ -11,7 +11,14 @@ from django.dispatch import Signal
 
 volumes_reported = Signal()
 volumes_to_remove = Signal()
+# asked when building a heartbeat answer: each receiver returns the host's part in volume
+# moves (a list of agents.protocol.VolumeMoveOrder)
+volume_moves_for = Signal()
 
 
 def removals(*, host) -> list[str]:
     return sorted({name for _r, names in volumes_to_remove.send(sender=None, host=host) for name in names or ()})
+
+
+def move_orders(*, host) -> list:
+    return [o for _r, orders in volume_moves_for.send(sender=None, host=host) for o in orders or ()]

@@ -162,6 +162,15 @@ def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> 
         WorkloadEvent.objects.filter(workload_id__in=ran, from_state=State.RUNNING)
         .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
     ) if ran else {}
+    # Billing counts from the control plane's RUNNING event (billing/metering.py); `started_at`
+    # may be the agent's earlier observation of the container's start (agents.services
+    # _observed_times): the estimate counts from the event too, so metering never takes back
+    # seconds it showed.
+    started = [w.pk for w in workloads if w.started_at]
+    entered = dict(
+        WorkloadEvent.objects.filter(workload_id__in=started, to_state=State.RUNNING)
+        .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
+    ) if started else {}
     out = {}
     for w in workloads:
         per_hour = prices.get((w.instance_type_id, w.region_id, w.billing))
@@ -169,7 +178,8 @@ def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> 
         so_far = posted[w.pk]
         until = now if w.state == State.RUNNING else left_running.get(w.pk)
         if until is not None and w.started_at and hourly is not None:
-            since = max(w.started_at, watermarks.get(w.pk, w.started_at))
+            begun = max(w.started_at, entered.get(w.pk, w.started_at))
+            since = max(begun, watermarks.get(w.pk, begun))
             unposted = max(0, epoch_floor(until) - epoch_floor(since))
             so_far += hourly * unposted / 3600
         out[w.pk] = Cost(hourly=hourly, so_far=pricing.cents(so_far))

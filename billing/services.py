@@ -41,6 +41,7 @@ from gpucloud.lib.errors import InvalidInput
 from gpucloud.lib.outbound import OutboundRefused
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
+from scheduler import hooks
 from scheduler.choices import Billing, State
 from scheduler.models import RegionSchedulerSettings, Workload, WorkloadEvent
 from scheduler.services import workload_stop
@@ -527,10 +528,13 @@ def spot_max_price_preempt(*, now: datetime, prices: dict[tuple[int, int], Decim
         for wid, max_price in Workload.objects.filter(
                 billing=Billing.SPOT, instance_type_id=it, region_id=region, state__in=holding,
                 stop_by__isnull=True, max_price__lt=price).values_list("id", "max_price"):
-            n += Workload.objects.filter(pk=wid, stop_by__isnull=True, state__in=holding).update(
+            noticed = Workload.objects.filter(pk=wid, stop_by__isnull=True, state__in=holding).update(
                 stop_by=stop_by,
                 reason=f"preempted: the spot price {price}/h passed your max price {max_price}/h; "
                        f"stopping at {stop_by:%H:%M:%S} UTC")
+            if noticed:
+                hooks.holding_changed([wid])  # a checkpointing job gets its signal
+            n += noticed
     return n
 
 

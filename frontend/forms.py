@@ -81,6 +81,20 @@ def _as_int(text: str) -> int | str:
         return text
 
 
+class VolumeSelect(forms.Select):
+    """Each volume's option carries its region (`data-region`): the launch page offers only
+    the chosen region's volumes."""
+
+    regions: dict[str, str] = {}
+
+    def create_option(self, name, value, label, selected, index, subindex=None, attrs=None):
+        option = super().create_option(name, value, label, selected, index, subindex=subindex, attrs=attrs)
+        region = self.regions.get(str(value))
+        if region:
+            option["attrs"]["data-region"] = region
+        return option
+
+
 class LaunchForm(forms.Form):
     kind = forms.ChoiceField(label="What", choices=[("instance", "Instance (runs until you stop it)"),
                                                     ("job", "Batch job (runs to completion)")],
@@ -114,12 +128,20 @@ class LaunchForm(forms.Form):
     auto_stop_idle_minutes = forms.IntegerField(
         label="Stop when idle for (minutes)", required=False, min_value=1,
         help_text="Instances: stop it once every GPU has been under 5 % busy this long; empty: never.")
+    volume = forms.ChoiceField(label="Volume", required=False, widget=VolumeSelect,
+                               help_text="One of your volumes in the launch's region: its files outlive the "
+                                         "instance, and it starts on the volume's host.")
+    mount_path = forms.CharField(label="Mount path", max_length=200, required=False, initial="/workspace",
+                                 help_text="Where the container sees the volume.")
 
     # API field -> form field, for errors the serializer or the service reports.
-    FIELD_MAP = {"billing": "spot"}
+    FIELD_MAP = {"billing": "spot", "volumes": "volume"}
 
-    def __init__(self, *args, saved_keys: list | None = None, **kwargs) -> None:
+    def __init__(self, *args, saved_keys: list | None = None, volumes: list | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.fields["volume"].choices = [("", "No volume")] + [
+            (str(v.pk), f"{v.name} — {v.region.code}, {v.size_gib} GiB") for v in volumes or []]
+        self.fields["volume"].widget.regions = {str(v.pk): v.region.code for v in volumes or []}
         self.fields["instance_type"].choices = [
             (it.code, f"{it.code} — {it.name}, {it.vcpus} vCPUs, {it.memory_gib} GiB")
             for it in instance_type_list().order_by("gpu_model__code", "gpu_count", "gpu_share_milli")
@@ -160,6 +182,8 @@ class LaunchForm(forms.Form):
         }
         if d.get("max_price") is not None:
             body["max_price"] = str(d["max_price"])
+        if d.get("volume"):
+            body["volumes"] = [{"volume": d["volume"], "mount_path": d.get("mount_path") or "/workspace"}]
         if d.get("kind") != "job" and d.get("auto_stop_idle_minutes"):
             body["auto_stop_idle_minutes"] = d["auto_stop_idle_minutes"]
         if d.get("kind") == "job":

@@ -65,6 +65,7 @@ from scheduler import selectors as workload_selectors
 from scheduler import services as workload_services
 from scheduler.api import serializers as workload_s
 from scheduler.choices import ACTIVE, HOLDING, TERMINAL, Billing, State, WorkloadKind
+from volumes import selectors as volume_selectors
 
 # Live parts refresh at this pace (htmx `every Ns`); the GPU chart shows this window.
 POLL_S = 2
@@ -323,10 +324,12 @@ def _free_by_region(it, tenant) -> dict[str, int]:
 def launch(request):
     console = request.console
     saved = list(console_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
+    vols = list(volume_selectors.volume_list(tenant=console.tenant).order_by("name"))
     initial = {"instance_type": request.GET.get("type", ""), "region": request.GET.get("region", ""),
-               "kind": request.GET.get("kind", "instance"),
+               "kind": request.GET.get("kind", "instance"), "mount_path": "/workspace",
+               "volume": request.GET.get("volume", ""),
                "image": IMAGE_TEMPLATES["pytorch"].image, "command": IMAGE_TEMPLATES["pytorch"].command}
-    form = LaunchForm(request.POST or None, initial=initial, saved_keys=saved)
+    form = LaunchForm(request.POST or None, initial=initial, saved_keys=saved, volumes=vols)
     if request.method == "POST":
         form_ok = form.is_valid()
         kind = form.cleaned_data.get("kind") or WorkloadKind.INSTANCE
@@ -344,7 +347,9 @@ def launch(request):
             except ServiceError as exc:
                 service_error_to_form(form, exc, LaunchForm.FIELD_MAP)
             else:
-                messages.success(request, f"{workload.name} is queued; the scheduler places it in a moment.")
+                # said while it is queued: the page's live part takes it away once it is not
+                messages.success(request, f"{workload.name} is queued; the scheduler places it in a moment.",
+                                 extra_tags="pending")
                 return redirect(_detail_url(workload))
     first = {name: (form.fields[name].choices[0][0] if form.fields[name].choices else "")
              for name in ("instance_type", "region")}
@@ -356,7 +361,7 @@ def launch(request):
         best = next(iter(free), "")
         if best:
             initial["region"] = best
-            form = LaunchForm(initial=initial, saved_keys=saved)
+            form = LaunchForm(initial=initial, saved_keys=saved, volumes=vols)
     values = form.data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
                           values.get("region") or first["region"], console.tenant, free)
@@ -528,28 +533,31 @@ def workload_logs(request, kind: str, pk):
                   {"tail": tail, "w": workload, "poll_s": POLL_S * 2, **_kind(kind)})
 
 
-def _workload_action(request, kind: str, pk, service, verb: str, done: str):
-    """Run `service(workload=…)` on the tenant's workload; say how it went; back to its page."""
+def _workload_action(request, kind: str, pk, service, verb: str, done: str, while_state: str = ""):
+    """Run `service(workload=…)` on the tenant's workload; say how it went; back to its page.
+    `while_state`: the message is true only in that state; the detail page's live part
+    removes it once the workload left it (console.js)."""
     workload = _workload(request, kind, pk)
     try:
         service(workload=workload)
     except ServiceError as exc:
         messages.error(request, f"Could not {verb} {workload.name}: {exc.message}")
     else:
-        messages.success(request, done.format(name=workload.name))
+        messages.success(request, done.format(name=workload.name), extra_tags=while_state)
     return redirect(_detail_url(workload))
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
 def workload_stop(request, kind: str, pk):
-    return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.")
+    return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.",
+                            while_state="stopping")
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
 def workload_start(request, kind: str, pk):
     """Start a stopped instance again: back through the queue with the same configuration."""
     return _workload_action(request, kind, pk, workload_services.workload_start, "start",
-                            "{name} is queued again; the scheduler places it in a moment.")
+                            "{name} is queued again; the scheduler places it in a moment.", while_state="pending")
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)

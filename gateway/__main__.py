@@ -22,6 +22,7 @@ def main() -> None:
         http_port=settings.GATEWAY_HTTP_PORT,
         host_key_path=settings.GATEWAY_HOST_KEY_PATH, replica=settings.GATEWAY_REPLICA,
         session_limit=settings.GATEWAY_SESSION_LIMIT, redis_url=settings.REDIS_URL,
+        relay_port=settings.GATEWAY_RELAY_PORT, relay_host=settings.GATEWAY_RELAY_HOST,
     )
 
     async def run() -> None:

@@ -6,7 +6,8 @@
 One asyncio loop holds both servers, the tunnels (host id → Mux), the open sessions and
 the loop that re-checks them every `recheck_s` (an instance that stopped, a member removed
 or demoted: the session is ended). The routing table host → replica lives in Redis with
-an expiry (`routes.py`), refreshed while the tunnel is up.
+an expiry (`routes.py`), refreshed while the tunnel is up. A session for a host whose tunnel
+another replica holds is relayed there (`relay.py`: this replica's relay port answers the others).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import asyncio
 import inspect
 import itertools
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -26,7 +28,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from agents.host import mux as m
-from gateway import access
+from gateway import access, relay
 from gateway.routes import Routes
 
 logger = logging.getLogger(__name__)
@@ -49,8 +51,11 @@ class GatewayConfig:
     host_key_path: Path = Path("var/gateway_host_key")
     replica: str = "gw-1"
     recheck_s: float = 2.0
-    session_limit: int = 20  # open sessions per tenant on this replica
+    session_limit: int = 20  # open sessions per tenant (on all replicas sharing Redis)
     redis_url: str = ""
+    relay_port: int | None = None  # other replicas' relay connections (gateway/relay.py); None: none
+    relay_host: str = ""  # where other replicas reach it (empty: relay.advertised_host)
+    relay_secret: bytes = b""  # empty: derived from SECRET_KEY (relay.derive_secret)
 
 
 def _sync(fn: Any) -> Any:
@@ -95,6 +100,7 @@ class Gateway:
         self.tunnel_changed = asyncio.Event()
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
+        self._incarnation = secrets.token_hex(4)  # session leases of an earlier run of this replica are not ours
         self.routes = Routes(config.redis_url, replica=config.replica)
         self.ssh_port = config.ssh_port
         self.tunnel_port = config.tunnel_port
@@ -102,6 +108,16 @@ class Gateway:
         self.host_key = load_host_key(config.host_key_path)
         self.ready = asyncio.Event()
         self.wakes_sent = 0
+        if config.relay_secret:
+            secret = config.relay_secret
+        else:
+            from django.conf import settings
+
+            secret = relay.derive_secret(getattr(settings, "GATEWAY_RELAY_SECRET", ""), settings.SECRET_KEY)
+        self.relay = relay.RelayServer(secret, self.open_local)
+        self.relay_port = config.relay_port
+        self.relayed_out = 0  # streams this replica opened through another
+        self._auditing = 0  # session audit writes under way
 
     # ------------------------------------------------------------------ running
 
@@ -124,23 +140,44 @@ class Gateway:
                 self.proxy = HttpProxy(self)
                 http = await asyncio.start_server(self.proxy.handle, self.config.bind, self.config.http_port)
                 self.http_port = http.sockets[0].getsockname()[1]
-            logger.info("gateway %s: ssh on %s:%s, tunnels on %s:%s, http on %s:%s, host key %s", self.config.replica,
-                        self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port, self.config.bind,
-                        self.http_port, self.host_key.get_fingerprint())
+            relay_server, advertise = None, None
+            if self.config.relay_port is not None:
+                relay_server = await asyncio.start_server(self.relay.handle, self.config.bind, self.config.relay_port)
+                self.relay_port = relay_server.sockets[0].getsockname()[1]
+                address = f"{relay.advertised_host(self.config.bind, self.config.relay_host)}:{self.relay_port}"
+                advertise = asyncio.ensure_future(self._advertise(address))
+            logger.info("gateway %s: ssh on %s:%s, tunnels on %s:%s, http on %s:%s, relay on %s:%s, host key %s",
+                        self.config.replica, self.config.bind, self.ssh_port, self.config.bind, self.tunnel_port,
+                        self.config.bind, self.http_port, self.config.bind, self.relay_port,
+                        self.host_key.get_fingerprint())
             recheck = asyncio.ensure_future(self._recheck_loop())
+            renew = asyncio.ensure_future(self._renew_sessions())
             wakes = asyncio.ensure_future(self.routes.listen_wakes(self.wake))
             self.ready.set()
             try:
                 await stop.wait()
             finally:
                 recheck.cancel()
+                renew.cancel()
                 wakes.cancel()
                 ssh.close()
                 if http is not None:
                     http.close()
                     self.proxy.shutdown()
+                if relay_server is not None and advertise is not None:
+                    advertise.cancel()
+                    relay_server.close()
+                    self.relay.shutdown()
+                    try:
+                        await self.routes.withdraw()
+                    except Exception:  # Redis gone: the entry expires
+                        logger.warning("could not withdraw this replica's relay address", exc_info=True)
                 for session in list(self.sessions.values()):
                     self._end(session, "gateway shutting down")
+                # the ended sessions' `session.end` written before the loop goes (bounded)
+                deadline = time.monotonic() + 3
+                while (self.sessions or self._auditing) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
                 for mux in list(self.tunnels.values()):
                     mux.shutdown()
                 await self.routes.close()
@@ -185,6 +222,29 @@ class Gateway:
                 await self.routes.watch(host_id, False)
             logger.info("tunnel down: host %s", host_id)
 
+    async def _advertise(self, address: str) -> None:
+        """Keep this replica's relay address in the table, as routes are (Redis errors: retried)."""
+        while True:
+            try:
+                await self.routes.advertise(address)
+            except Exception:
+                logger.warning("could not advertise the relay address %s", address, exc_info=True)
+            await asyncio.sleep(self.routes.ttl_s / 3)
+
+    def _lease(self, session: Session) -> str:
+        """The session's name in its tenant's count: unique across this replica's restarts."""
+        return f"{self._incarnation}.{session.id}"
+
+    async def _renew_sessions(self) -> None:
+        """Keep the leases of this replica's open sessions in the tenants' counts (Redis errors: retried)."""
+        while True:
+            await asyncio.sleep(self.routes.ttl_s / 3)
+            held = [(str(s.grant.tenant_id), self._lease(s)) for s in self.sessions.values()]
+            try:
+                await self.routes.session_renew(held, now=time.time())
+            except Exception:
+                logger.warning("could not renew the sessions' leases", exc_info=True)
+
     async def _refresh_route(self, host_id: str, mux: m.Mux) -> None:
         while not mux.closed:
             await asyncio.sleep(self.routes.ttl_s / 3)
@@ -205,21 +265,42 @@ class Gateway:
     # ------------------------------------------------------------------ sessions
 
     async def start_session(self, grant: access.Grant, kind: str, source: str) -> Session | None:
-        open_here = sum(1 for s in self.sessions.values() if s.grant.tenant_id == grant.tenant_id)
-        if open_here >= self.config.session_limit:
-            return None
+        """A session counted against its tenant's limit (across replicas where they share Redis),
+        audited; None when the tenant is at its limit."""
         session = Session(id=next(self._ids), grant=grant, kind=kind, source=source)
+        try:
+            admitted = await self.routes.session_admit(str(grant.tenant_id), self._lease(session),
+                                                       limit=self.config.session_limit, now=time.time())
+        except Exception:  # Redis unreachable: this replica's own count, rather than no session at all
+            logger.warning("could not count session %s across replicas", session.id, exc_info=True)
+            admitted = None
+        if admitted is None:  # no Redis (the demo's single gateway): this replica's own count
+            open_here = sum(1 for s in self.sessions.values() if s.grant.tenant_id == grant.tenant_id)
+            admitted = open_here < self.config.session_limit
+        if not admitted:
+            return None
         self.sessions[session.id] = session
-        await _sync(access.audit_session)(
+        await self._audit(
             grant=grant, action="session.start", source_ip=source.split(":")[0] or None,
             data={"session": f"{self.config.replica}/{session.id}", "kind": kind, "source": source})
         return session
 
+    async def _audit(self, **kwargs: Any) -> None:
+        self._auditing += 1
+        try:
+            await _sync(access.audit_session)(**kwargs)
+        finally:
+            self._auditing -= 1
+
     async def finish_session(self, session: Session, reason: str = "") -> None:
         if self.sessions.pop(session.id, None) is None:
             return
+        try:
+            await self.routes.session_release(str(session.grant.tenant_id), self._lease(session))
+        except Exception:  # Redis gone: the lease lapses within the routes' expiry
+            logger.warning("could not release session %s from its tenant's count", session.id, exc_info=True)
         sent, received = session.bytes
-        await _sync(access.audit_session)(
+        await self._audit(
             grant=session.grant, action="session.end", source_ip=session.source.split(":")[0] or None,
             data={"session": f"{self.config.replica}/{session.id}", "kind": session.kind, "source": session.source,
                   "started": session.started, "ended": time.time(), "bytes_in": sent, "bytes_out": received,
@@ -249,12 +330,33 @@ class Gateway:
                     self._end(session, "the instance stopped or your access was withdrawn")
 
     async def open_stream(self, grant: access.Grant, kind: int, params: dict[str, Any]) -> m.Stream:
+        """A stream to the grant's container: over the host's tunnel when this replica holds it,
+        else relayed through the replica that does (gateway/relay.py). Host and container come
+        from the grant only; `params` are the command or port."""
+        params = {**params, "instance": grant.container}
         mux = self.tunnels.get(grant.host_id)
-        if mux is None:
+        if mux is not None:
+            return await mux.open(kind, params)
+        try:
             where = await self.routes.lookup(grant.host_id)
-            raise m.OpenFailed("the instance's host is not connected to this gateway"
-                               + (f" (its tunnel is on {where})" if where else ""))
-        return await mux.open(kind, {"instance": grant.container, **params})
+            address = await self.routes.address_of(where) if where and where != self.config.replica else None
+        except Exception:  # Redis down: as good as no route
+            logger.warning("the routing table could not be read", exc_info=True)
+            raise m.OpenFailed("the gateway's routing table is not reachable just now (try again shortly)") from None
+        if where is None or where == self.config.replica:
+            raise m.OpenFailed("the instance's host is not connected to any gateway just now (try again shortly)")
+        if address is None:
+            raise m.OpenFailed(f"the instance's host is connected to gateway replica {where}, which does not relay")
+        stream = await relay.open_remote(address, self.relay.secret, kind, {**params, "host": grant.host_id})
+        self.relayed_out += 1
+        return stream
+
+    async def open_local(self, host_id: str, kind: int, params: dict[str, Any]) -> m.Stream:
+        """For another replica's relay: a stream on a tunnel this replica holds, and only that."""
+        mux = self.tunnels.get(host_id)
+        if mux is None:
+            raise m.OpenFailed("the instance's host is not connected to this gateway replica")
+        return await mux.open(kind, params)
 
     # ------------------------------------------------------------------ SSH processes
 

@@ -108,8 +108,20 @@ def _esc(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _sql_esc(expr: str, pg: bool) -> str:
+    """`_esc` in SQL: the label value escaped as the text format wants it."""
+    nl = "chr(10)" if pg else "char(10)"
+    return f"replace(replace(replace({expr}, '\\', '\\\\'), {nl}, '\\n'), '\"', '\\\"')"
+
+
 def dcgm_sql() -> str:
-    """The one query of `dcgm_text`: GPUs with a measurement, their host, model and owners."""
+    """The one query of `dcgm_text`: GPUs with a measurement, their host, model and owners.
+
+    Each row: the GPU's labels up to `Hostname` already written (escaped) by the database,
+    the tenants and workloads of its active allocations (comma-joined, NULL when none), and
+    the values (utilisation as a fraction, memory used and free, temperature, power, the
+    unhealthy reason for the XID, the ECC count). Writing the labels in SQL spares the web
+    process five columns to load and a string per GPU to build."""
     from agents.models import Gpu, Host
     from gpucloud.catalogue.models import GpuModel
     from gpucloud.tenancy.models import Tenant
@@ -118,12 +130,28 @@ def dcgm_sql() -> str:
     pg = connection.vendor == "postgresql"
     # (no DISTINCT: a workload holds a GPU once; a tenant twice on one GPU is deduplicated in Python)
     agg = (lambda col: f"string_agg({col}, ',')") if pg else (lambda col: f"group_concat({col})")
-    wid = "a.workload_id::text" if pg else "a.workload_id"
+    # (SQLite keeps a UUID as 32 hex digits: written here as str(uuid) writes it)
+    wid = "a.workload_id::text" if pg else "||'-'||".join(
+        f"substr(a.workload_id, {a}, {n})" for a, n in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12)))
+    idx = "g.\"index\""
+    fence = " OFFSET 0" if pg else ""  # (PostgreSQL would otherwise pull the escaping up, once per GPU)
+    head = (f"'{{gpu=\"' || {idx} || '\",UUID=\"' || {_sql_esc('g.uuid', pg)} || '\",device=\"nvidia' || {idx} "
+            "|| '\",modelName=\"' || m.name || '\",Hostname=\"' || h.name "
+            "|| '\"'")
+    # PostgreSQL writes the numbers as text (as it would on the wire anyway): the web process
+    # then neither parses nor formats them. Integers read the same; floats in float8's
+    # shortest exact form, which `_py_float` brings to Python's repr where the two differ.
+    txt = (lambda col: f"({col})::text") if pg else (lambda col: col)
+    free = "CASE WHEN g.memory_mib > g.memory_used_mib THEN g.memory_mib - g.memory_used_mib ELSE 0 END"
     return (
-        "SELECT g.uuid, g.\"index\", h.name, m.name, g.memory_mib, g.memory_used_mib, g.utilisation, "
-        "g.temperature_c, g.power_w, g.ecc_uncorrected, g.unhealthy_reason, o.tenants, o.workloads "
-        f"FROM {Gpu._meta.db_table} g JOIN {Host._meta.db_table} h ON h.id = g.host_id "
-        f"JOIN {GpuModel._meta.db_table} m ON m.id = g.gpu_model_id "
+        f"SELECT {head}, o.tenants, o.workloads, g.utilisation, {txt('g.memory_used_mib')}, {txt(free)}, "
+        f"{txt('g.temperature_c')}, {txt('g.power_w')}, g.unhealthy_reason, "
+        f"{txt('COALESCE(g.ecc_uncorrected, 0)')} "
+        # host and model names escaped once each, not once per GPU
+        f"FROM {Gpu._meta.db_table} g "
+        f"JOIN (SELECT id, {_sql_esc('name', pg)} AS name FROM {Host._meta.db_table}{fence}) h ON h.id = g.host_id "
+        f"JOIN (SELECT id, {_sql_esc('name', pg)} AS name FROM {GpuModel._meta.db_table}{fence}) m "
+        "ON m.id = g.gpu_model_id "
         f"LEFT JOIN (SELECT a.gpu_id, {agg('t.slug')} AS tenants, {agg(wid)} AS workloads "
         f"FROM {Allocation._meta.db_table} a JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
         f"JOIN {Tenant._meta.db_table} t ON t.id = w.tenant_id WHERE a.active GROUP BY a.gpu_id) o "
@@ -131,11 +159,24 @@ def dcgm_sql() -> str:
     )
 
 
+def _py_float(col: tuple) -> list:
+    """float8's text (PostgreSQL 12+, extra_float_digits > 0: the shortest exact digits, as
+    Python's repr) as Python's repr writes it: the same string but for integral values
+    ("71" for 71.0), exponents (from 1e15 rather than 1e16) and NaN/Infinity."""
+    return [v if v is None or ("." in v and "e" not in v) else repr(float(v)) for v in col]
+
+
+def _xid(why: str) -> int:
+    xid = _XID.match(why)
+    return int(xid.group(1)) if xid else 0
+
+
 def dcgm_text(timings: dict[str, float] | None = None) -> str:
     """The per-GPU DCGM series of every GPU with a measurement, in the text exposition format.
 
     One query: each GPU's last measurement (kept on its row by both heartbeat paths), its
-    host and model names, and the tenants and workloads of its active allocations.
+    labels, and the tenants and workloads of its active allocations. Then one list of label
+    strings and a column of values per series, joined: no object per GPU.
     `timings`, given, receives each part's seconds (the benchmark prints them)."""
 
     clock = [time.perf_counter()]
@@ -151,27 +192,28 @@ def dcgm_text(timings: dict[str, float] | None = None) -> str:
         cur.execute(sql)
         rows = cur.fetchall()
     lap("query")
-    esc: dict[str, str] = {}
-    labels, columns = [], [[] for _ in _DCGM]
-    for uuid, index, host, model, mem, used, util, temp, power, ecc, why, tenants, workloads in rows:
-        if host not in esc:
-            esc[host] = _esc(host)
-        if model not in esc:
-            esc[model] = _esc(model)
-        if tenants and "," in tenants:
+    labels = []
+    for head, tenants, workloads, *_ in rows:
+        if tenants is None:
+            labels.append(f'{head},tenant="",workload=""}} ')
+            continue
+        if "," in tenants:
             tenants = ",".join(sorted(set(tenants.split(","))))
-        if workloads and "," in workloads:
+        if "," in workloads:
             workloads = ",".join(sorted(workloads.split(",")))
-        labels.append(f'{{gpu="{index}",UUID="{_esc(uuid)}",device="nvidia{index}",modelName="{esc[model]}",'
-                      f'Hostname="{esc[host]}",tenant="{tenants or ""}",workload="{workloads or ""}"}} ')
-        xid = _XID.match(why) if why else None
-        for col, v in zip(columns, (round(util * 100, 3), used, max(0, mem - used), temp, power,
-                                    int(xid.group(1)) if xid else 0, ecc or 0), strict=True):
-            col.append(v)
+        labels.append(f'{head},tenant="{tenants}",workload="{workloads}"}} ')
+    _, _, _, util, used, free, temp, power, why, ecc = zip(*rows, strict=True) if rows else ((),) * 10
+    if connection.vendor == "postgresql":
+        temp, power = _py_float(temp), _py_float(power)
+    columns = ([round(u * 100, 3) for u in util], used, free, temp, power,
+               [_xid(w) if w else 0 for w in why], ecc)
     parts = []
     for (name, doc, kind), col in zip(_DCGM, columns, strict=True):
         parts.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
-        parts.append("".join([f"{name}{lab}{v}\n" for lab, v in zip(labels, col, strict=True) if v is not None]))
+        if None in col:
+            parts.append("".join([f"{name}{lab}{v}\n" for lab, v in zip(labels, col, strict=True) if v is not None]))
+        else:
+            parts.append("".join([f"{name}{lab}{v}\n" for lab, v in zip(labels, col, strict=True)]))
     text = "".join(parts)
     lap("format")
     return text

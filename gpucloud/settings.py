@@ -138,7 +138,7 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "gpucloud.lib.cache.RedisCache",  # one client per pool, not per call
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": env_str("CACHE_KEY_PREFIX", "gpucloud"),
         }
@@ -153,6 +153,13 @@ GATEWAY_TUNNEL_PORT = env_int("GATEWAY_TUNNEL_PORT", 8022)
 GATEWAY_HOST_KEY_PATH = Path(env_str("GATEWAY_HOST_KEY_PATH", str(VAR_DIR / "gateway_host_key")))
 GATEWAY_REPLICA = env_str("GATEWAY_REPLICA", "gw-1")
 GATEWAY_SESSION_LIMIT = env_int("GATEWAY_SESSION_LIMIT", 20)
+# Relaying between replicas (gateway/relay.py): each listens on GATEWAY_RELAY_PORT (0: any free
+# port; advertised in Redis either way) for the others, reached at GATEWAY_RELAY_HOST (empty: the
+# bind address, or this machine's address when bound to all), authenticated by GATEWAY_RELAY_SECRET
+# (empty: derived from SECRET_KEY, which replicas share).
+GATEWAY_RELAY_PORT = env_int("GATEWAY_RELAY_PORT", 8023)
+GATEWAY_RELAY_HOST = env_str("GATEWAY_RELAY_HOST", "")
+GATEWAY_RELAY_SECRET = env_str("GATEWAY_RELAY_SECRET", "")
 # Where users reach the gateway: the host and port in the `connect` hints of the API and console.
 GATEWAY_PUBLIC_HOST = env_str("GATEWAY_PUBLIC_HOST", "127.0.0.1")
 GATEWAY_PUBLIC_SSH_PORT = env_int("GATEWAY_PUBLIC_SSH_PORT", GATEWAY_SSH_PORT)
@@ -343,6 +350,9 @@ PLAN_QUOTAS: dict[str, dict[str, int]] = {
 # how long a deleted volume's data is kept before the purge removes it from its host.
 VOLUME_QUOTA_GIB: dict[str, int] = {"starter": 1024, "team": 16 * 1024, "enterprise": 256 * 1024, "default": 1024}
 VOLUME_PURGE_GRACE_S = env_int("VOLUME_PURGE_GRACE_S", 24 * 3600)
+# The largest volume (its tar) an operator can move between hosts: the control plane relays
+# the data through PostgreSQL (docs/volumes.md "Moving a volume").
+VOLUME_MOVE_MAX_BYTES = env_int("VOLUME_MOVE_MAX_BYTES", 8 * 1024**3)
 
 # Prometheus scrapes /metrics with `Authorization: Bearer <token>`. With no token /metrics is
 # served only when DEBUG (the demo); otherwise it answers 403.
@@ -362,6 +372,9 @@ SCHEDULER_LOCK = env_bool("SCHEDULER_LOCK", True)
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 5)
 HOST_DOWN_AFTER_S = env_int("HOST_DOWN_AFTER_S", 30)
 HOST_LOST_GRACE_S = env_int("HOST_LOST_GRACE_S", 120)
+# An agent whose registration answer was lost repeats it with the same bootstrap token and
+# registration nonce within this many seconds of the first and gets the same host again.
+REGISTER_RETRY_WINDOW_S = env_int("REGISTER_RETRY_WINDOW_S", 600)
 AGENT_PIDS_LIMIT = env_int("AGENT_PIDS_LIMIT", 4096)
 AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeats need 12/min
 # Long polls (POST /agent/v1/wait, agents/longpoll.py) one web process holds at once; each holds

@@ -72,7 +72,7 @@ class WorkloadEventAdmin(OperatorAdmin):
 
 @admin.register(RegionSchedulerSettings)
 class RegionSchedulerSettingsAdmin(OperatorAdmin):
-    list_display = ["region", "policy", "mode", "notice_s", "reclaim_idle_util", "reclaim_idle_s"]
+    list_display = ["region", "policy", "mode", "notice_s", "reclaim_idle_util", "reclaim_idle_s", "preempt_cap"]
     search_fields = ["region__code"]
 
 

@@ -24,7 +24,7 @@ from django.db.models import F
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import GpuModel
 from gpucloud.tenancy.models import Tenant
-from scheduler import bulk, core
+from scheduler import bulk, core, hooks
 from scheduler.choices import State
 from scheduler.core.quota import quota_applies, quota_fits
 from scheduler.models import Allocation, Workload
@@ -144,13 +144,20 @@ def apply(*, plan: core.Plan, cycle: CycleInput, now: datetime) -> ApplyResult:
         moved = workloads_transition(ids=rejects, old=State.PENDING, to=State.FAILED, now=now,
                                      reason="rejected", reasons=rejects)
         result.rejected = len(moved)
+    noticed = []
     for d in plan.decisions:
         if isinstance(d, core.Preempt):
             stop_by = now + timedelta(seconds=d.notice_s)
-            result.preempt_notices += Workload.objects.filter(
+            n = Workload.objects.filter(
                 pk=d.victim_id, stop_by__isnull=True, state__in=[State.SCHEDULED, State.STARTING, State.RUNNING]
             ).update(stop_by=stop_by, preempted_for=d.because_request_id,
                      reason=(d.reason or "preempted")[:500] + f"; stopping at {stop_by:%H:%M:%S} UTC")
+            result.preempt_notices += n
+            if n:
+                noticed.append(d.victim_id)
+    if noticed:
+        # their hosts' answers now carry the notice: a checkpointing job gets its signal
+        hooks.holding_changed(noticed)
     return result
 
 

@@ -1,8 +1,9 @@
 """Job arrays: `count` batch jobs submitted in one request, like `sbatch --array=0-(count-1)`.
 
 An array is created in one transaction: the checks a single submission makes (type,
-region, price, the quota ceiling, credit and hard-stop budgets) run once for the whole
-array, and a refusal creates nothing; then every task is one row of one bulk INSERT,
+region, price, the quota ceiling, credit and hard-stop budgets, and whether any host of
+the region could ever run a task: `409 unsatisfiable`, `scheduler.feasibility`) run once
+for the whole array, and a refusal creates nothing; then every task is one row of one bulk INSERT,
 their `submitted` events one COPY, one audit record and one cycle trigger. A task is an
 ordinary job (it queues, runs, retries and is billed as one) whose env carries
 GPUCLOUD_ARRAY_ID, GPUCLOUD_ARRAY_INDEX (0..count-1) and GPUCLOUD_ARRAY_COUNT. Tasks
@@ -25,6 +26,7 @@ from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk
 from scheduler.choices import ACTIVE, HOLDING, State, WorkloadKind
+from scheduler.feasibility import check_satisfiable
 from scheduler.models import JobArray, Workload, WorkloadEvent
 from scheduler.services import (
     WorkloadSpec,
@@ -75,6 +77,8 @@ def job_array_launch(*, tenant: Tenant, spec: WorkloadSpec, count: int, user=Non
         it, region = _resolve(spec)
         _check_quota_ceiling(tenant, it, region, spec)
         _check_admission(tenant, it, region, spec, timezone.now())
+        # 409 unsatisfiable, as a single launch: no host of the region could ever run a task
+        check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)
         now = timezone.now()
         arr = JobArray.objects.create(tenant=tenant, name=spec.name, count=count, created_by=user, created_at=now)
         template = Workload(
@@ -82,7 +86,8 @@ def job_array_launch(*, tenant: Tenant, spec: WorkloadSpec, count: int, user=Non
             command=spec.command, env={**spec.env, ENV_ARRAY_ID: str(arr.pk), ENV_ARRAY_COUNT: str(count)},
             ports=spec.ports, ssh_keys=spec.ssh_keys, billing=spec.billing, priority=spec.priority,
             queue=spec.queue, nodes=spec.nodes, max_retries=spec.max_retries, timeout_s=spec.timeout_s,
-            max_price=spec.max_price, state=State.PENDING, reason="waiting for the scheduler", created_by=user,
+            max_price=spec.max_price, **spec.checkpoint_fields(), state=State.PENDING,
+            reason="waiting for the scheduler", created_by=user,
             created_at=now, queued_at=now, updated_at=now, array=arr, array_index=0,
         )
         _insert_tasks(template, count, actor=current_actor().label[:200])

@@ -71,7 +71,7 @@ def policy_for(region_id: int) -> core.Policy:
     policy = core.get_policy(name)
     if conf:
         policy = policy.with_(notice_s=float(conf.notice_s), reclaim_idle_util=conf.reclaim_idle_util,
-                              reclaim_idle_s=float(conf.reclaim_idle_s))
+                              reclaim_idle_s=float(conf.reclaim_idle_s), preempt_cap=conf.preempt_cap)
         if conf.mode:
             policy = policy.with_(mode=conf.mode)
     return policy

@@ -98,6 +98,11 @@ class Workload(models.Model):
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     # GPU-seconds received over earlier runs (LAS order, simulator parity).
     attained_gpu_s = models.FloatField(default=0.0)
+    # Checkpoint-aware preemption (jobs): on preemption the agent sends this signal, waits the
+    # grace for the job to save its progress, then stops it; the job is requeued and resumes.
+    # Both empty: no checkpoint, stopped at the end of the notice.
+    checkpoint_signal = models.CharField(max_length=10, blank=True)
+    checkpoint_grace_s = models.PositiveIntegerField(null=True, blank=True)
     # Storage (volumes/): the mounts the agent gives its container, and the host it must run on
     # because a volume's data lives there (host affinity: the scheduler core places it there or
     # it waits). Written by the volumes app at launch and first placement; plain data here.
@@ -123,6 +128,10 @@ class Workload(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(nodes__gte=1) & Q(nodes__lte=64), name="workload_nodes_range"),
             models.CheckConstraint(condition=Q(kind=WorkloadKind.JOB) | Q(nodes=1), name="workload_instance_one_node"),
+            models.CheckConstraint(condition=Q(checkpoint_signal="", checkpoint_grace_s__isnull=True)
+                                   | (~Q(checkpoint_signal="") & Q(checkpoint_grace_s__gte=1)
+                                      & Q(checkpoint_grace_s__lte=3600) & Q(kind=WorkloadKind.JOB)),
+                                   name="workload_checkpoint"),
             models.CheckConstraint(condition=Q(array__isnull=True, array_index__isnull=True)
                                    | Q(array__isnull=False, array_index__isnull=False, kind=WorkloadKind.JOB),
                                    name="workload_array_task"),
@@ -219,6 +228,11 @@ class RegionSchedulerSettings(models.Model):
     notice_s = models.PositiveIntegerField(default=30)
     reclaim_idle_util = models.FloatField(default=0.05)
     reclaim_idle_s = models.PositiveIntegerField(default=3600)
+    # Bounded blast radius (core Policy.preempt_cap): a preemption evicts at most this multiple
+    # of what its request needs (GPU-seconds of remaining work with estimates, else GPUs).
+    preempt_cap = models.FloatField(
+        default=1.0, help_text="a preemption evicts at most this multiple of what the request needs (1: no "
+                               "more GPUs than it asks for)")
 
     class Meta:
         verbose_name = "region scheduler settings"
@@ -235,5 +249,7 @@ class RegionSchedulerSettings(models.Model):
             errors["mode"] = "static, dynamic or hybrid (or empty for the policy's own)."
         if not 0 <= self.reclaim_idle_util <= 1:
             errors["reclaim_idle_util"] = "A utilisation between 0 and 1."
+        if not 1 <= self.preempt_cap <= 1000:
+            errors["preempt_cap"] = "A multiple between 1 and 1000 of what the request needs."
         if errors:
             raise ValidationError(errors)

@@ -7,6 +7,7 @@ the workload's allocations in the same transaction.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
@@ -17,12 +18,13 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from agents.models import Gpu, Host
-from gpucloud.catalogue.models import InstanceType, Price, Quota, Region
+from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Quota, Region
+from gpucloud.lib.db import model_columns, model_from_row
 from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError, PaymentRequired
 from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
@@ -61,6 +63,15 @@ class WorkloadSpec:
     auto_stop_idle_minutes: int | None = None  # instances only: stop after this long with idle GPUs
     # [{"volume": id, "mount_path": "/workspace"}]: attached by the volumes app (workload_launching)
     volumes: list[dict[str, Any]] = field(default_factory=list)
+    # jobs only: {"signal": "SIGUSR1", "grace_s": 60}, sent before a preemption stops it
+    checkpoint: dict[str, Any] | None = None
+
+    def checkpoint_fields(self) -> dict[str, Any]:
+        """The Workload columns of ``checkpoint``."""
+        cp = self.checkpoint
+        if not cp:
+            return {"checkpoint_signal": "", "checkpoint_grace_s": None}
+        return {"checkpoint_signal": cp["signal"], "checkpoint_grace_s": cp["grace_s"]}
 
 
 def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
@@ -69,18 +80,33 @@ def _resolve(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
 
     One query when all is well (the price in force, joined to both); the precise refusals
     below only when it finds nothing."""
-    price = (Price.objects.filter(instance_type__code=spec.instance_type, instance_type__active=True,
-                                  region__code=spec.region, region__active=True, kind=spec.billing,
-                                  effective_from__lte=timezone.now())
-             .select_related("instance_type__gpu_model", "region").order_by("-effective_from").first())
-    if price is not None:
-        it, region = price.instance_type, price.region
+    with connection.cursor() as cur:  # the ORM's query cost more CPU to build than to run
+        cur.execute(_resolve_sql(), [spec.instance_type, spec.region, spec.billing, timezone.now()])
+        row = cur.fetchone()
+    if row is not None:
+        price, at = model_from_row(Price, row)
+        it, at = model_from_row(InstanceType, row, at)
+        it.gpu_model, at = model_from_row(GpuModel, row, at)
+        region, _ = model_from_row(Region, row, at)
         it.price_now = price.per_hour
     else:
         it, region = _resolve_refusal(spec)
     if it.gpu_share_milli < 1000 and spec.nodes > 1:
         raise InvalidInput("A fractional GPU type runs on one node.", fields={"nodes": ["Must be 1."]})
     return it, region
+
+
+@functools.cache
+def _resolve_sql() -> str:
+    """The price in force of a type (with its GPU model) in a region at a billing kind,
+    both active; the newest first. As the ORM would write it, once."""
+    p, it, gm, r = (m._meta.db_table for m in (Price, InstanceType, GpuModel, Region))
+    return (f'SELECT {model_columns(Price, "p")}, {model_columns(InstanceType, "it")}, '
+            f'{model_columns(GpuModel, "gm")}, {model_columns(Region, "r")} '
+            f'FROM "{p}" p JOIN "{it}" it ON it."id" = p."instance_type_id" '
+            f'JOIN "{gm}" gm ON gm."id" = it."gpu_model_id" JOIN "{r}" r ON r."id" = p."region_id" '
+            f'WHERE it."code" = %s AND it."active" AND r."code" = %s AND r."active" AND p."kind" = %s '
+            f'AND p."effective_from" <= %s ORDER BY p."effective_from" DESC LIMIT 1')
 
 
 def _resolve_refusal(spec: WorkloadSpec) -> tuple[InstanceType, Region]:
@@ -116,8 +142,10 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
     need = it.gpu_milli_total * spec.nodes
     # Only the limits are read (not the usage the snapshot's tenant views count): a request
     # larger than a limit never fits, whatever runs now. The rules are the core's.
-    rules = [QuotaRule(max_gpus=max_gpus, gpu_model=model, region=quota_region) for model, quota_region, max_gpus
-             in Quota.objects.filter(tenant_id=tenant.pk).values_list("gpu_model__code", "region__code", "max_gpus")]
+    with connection.cursor() as cur:  # the ORM's query cost more CPU to build than to run
+        cur.execute(_quota_limits_sql(), [tenant.pk])
+        rules = [QuotaRule(max_gpus=max_gpus, gpu_model=model, region=quota_region)
+                 for model, quota_region, max_gpus in cur.fetchall()]
     if not any(r.gpu_model is None and r.region is None for r in rules):
         rules.append(QuotaRule(max_gpus=settings.PLAN_QUOTAS.get(tenant.plan, {}).get("max_gpus")))
     for q in rules:
@@ -131,6 +159,14 @@ def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec:
             )
 
 
+@functools.cache
+def _quota_limits_sql() -> str:
+    """A tenant's quota rows: (GPU model code or NULL, region code or NULL, max GPUs)."""
+    q, gm, r = (m._meta.db_table for m in (Quota, GpuModel, Region))
+    return (f'SELECT gm."code", r."code", q."max_gpus" FROM "{q}" q LEFT JOIN "{gm}" gm ON gm."id" = q."gpu_model_id" '
+            f'LEFT JOIN "{r}" r ON r."id" = q."region_id" WHERE q."tenant_id" = %s')
+
+
 # The words for billing's admission facts (`Tenant.launch_blocked_reason`, kept by billing).
 LAUNCH_BLOCKED = {
     "insufficient_credit": ("Your balance is used up: add credit to launch. Running on-demand work stops after "
@@ -140,11 +176,18 @@ LAUNCH_BLOCKED = {
 }
 
 
-def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec, now: datetime) -> None:
+def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec, now: datetime,
+                     tenant_fresh: bool = False) -> None:
     """Raise 402 when billing says nothing new may launch (no credit left, a hard-stop budget
-    spent: the flag the scheduler reads too), and refuse a spot max price below the spot price."""
-    blocked, reason = Tenant.objects.filter(pk=tenant.pk).values_list(
-        "launch_blocked", "launch_blocked_reason").get()
+    spent: the flag the scheduler reads too), and refuse a spot max price below the spot price.
+
+    `tenant_fresh`: `tenant` was read moments ago (by the API request's authentication), so its
+    flag is as fresh as a read here would be; otherwise the flag is read now."""
+    if tenant_fresh:
+        blocked, reason = tenant.launch_blocked, tenant.launch_blocked_reason
+    else:
+        blocked, reason = Tenant.objects.filter(pk=tenant.pk).values_list(
+            "launch_blocked", "launch_blocked_reason").get()
     if blocked:
         raise PaymentRequired(LAUNCH_BLOCKED.get(reason, "Billing stops new launches."), code=reason or None)
     if spec.max_price is not None and spec.billing == Billing.SPOT:
@@ -159,11 +202,13 @@ def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: Wor
 
 
 @transaction.atomic
-def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workload:
-    """Queue an instance or a batch job. It waits PENDING until the scheduler places it."""
+def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None, tenant_fresh: bool = False) -> Workload:
+    """Queue an instance or a batch job. It waits PENDING until the scheduler places it.
+
+    `tenant_fresh`: `tenant` was read in this request (see `_check_admission`)."""
     it, region = _resolve(spec)
     _check_quota_ceiling(tenant, it, region, spec)
-    _check_admission(tenant, it, region, spec, timezone.now())
+    _check_admission(tenant, it, region, spec, timezone.now(), tenant_fresh=tenant_fresh)
     check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)  # 409: no host could ever run it
     now = timezone.now()
     workload = Workload.objects.create(
@@ -171,7 +216,7 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None) -> Workloa
         image=spec.image, command=spec.command, env=spec.env, ports=spec.ports, ssh_keys=spec.ssh_keys,
         billing=spec.billing, priority=spec.priority, queue=spec.queue, nodes=spec.nodes,
         max_retries=spec.max_retries, timeout_s=spec.timeout_s, max_price=spec.max_price, state=State.PENDING,
-        auto_stop_idle_minutes=spec.auto_stop_idle_minutes,
+        auto_stop_idle_minutes=spec.auto_stop_idle_minutes, **spec.checkpoint_fields(),
         reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
     )
     event = _record(workload, "", State.PENDING, "submitted", now)
@@ -390,9 +435,18 @@ def workload_requeue_or_end(*, workload: Workload, ended: str, reason: str) -> W
 
     Preemption and host loss do not spend a job's retries (it was not the job's
     fault); a failure does. Instances stay ended: a rental restarted elsewhere would
-    surprise its owner.
+    surprise its owner. A job's run adds to its attained service (GPU-seconds), which it
+    keeps in the queue (least-attained-service order, time-slicing; a checkpointing job
+    resumes with it).
     """
-    if not workload_transition(workload=workload, to=ended, reason=reason):
+    now = timezone.now()
+    extra: dict[str, Any] = {}
+    if workload.kind == WorkloadKind.JOB and workload.started_at is not None:
+        it = workload.instance_type
+        ran = max(0.0, (now - workload.started_at).total_seconds())
+        extra["attained_gpu_s"] = workload.attained_gpu_s + it.gpu_count * it.gpu_share_milli / 1000 \
+            * workload.nodes * ran
+    if not workload_transition(workload=workload, to=ended, reason=reason, now=now, **extra):
         return workload
     if workload.kind != WorkloadKind.JOB:
         return workload

@@ -127,7 +127,8 @@ _ALLOCATIONS_SQL = """
 SELECT a.workload_id::text, a.host_id::text, array_agg(a.gpu_id ORDER BY a.gpu_id), max(a.milli), max(a.vcpus),
        max(a.memory_mib), w.tenant_id::text, w.priority, w.billing, w.kind,
        EXTRACT(EPOCH FROM w.started_at)::float8, EXTRACT(EPOCH FROM min(a.created_at))::float8, w.timeout_s,
-       EXTRACT(EPOCH FROM w.stop_by)::float8, w.preempted_for::text, m.code, w.pinned_host_id IS NOT NULL
+       EXTRACT(EPOCH FROM w.stop_by)::float8, w.preempted_for::text, m.code, w.pinned_host_id IS NOT NULL,
+       w.checkpoint_grace_s, w.attained_gpu_s
 FROM {allocation} a
 JOIN {host} h ON h.id = a.host_id
 JOIN {workload} w ON w.id = a.workload_id
@@ -169,7 +170,8 @@ def _allocation_rows_orm(region_id: int):
                       "workload__tenant_id", "workload__priority", "workload__billing",
                       "workload__kind", "started_s", "created_s",
                       "workload__timeout_s", "stop_by_s", "workload__preempted_for",
-                      "workload__instance_type__gpu_model__code", "pinned")
+                      "workload__instance_type__gpu_model__code", "pinned",
+                      "workload__checkpoint_grace_s", "workload__attained_gpu_s")
         .order_by("workload_id", "host_id", "gpu_id")
     )
 
@@ -177,7 +179,7 @@ def _allocation_rows_orm(region_id: int):
 def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
     grouped: dict[object, dict] = {}
     for (wid, host, gpus, milli, vcpus, mem, tenant, prio, billing, kind, started, placed,
-         timeout, stop_by, preempted_for, model, pinned) in _allocation_rows(region_id):
+         timeout, stop_by, preempted_for, model, pinned, grace, attained) in _allocation_rows(region_id):
         entry = grouped.get(wid)
         if entry is None:
             # Not started yet (SCHEDULED, STARTING): it holds its GPUs since it was placed, which
@@ -189,7 +191,7 @@ def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
                 "started": begun, "end": begun + timeout if timeout else None,
                 "stop_by": stop_by, "for": str(preempted_for) if preempted_for else None,
                 "model": model, "hosts": defaultdict(list), "milli": milli, "vcpus": 0, "mem": 0,
-                "pinned": bool(pinned),
+                "pinned": bool(pinned), "grace": grace, "attained": attained or 0.0,
             }
         entry["hosts"][str(host)].extend(gpus)
         entry["vcpus"] = max(entry["vcpus"], vcpus)
@@ -203,7 +205,8 @@ def _allocations(region_id: int) -> tuple[core.Allocation, ...]:
             expected_end=e["end"], restartable=e["kind"] == WorkloadKind.JOB,
             vcpus=e["vcpus"], memory_mib=e["mem"],
             preempting=e["stop_by"] is not None, preempting_for=e["for"], stop_by=e["stop_by"],
-            pinned=e["pinned"],
+            pinned=e["pinned"], checkpointable=e["grace"] is not None,
+            grace_s=float(e["grace"] or 0), attained_service=e["attained"],
         )
         for wid, e in grouped.items()
     )
@@ -217,11 +220,11 @@ def _queue(region_id: int, code: str):
                      "timeout_s", "attained_gpu_s", "reason", "queue_position", "instance_type__gpu_count",
                      "instance_type__gpu_share_milli", "instance_type__vcpus",
                      "instance_type__memory_gib", "instance_type__gpu_model__code", "pinned_host_id",
-                     "pinned_host__name", "pinned_because")
+                     "pinned_host__name", "pinned_because", "checkpoint_grace_s")
     )
     queue, reasons, models = [], {}, {}
     for (wid, tenant, kind, prio, billing, nodes, queued, timeout, attained, reason, position, count,
-         share, vcpus, mem_gib, model, pinned_host, pinned_host_name, pinned_because) in rows:
+         share, vcpus, mem_gib, model, pinned_host, pinned_host_name, pinned_because, grace) in rows:
         rid = str(wid)
         fractional = share < 1000
         queue.append(core.PlacementRequest(
@@ -230,7 +233,7 @@ def _queue(region_id: int, code: str):
             vcpus=vcpus, memory_mib=mem_gib * 1024, region=code, kind=kind,
             priority=prio, billing=billing, submitted_at=float(queued),
             expected_duration=float(timeout) if timeout else None, attained_service=attained,
-            restartable=kind == WorkloadKind.JOB,
+            restartable=kind == WorkloadKind.JOB, checkpointable=grace is not None,
             pinned_host=str(pinned_host) if pinned_host else None, pinned_host_name=pinned_host_name or "",
             pinned_because=pinned_because,
         ))

@@ -3,9 +3,10 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from django.core.cache import cache
+from django.core.cache import cache, caches
 
 from gpucloud.catalogue.models import Region
+from gpucloud.lib.cache import RedisCache
 from scheduler.autostop import instances_idle_stop
 from scheduler.choices import HOLDING, State
 from scheduler.cycle import run_cycle
@@ -42,13 +43,21 @@ def trigger_cycle(region_id: int) -> None:
     it ends (`schedule_cycle_task`), so no trigger is lost to the debounce, the beat tick's
     included, and a burst still costs one cycle at a time.
     """
-    key = _generation_key(region_id)
-    cache.add(key, 0, timeout=None)
-    try:
-        cache.incr(key)
-    except ValueError:  # evicted between the two calls: it counts from here
-        cache.add(key, 1, timeout=None)
-    if cache.add(_trigger_key(region_id), 1, timeout=_DEBOUNCE_S):
+    redis_cache = caches["default"]
+    if isinstance(redis_cache, RedisCache):  # one round trip: both commands as Django's cache writes them
+        pipe = redis_cache._cache.get_client(write=True).pipeline(transaction=False)
+        pipe.incr(redis_cache.make_and_validate_key(_generation_key(region_id)))  # from 0 when missing
+        pipe.set(redis_cache.make_and_validate_key(_trigger_key(region_id)), 1, nx=True, ex=_DEBOUNCE_S)
+        first = pipe.execute()[1]
+    else:
+        key = _generation_key(region_id)
+        cache.add(key, 0, timeout=None)
+        try:
+            cache.incr(key)
+        except ValueError:  # evicted between the two calls: it counts from here
+            cache.add(key, 1, timeout=None)
+        first = cache.add(_trigger_key(region_id), 1, timeout=_DEBOUNCE_S)
+    if first:
         schedule_cycle_task.delay(region_id)
 
 

@@ -87,3 +87,67 @@ def test_create_bootstrap_token_refuses_bad_input(args):
     with pytest.raises(CommandError):
         call_command("create_bootstrap_token", *args, stdout=io.StringIO())
     assert not BootstrapToken.objects.exists()
+
+
+def test_the_demo_runs_containers_in_docker_when_an_engine_answers_else_simulated(monkeypatch):
+    import docker
+
+    from agents.host.config import parse_args
+    from frontend.management.commands import demo
+
+    runtime, image, about = demo.choose_runtime("auto")  # an engine answers here (.ci/run starts one)
+    assert runtime == "docker" and about.startswith("docker (engine ") and image in about
+    client = docker.from_env()
+    assert client.images.get(image).tags == [image]  # the busybox stand-in, built locally
+    client.close()
+    call_command("seed_catalog", stdout=io.StringIO())
+    hosts = demo._sim_hosts(8000, runtime, image)
+    assert len(hosts) == len(demo.SIM_HOSTS)
+    for (_, argv, env), (host, *_) in zip(hosts, demo.SIM_HOSTS, strict=True):
+        cfg = parse_args(argv[3:], environ=env)  # what the agent will run with
+        assert (cfg.gpu_backend, cfg.runtime, cfg.docker_image_fallback) == ("sim", "docker", image)
+        assert cfg.docker_scope == f"demo-{host}"  # one engine, each agent only its own containers
+
+    assert demo.choose_runtime("sim")[0] == "sim"
+
+    def no_busybox(client):
+        raise FileNotFoundError("/bin/busybox is missing: apt-get install busybox-static")
+
+    with monkeypatch.context() as m:  # an engine, but no busybox to build the stand-in from
+        m.setattr("agents.host.standin.busybox_image", no_busybox)
+        runtime, image, about = demo.choose_runtime("auto")
+        assert (runtime, image) == ("sim", "") and "the Docker engine answered, but the stand-in image" in about
+        assert "apt-get install busybox-static" in about
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:9")  # nothing listens: no engine answers
+    runtime, image, about = demo.choose_runtime("auto")
+    assert (runtime, image) == ("sim", "") and about.startswith("simulated: no Docker engine answered")
+    assert all("sim" == parse_args(argv[3:], environ=env).runtime for _, argv, env in demo._sim_hosts(8000))
+    with pytest.raises(CommandError, match="GPUCLOUD_DEMO_RUNTIME=docker"):
+        demo.choose_runtime("docker")
+    with pytest.raises(CommandError, match="must be one of"):
+        demo.choose_runtime("podman")
+
+
+def test_the_demo_prints_its_logins_once(monkeypatch):
+    from frontend.management.commands import demo
+
+    printed: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def started(*args, **kwargs):  # the first child process: stop here, all that was printed
+        raise Stop
+
+    monkeypatch.setattr(demo.Supervisor, "start", started)
+    monkeypatch.setenv("GPUCLOUD_DEMO_RUNTIME", "sim")
+    out = io.StringIO()
+    with pytest.raises(Stop):
+        call_command("demo", "--port", "8000", stdout=out)
+    printed = out.getvalue().splitlines()
+    assert "demo: runtime simulated (GPUCLOUD_DEMO_RUNTIME=sim): containers are simulated, nothing runs" in printed
+    assert not [line for line in printed if "login" in line]  # not before the URL
+
+    out = io.StringIO()
+    call_command("demo", "--setup-only", stdout=out)
+    assert sum("demo login:" in line for line in out.getvalue().splitlines()) == 1

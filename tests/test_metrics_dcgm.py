@@ -135,3 +135,86 @@ def test_cycles_record_phases_placements_and_queue_waits(alice, catalog, client)
     pending = {s.labels["priority"]: s.value for s in fams["gpucloud_queue_pending"]}
     assert pending == {"low": 1.0}
     assert [s.labels["priority"] for s in fams["gpucloud_queue_oldest_wait_seconds"]] == ["low"]
+
+
+def reference_dcgm_text() -> str:
+    """The DCGM text as the per-GPU formatting before the bulk one wrote it (ORM rows, one
+    escape per label value, Python's repr for every number): the exposition must not change."""
+    from scheduler.models import Allocation
+
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+    owners: dict[str, list] = {}
+    for a in Allocation.objects.filter(active=True).values("gpu_id", "workload_id", "workload__tenant__slug"):
+        owners.setdefault(a["gpu_id"], []).append(a)
+    lines: dict[str, list[str]] = {name: [] for name, _, _ in metrics._DCGM}
+    for g in Gpu.objects.filter(sampled_at__isnull=False).select_related("host", "gpu_model").order_by("uuid"):
+        own = owners.get(g.uuid, [])
+        tenants = ",".join(sorted({a["workload__tenant__slug"] for a in own}))
+        workloads = ",".join(sorted(str(a["workload_id"]) for a in own))
+        lab = (f'{{gpu="{g.index}",UUID="{esc(g.uuid)}",device="nvidia{g.index}",modelName="{esc(g.gpu_model.name)}",'
+               f'Hostname="{esc(g.host.name)}",tenant="{tenants}",workload="{workloads}"}} ')
+        xid = metrics._XID.match(g.unhealthy_reason) if g.unhealthy_reason else None
+        values = (round(g.utilisation * 100, 3), g.memory_used_mib, max(0, g.memory_mib - g.memory_used_mib),
+                  g.temperature_c, g.power_w, int(xid.group(1)) if xid else 0, g.ecc_uncorrected or 0)
+        for (name, _, _), v in zip(metrics._DCGM, values, strict=True):
+            if v is not None:
+                lines[name].append(f"{name}{lab}{repr(v)}\n")
+    return "".join(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n" + "".join(sorted(lines[name]))
+                   for name, doc, kind in metrics._DCGM)
+
+
+def sorted_blocks(text: str) -> str:
+    """Each family's sample lines in a stable order (the query's row order is not specified)."""
+    out, block = [], []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("#"):
+            out.extend(sorted(block))
+            block = []
+            out.append(line)
+        else:
+            block.append(line)
+    return "".join(out + sorted(block))
+
+
+def test_the_text_is_the_per_gpu_formatting_s_to_the_byte(catalog, alice):
+    """Awkward values on a small fleet: names to escape, a GPU shared by two workloads of two
+    tenants (and by two of one), integral and huge floats, no temperature, an XID, ECC counts,
+    memory over the total, a GPU never measured."""
+    from gpucloud.tenancy.models import Tenant
+    from scheduler.models import Allocation, Workload
+    from tests.conftest import make_actor
+
+    a, b = make_hosts(n=2, gpus=4)
+    Host.objects.filter(pk=a.pk).update(name='odd "host"\\with\nnewline')
+    other = make_actor("carol@other.test", tenant_name="Zeta-9").tenant
+    now = timezone.now()
+    values = [(0.875, 40000, 71.0, 512.5, "", 0), (1.0, 90000, None, 1e16, "XID 79: fell off the bus", 2),
+              (0.1234567, 0, 33.3, 1e15, "XID 013 graphics", None), (0.0, 512, 0.1 + 0.2, 70.0, "hot", 7),
+              (0.3333333333, 1, -0.0, 123456.789, "", None), (0.5, 2, 45.25, None, "", 1),
+              (0.25, 3, 1e-05, 2.5e-07, "", 0)]
+    gpus = list(Gpu.objects.order_by("uuid"))
+    for g, (util, used, temp, power, why, ecc) in zip(gpus, values, strict=False):
+        Gpu.objects.filter(pk=g.pk).update(sampled_at=now, utilisation=util, memory_used_mib=used,
+                                           temperature_c=temp, power_w=power, unhealthy_reason=why,
+                                           ecc_uncorrected=ecc)
+    from gpucloud.catalogue.models import InstanceType
+
+    it = InstanceType.objects.get(code="h100.1x")
+
+    def hold(tenant: Tenant, gpu: Gpu, milli: int) -> None:
+        w = Workload.objects.create(tenant=tenant, kind="instance", name="w", instance_type=it,
+                                    region=a.region, image="busybox", command=["true"])
+        Allocation.objects.create(gpu=gpu, host=gpu.host, workload=w, milli=milli)
+
+    hold(alice.tenant, gpus[0], 1000)
+    for tenant in (other, alice.tenant, alice.tenant):
+        hold(tenant, gpus[1], 250)
+    hold(other, gpus[2], 500)
+    text = metrics.dcgm_text()
+    assert sorted_blocks(text) == reference_dcgm_text()
+    assert 'Hostname="odd \\"host\\"\\\\with\\nnewline"' in text
+    assert f'tenant="{alice.tenant.slug},{other.slug}"' in text or f'tenant="{other.slug},{alice.tenant.slug}"' in text
+    assert text.count("DCGM_FI_DEV_GPU_UTIL{") == len(values)  # the eighth GPU was never measured
+    assert " 1e+16\n" in text and " 1000000000000000.0\n" in text and " 0.30000000000000004\n" in text

@@ -131,3 +131,57 @@ class VolumeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+
+class VolumeMove(models.Model):
+    """An operator's move of a detached volume's data from `source` to `target`, relayed by
+    the control plane (hosts accept no inbound connections): the source's agent uploads a tar
+    of the volume in chunks (`VolumeMoveChunk`), the target's agent downloads them, checks the
+    size and SHA-256 and unpacks them. The volume's `host` changes only when the target
+    reported the same size and checksum the source sent (`done`); then the source's copy is
+    removed. A failure leaves the volume where it was, usable (docs/volumes.md)."""
+
+    COPYING, SENT, DONE, FAILED = "copying", "sent", "done", "failed"
+    STATES = [(COPYING, "copying: the source sends"), (SENT, "sent: the target receives"),
+              (DONE, "done"), (FAILED, "failed")]
+    OPEN = (COPYING, SENT)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    volume = models.ForeignKey(Volume, on_delete=models.CASCADE, related_name="moves")
+    source = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="+")
+    target = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="+")
+    state = models.CharField(max_length=16, choices=STATES, default=COPYING)
+    size_bytes = models.PositiveBigIntegerField(null=True, blank=True)  # of the tar the source sent
+    sha256 = models.CharField(max_length=64, blank=True, default="")
+    chunks = models.PositiveIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True, default="")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # the source's agent removed its copy (it reported its volumes without it)
+    source_removed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["volume"], condition=Q(state__in=["copying", "sent"]),
+                                    name="volume_move_one_open"),
+        ]
+
+    def __str__(self) -> str:
+        return f"move of {self.volume_id} to {self.target_id}: {self.state}"
+
+
+class VolumeMoveChunk(models.Model):
+    """One piece of a move's tar stream, held until the move ends (then deleted)."""
+
+    move = models.ForeignKey(VolumeMove, on_delete=models.CASCADE, related_name="chunk_rows")
+    seq = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["move", "seq"], name="volume_move_chunk_once")]
+
+    def __str__(self) -> str:
+        return f"chunk {self.seq} of {self.move_id}"

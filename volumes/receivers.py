@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from django.dispatch import receiver
 
-from agents.signals import volumes_reported, volumes_to_remove
+from agents.signals import volume_moves_for, volumes_reported, volumes_to_remove
 from scheduler.signals import workload_launching, workload_starting, workloads_placed
-from volumes import services
+from volumes import moves, services
 
 
 @receiver(workload_launching)
@@ -27,8 +27,14 @@ def _check_start(sender, *, workload, **kwargs) -> None:
 def _usage(sender, *, host, usage, **kwargs) -> None:
     services.record_usage(host_id=host.pk, usage=usage)
     services.removed_from_host(host_id=host.pk, present=set(usage))
+    moves.source_reported(host_id=host.pk, present=set(usage))
 
 
 @receiver(volumes_to_remove)
 def _to_remove(sender, *, host, **kwargs) -> list[str]:
-    return services.purged_on_host(host_id=host.pk)
+    return services.purged_on_host(host_id=host.pk) + moves.moved_away(host_id=host.pk)
+
+
+@receiver(volume_moves_for)
+def _moves(sender, *, host, **kwargs) -> list:
+    return moves.orders_for(host=host)

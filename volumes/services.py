@@ -116,6 +116,11 @@ def volume_delete(*, volume: Volume) -> None:
     if att is not None:
         raise Conflict(f"Volume {volume.name!r} is attached to {_attached_words(att)}; stop it first.",
                        code="volume_attached")
+    from volumes.moves import open_move
+
+    if open_move(volume.pk) is not None:
+        raise Conflict(f"Volume {volume.name!r} is being moved to another host; delete it when the move is done.",
+                       code="volume_moving")
     Volume.objects.filter(pk=volume.pk).update(deleted_at=timezone.now())
     audit_record(tenant=volume.tenant, action="volume.delete", obj=volume, object_repr=volume.name,
                  data={"purge_after_s": settings.VOLUME_PURGE_GRACE_S})
@@ -138,14 +143,17 @@ def attach_for_launch(*, workload: Workload, volumes: list[dict[str, Any]]) -> N
     if len(hosts) > 1:
         raise Conflict("These volumes live on different hosts; one workload cannot use them all.",
                        code="unsatisfiable")
+    from volumes.moves import refuse_if_moving
+
     for v in found.values():
+        refuse_if_moving(v)
         if v.region_id != workload.region_id:
-            raise Conflict(f"Volume {v.name!r} is in {v.region.code}, not in {workload.region.code}.",
-                           code="unsatisfiable")
+            msg = f"Volume {v.name!r} is in {v.region.code}, not in {workload.region.code}."
+            raise Conflict(msg, code="unsatisfiable", fields={"volumes": [msg]})
         att = active_attachment(v)
         if att is not None and att.workload_id != workload.pk:
-            raise Conflict(f"Volume {v.name!r} is attached to {_attached_words(att)}: one writer at a time.",
-                           code="volume_attached")
+            msg = f"Volume {v.name!r} is attached to {_attached_words(att)}: one writer at a time."
+            raise Conflict(msg, code="volume_attached", fields={"volumes": [msg]})
     mounts = []
     for spec in volumes:
         v = found[spec["volume"]]
@@ -171,6 +179,9 @@ def check_start(*, workload: Workload) -> None:
         v = Volume.objects.select_for_update().get(pk=att.volume_id)
         if v.deleted_at is not None:
             raise Conflict(f"Volume {v.name!r} was deleted.", code="volume_deleted")
+        from volumes.moves import refuse_if_moving
+
+        refuse_if_moving(v)
         other = active_attachment(v)
         if other is not None and other.workload_id != workload.pk:
             raise Conflict(f"Volume {v.name!r} is attached to {_attached_words(other)}: one writer at a time.",

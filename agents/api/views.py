@@ -43,7 +43,7 @@ from agents.protocol import (
 )
 from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
 from agents.services import host_heartbeat, host_register
-from agents.signals import removals
+from agents.signals import move_orders, removals
 from gpucloud.api.parsers import AgentJSONParser
 from gpucloud.api.throttling import AtomicRateThrottle
 from gpucloud.lib import promstore
@@ -184,6 +184,7 @@ class HostHeartbeatApi(_AgentApi):
             logs_requests=host_logs_requests(host=host),
             desired_version=answer_version if claim is not None and longpoll.enabled() else None,
             remove_volumes=removals(host=host),
+            volume_moves=move_orders(host=host),
         ).to_dict()
         if claim is not None and (claim.digest or claim.token_hash):
             if not outcome.applied or outcome.unknown_gpus:

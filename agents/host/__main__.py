@@ -74,6 +74,7 @@ def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None
             pids_limit=cfg.docker_pids_limit,
             nofile=nofile_within_host(cfg.docker_nofile),
             disk_gib=cfg.docker_disk_gib,
+            image_fallback=cfg.docker_image_fallback,
         )
         if cfg.docker_egress_block:
             why = EgressRules().install()

@@ -12,6 +12,7 @@ from agents.protocol import (
     HEARTBEAT_PATH,
     PROTOCOL_VERSION,
     REGISTER_PATH,
+    VOLUME_MOVES_PATH,
     WAIT_PATH,
     Heartbeat,
     HeartbeatResponse,
@@ -103,6 +104,48 @@ class ControlPlaneClient:
             return WaitResponse.from_dict(data)
         except ProtocolError as e:
             raise Unreachable(f"{WAIT_PATH}: bad reply: {e}") from None
+
+
+class MoveClient:
+    """The data of a volume move, relayed by the control plane (docs/volumes.md)."""
+
+    def __init__(self, server: str, token: str, move_id: str, *, timeout_s: float = 60.0) -> None:
+        self.base = f"{server.rstrip('/')}{VOLUME_MOVES_PATH}/{move_id}"
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, data: bytes | None, content_type: str) -> bytes:
+        headers = {"User-Agent": USER_AGENT, "Authorization": f"Bearer {self.token}",
+                   "X-Gpucloud-Protocol": str(PROTOCOL_VERSION)}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        req = urllib.request.Request(self.base + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return bytes(resp.read())
+        except urllib.error.HTTPError as e:
+            detail = _error_text(e)
+            if e.code in (401, 403):
+                raise Unauthorized(f"{path}: HTTP {e.code} {detail}") from None
+            if e.code == 429 or e.code >= 500:
+                raise Unreachable(f"{path}: HTTP {e.code} {detail}") from None
+            raise Rejected(f"{path}: HTTP {e.code} {detail}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise Unreachable(f"{path}: {e}") from None
+
+    def put_chunk(self, seq: int, data: bytes) -> None:
+        self._call("PUT", f"/chunks/{seq}", data, "application/octet-stream")
+
+    def get_chunk(self, seq: int) -> bytes:
+        return self._call("GET", f"/chunks/{seq}", None, "")
+
+    def report(self, what: str, body: dict[str, Any]) -> str:
+        """POST sent|received|failed; returns the move's state after it."""
+        raw = self._call("POST", f"/{what}", json.dumps(body).encode(), "application/json")
+        try:
+            return str(json.loads(raw).get("state", ""))
+        except (ValueError, AttributeError):
+            raise Unreachable(f"/{what}: reply is not JSON") from None
 
 
 def _error_text(e: urllib.error.HTTPError) -> str:

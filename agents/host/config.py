@@ -44,6 +44,9 @@ class AgentConfig:
     docker_disk_gib: int = 100  # writable-layer size where the storage driver can; 0 = none
     # iptables: tenant bridges reach neither this host's addresses nor 169.254.0.0/16.
     docker_egress_block: bool = True
+    # An image on this host to run in place of a requested image the engine lacks, saying so
+    # in the container's log (the demo: no registry needed); "": pull as usual.
+    docker_image_fallback: str = ""
     sim_gpus: int = 8
     sim_model: str = "H100"
     sim_seed: int = 0
@@ -182,6 +185,11 @@ def parse_args(
         type=_flag_bool,
         metavar="BOOL",
         help="block tenant traffic to this host and 169.254.0.0/16 with iptables (true)",
+    )
+    p.add_argument(
+        "--docker-image-fallback",
+        metavar="IMAGE",
+        help="run this local image, saying so, where a requested one is not on the host (none)",
     )
     p.add_argument("--sim-gpus", type=int)
     p.add_argument("--sim-model")

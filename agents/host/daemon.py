@@ -6,7 +6,8 @@ One iteration::
     sample   backend.sample()                     ([] if the backend fails)
     report   POST /agent/v1/heartbeat             (observed + remembered exits + missing)
     decide   reconcile(desired, observed)         (pure; see reconcile.py)
-    act      Stop / Remove / Start                (each failure logged, never fatal)
+             + checkpoint_actions(...)            (a job under notice: signal, grace, stop)
+    act      Stop / Remove / Start / Signal       (each failure logged, never fatal)
 
 Failure policy: the control plane unreachable (refused, timeout, 5xx, 429) -> containers
 keep running untouched and the agent retries after ``backoff(attempt)``. 401/403 on a
@@ -19,9 +20,11 @@ containers are left running (the agent may be restarted or upgraded under them).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -32,14 +35,32 @@ from agents.host import __version__
 from agents.host.client import (
     ControlPlaneClient,
     ControlPlaneError,
+    MoveClient,
     Rejected,
     Unauthorized,
 )
 from agents.host.config import AgentConfig
 from agents.host.gpu import GpuBackend
-from agents.host.reconcile import Action, Remove, ReportExit, Start, Stop, reconcile
+from agents.host.reconcile import (
+    Action,
+    Remove,
+    ReportExit,
+    Signal,
+    Start,
+    Stop,
+    checkpoint_actions,
+    checkpoint_due_in,
+    reconcile,
+)
 from agents.host.runtime import Runtime
-from agents.host.state import HostState, clear_state, load_state, save_state
+from agents.host.state import (
+    HostState,
+    clear_registration_nonce,
+    clear_state,
+    load_state,
+    registration_nonce,
+    save_state,
+)
 from agents.protocol import (
     FINAL_TAIL_LINES,
     HEARTBEAT_LOGS_MAX_BYTES,
@@ -53,6 +74,7 @@ from agents.protocol import (
     ObservedContainer,
     RegisterRequest,
     RegisterResponse,
+    VolumeMoveOrder,
     VolumeUsage,
     WaitRequest,
     clip_log,
@@ -64,6 +86,62 @@ logger = logging.getLogger(__name__)
 # How often the agent measures its volumes' usage for the control plane (docs/volumes.md):
 # measuring walks their files (`docker system df`), so not every heartbeat.
 VOLUME_USAGE_EVERY_S = 60.0
+# A volume move's data goes up in pieces of this size (the control plane's limit per request).
+MOVE_CHUNK_BYTES = 1024 * 1024
+
+
+def send_volume(runtime: object, client: MoveClient, volume: str) -> None:
+    """The source: a tar of the volume, up in CHUNK_BYTES pieces, then its size and SHA-256."""
+    export: Callable[[str], Iterable[bytes]] | None = getattr(runtime, "volume_export", None)
+    if export is None:
+        raise RuntimeError(f"the {getattr(runtime, 'name', '?')} runtime cannot move volumes")
+    digest, size, seq, buf = hashlib.sha256(), 0, 0, bytearray()
+    for piece in export(volume):
+        buf += piece
+        while len(buf) >= MOVE_CHUNK_BYTES:
+            chunk = bytes(buf[:MOVE_CHUNK_BYTES])
+            del buf[:MOVE_CHUNK_BYTES]
+            client.put_chunk(seq, chunk)
+            digest.update(chunk)
+            size, seq = size + len(chunk), seq + 1
+    if buf or seq == 0:
+        client.put_chunk(seq, bytes(buf))
+        digest.update(buf)
+        size, seq = size + len(buf), seq + 1
+    client.report("sent", {"size_bytes": size, "sha256": digest.hexdigest(), "chunks": seq})
+
+
+def receive_volume(runtime: object, client: MoveClient, order: VolumeMoveOrder) -> None:
+    """The target: the chunks down into a temporary file, checked against the size and
+    SHA-256 the source sent (nothing is unpacked otherwise), unpacked into a new volume, then
+    reported. A copy the control plane does not accept is removed again."""
+    volume = order.volume
+    unpack: Callable[[str, str, object], None] | None = getattr(runtime, "volume_import", None)
+    if unpack is None:
+        raise RuntimeError(f"the {getattr(runtime, 'name', '?')} runtime cannot move volumes")
+    digest, size, seq = hashlib.sha256(), 0, 0
+    with tempfile.TemporaryFile(prefix="gpucloud-move-") as f:
+        while True:
+            try:
+                chunk = client.get_chunk(seq)
+            except Rejected as e:
+                if "unknown_chunk" in str(e) and seq > 0:
+                    break  # past the last one
+                raise
+            f.write(chunk)
+            digest.update(chunk)
+            size, seq = size + len(chunk), seq + 1
+        if (size, digest.hexdigest()) != (order.size_bytes, order.sha256):
+            raise RuntimeError(f"received {size} bytes with sha256 {digest.hexdigest()[:12]}, the source sent "
+                               f"{order.size_bytes} bytes with sha256 {order.sha256[:12]}: nothing unpacked")
+        f.seek(0)
+        unpack(volume, order.tenant_id, f)
+    state = client.report("received", {"size_bytes": size, "sha256": digest.hexdigest()})
+    if state != "done":
+        remove: Callable[[str], bool] | None = getattr(runtime, "remove_volume", None)
+        if remove is not None:
+            remove(volume)
+        logger.error("volume copy not accepted; removed", extra={"volume": volume, "state": state})
 
 
 def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
@@ -157,6 +235,8 @@ class Agent:
         self.failures = 0  # consecutive iterations that did not reach the control plane
         self.seq = 0
         self._volumes_measured_at = float("-inf")
+        # volume moves under way in this process (move id -> its thread): one each
+        self.moves: dict[str, threading.Thread] = {}
         self.desired: list[DesiredContainer] = []
         self.last_ok = False
         self._inventory: list[GpuInfo] | None = None
@@ -185,6 +265,9 @@ class Agent:
         self._desired_version: str | None = None
         self._answers = 0
         self._acted = False  # the last iteration started or stopped a container
+        # checkpoint-aware preemption: instance id -> when (self.clock) its signal was sent;
+        # it is stopped checkpoint_grace_s later if the control plane still wants it
+        self._signalled: dict[str, float] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -250,6 +333,9 @@ class Agent:
         if self._acted:
             return 0.0
         wait = delay * self.rng.uniform(0.9, 1.1)
+        grace = checkpoint_due_in(self.desired, self._signalled, self.clock())
+        if grace is not None:
+            wait = min(wait, grace + 0.01)  # stop it when its grace runs out, not later
         foresee = getattr(self.runtime, "next_change_in", None)
         if callable(foresee):
             try:
@@ -341,6 +427,42 @@ class Agent:
                 logger.warning("volume not removed", extra={"volume": name, "error": str(e)})
         self._volumes_measured_at = float("-inf")  # report the set without it at once
 
+    def _start_moves(self, orders: list[VolumeMoveOrder]) -> None:
+        """Each move order not under way gets a thread (heartbeats go on meanwhile); an order
+        repeated while its thread runs is the same move, left alone."""
+        for order in orders:
+            t = self.moves.get(order.move_id)
+            if t is not None and t.is_alive():
+                continue
+            if self.state is None:
+                return
+            t = threading.Thread(target=self._move, args=(order, self.state), daemon=True,
+                                 name=f"volume-move-{order.move_id[:8]}")
+            self.moves[order.move_id] = t
+            t.start()
+
+    def _move(self, order: VolumeMoveOrder, state: HostState) -> None:
+        client = MoveClient(state.server, state.host_token, order.move_id)
+        try:
+            if order.role == "send":
+                send_volume(self.runtime, client, order.volume)
+            else:
+                receive_volume(self.runtime, client, order)
+            logger.info("volume move done", extra={"volume": order.volume, "role": order.role})
+        except ControlPlaneError as e:
+            # the control plane is unreachable: the order comes again with a later answer
+            logger.warning("volume move interrupted", extra={"volume": order.volume, "error": str(e)})
+        except Exception as e:  # noqa: BLE001 - the runtime failed: the move fails, the volume stays
+            logger.error("volume move failed", extra={"volume": order.volume, "error": str(e)})
+            remove: Callable[[str], bool] | None = getattr(self.runtime, "remove_volume", None)
+            if order.role == "receive" and remove is not None:
+                remove(order.volume)  # no half copy stays behind
+            try:
+                client.report("failed", {"error": f"{order.role}: {e}"[:400]})
+            except ControlPlaneError:
+                pass
+        self._volumes_measured_at = float("-inf")  # report the volumes as they are now
+
     def _retry_delay(self) -> float:
         self.last_ok = False
         delay = backoff(
@@ -411,14 +533,17 @@ class Agent:
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
             actions = reconcile(self.desired, view, known=self._known)
+            actions += checkpoint_actions(self.desired, view, self._signalled, self.clock())
             self._acted = self._apply(actions) > 0
         else:
             self._acted = False
         self._remove_volumes(resp.remove_volumes)
+        self._start_moves(resp.volume_moves)
         wanted = {d.instance_id for d in self.desired}
         if observed is not None:
             self._known = (self._known | wanted) & ({o.instance_id for o in view} | wanted)
         self._exits = {k: v for k, v in self._exits.items() if k in wanted}
+        self._signalled = {k: v for k, v in self._signalled.items() if k in wanted}
         self._exit_logged &= wanted
         self._start_errors = {k: v for k, v in self._start_errors.items() if k in wanted}
 
@@ -470,11 +595,15 @@ class Agent:
                 memory_mib=mem,
                 gpus=self._inventory,
                 previous_host_token=self._previous_token,
+                # the same for every attempt until one is answered: a retry of an attempt
+                # whose answer was lost gets the same host again (never logged)
+                registration_nonce=registration_nonce(self.config.state_dir),
             )
         )
         self._previous_token = None
         self.state = HostState(self.config.server, resp.host_id, resp.host_token)
         save_state(self.config.state_dir, self.state)
+        clear_registration_nonce(self.config.state_dir)  # the next registration: a new one
         self.interval_s = resp.heartbeat_interval_s
         logger.info(
             "registered",
@@ -557,6 +686,14 @@ class Agent:
                     changed += 1
                     logger.info(
                         "container stopped", extra={"host_id": self.host_id, "instance_id": iid}
+                    )
+                elif isinstance(a, Signal):
+                    # the grace counts from now even if sending fails: the stop still comes
+                    self._signalled[iid] = self.clock()
+                    self.runtime.signal(iid, a.signal)
+                    logger.info(
+                        "checkpoint signal sent",
+                        extra={"host_id": self.host_id, "instance_id": iid, "signal": a.signal},
                     )
                 elif isinstance(a, Remove):
                     self.runtime.remove(iid)

@@ -33,6 +33,9 @@ import hashlib
 import importlib
 import logging
 import resource
+import shlex
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,7 +49,7 @@ from agents.host.runtime import (
     RuntimeError_,
     container_name,
 )
-from agents.protocol import ContainerState, ObservedContainer
+from agents.protocol import CHECKPOINT_SIGNALS, ContainerState, ObservedContainer
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +155,7 @@ class DockerRuntime:
         pids_limit: int = 4096,
         nofile: int = 65536,
         disk_gib: int = 0,
+        image_fallback: str = "",
     ) -> None:
         """``gpu_vendor``: ``nvidia``, ``amd`` or ``none`` (env variables only, no devices).
         ``amd_devices``: GPU UUID -> its /dev/dri nodes (from ``amd_device_nodes``).
@@ -160,7 +164,10 @@ class DockerRuntime:
         ``publish_address``: the host address published ports bind to ("" = all).
         ``pids_limit``: the most processes a container may have, whatever the spec asks.
         ``nofile``: the open-files ulimit (soft = hard). ``disk_gib``: writable-layer size
-        limit where the storage driver supports one (0: none)."""
+        limit where the storage driver supports one (0: none). ``image_fallback``: an image
+        on this host to run instead of a requested image the engine does not have (the demo,
+        where no registry is reachable: docs/connect.md); the container then says so first
+        thing in its log. Empty (the default): the engine pulls the image as usual."""
         if gpu_vendor not in DOCKER_GPU_VENDORS:
             raise ValueError(f"gpu_vendor must be one of {DOCKER_GPU_VENDORS}")
         self._publish_address = publish_address
@@ -175,6 +182,9 @@ class DockerRuntime:
         self._vendor = gpu_vendor
         self._amd_devices = amd_devices or {}
         self._stop_timeout_s = stop_timeout_s
+        self._image_fallback = image_fallback
+        # The engine's CPU count (asked at the first start): it refuses a container more.
+        self._cpus: float | None = None
 
     def _get(self, instance_id: str) -> Any:
         try:
@@ -218,27 +228,33 @@ class DockerRuntime:
                 raise
         return name
 
+    def engine_volume(self, name: str) -> str:
+        """The engine's name of gpucloud volume ``name``: itself, or with ``.<scope>`` when
+        agents share an engine (tests, simulations), so that each has its own copy."""
+        return f"{name}.{self._scope}" if self._scope else name
+
     def _volume(self, name: str, tenant_id: str) -> None:
         """Create the named volume (local driver) once, labelled as gpucloud's; an existing one
         is kept with its data. The local driver has no size limit for a named volume (only a
         tmpfs or a block device behind it would have one): the size is measured, not enforced
         (docs/volumes.md)."""
         try:
-            self._client.volumes.get(name)
+            self._client.volumes.get(self.engine_volume(name))
             return
         except self._docker.errors.NotFound:
             pass
         labels = {LABEL_MANAGED: "1", LABEL_TENANT: tenant_id, LABEL_VOLUME: name}
         if self._scope:
             labels[LABEL_AGENT] = self._scope
-        self._client.volumes.create(name=name, driver="local", labels=labels)
+        self._client.volumes.create(name=self.engine_volume(name), driver="local", labels=labels)
 
     def volume_names(self) -> list[str]:
         """The gpucloud volumes on this host (of this agent's scope)."""
         selector = [f"{LABEL_MANAGED}=1", LABEL_VOLUME]
         if self._scope:
             selector.append(f"{LABEL_AGENT}={self._scope}")
-        return sorted(v.name for v in self._client.volumes.list(filters={"label": selector}))
+        return sorted((v.attrs.get("Labels") or {}).get(LABEL_VOLUME) or v.name
+                      for v in self._client.volumes.list(filters={"label": selector}))
 
     def volume_usage(self) -> dict[str, int]:
         """Bytes used by each gpucloud volume of this scope (``docker system df``: it walks
@@ -251,14 +267,14 @@ class DockerRuntime:
             if self._scope and labels.get(LABEL_AGENT) != self._scope:
                 continue
             size = (v.get("UsageData") or {}).get("Size", -1)
-            out[str(v["Name"])] = max(0, int(size))
+            out[str(labels.get(LABEL_VOLUME) or v["Name"])] = max(0, int(size))
         return out
 
     def remove_volume(self, name: str) -> bool:
         """Remove a gpucloud volume and its data. Docker refuses while a container uses it
         (then False: asked again later); an unknown volume is already gone (True)."""
         try:
-            v = self._client.volumes.get(name)
+            v = self._client.volumes.get(self.engine_volume(name))
         except self._docker.errors.NotFound:
             return True
         if (v.attrs.get("Labels") or {}).get(LABEL_MANAGED) != "1":
@@ -268,6 +284,44 @@ class DockerRuntime:
         except self._docker.errors.APIError:
             return False
         return True
+
+    def _helper(self, name: str, mode: str) -> Any:
+        """A created (never started) container of the stand-in image with volume ``name`` at
+        /v: the engine's archive API reads and writes a volume through it, no shell needed."""
+        if not self._image_fallback:
+            raise RuntimeError_("moving a volume needs a local helper image (--docker-image-fallback)")
+        labels = {"gpucloud.volume-move": "1"}
+        if self._scope:
+            labels[LABEL_AGENT] = self._scope
+        return self._client.containers.create(
+            self._image_fallback, command=["true"], labels=labels, network_mode="none",
+            volumes={self.engine_volume(name): {"bind": "/v", "mode": mode}},
+        )
+
+    def volume_export(self, name: str) -> Iterator[bytes]:
+        """A tar of volume ``name``'s files (entries under ``v/``), in pieces as the engine
+        streams it. Raises RuntimeError_ for a volume this host does not have."""
+        try:
+            self._client.volumes.get(self.engine_volume(name))
+        except self._docker.errors.NotFound:
+            raise RuntimeError_(f"no volume {name} on this host") from None
+        helper = self._helper(name, "ro")
+        try:
+            stream, _stat = helper.get_archive("/v")
+            yield from stream
+        finally:
+            helper.remove(force=True)
+
+    def volume_import(self, name: str, tenant_id: str, data: Any) -> None:
+        """Create volume ``name`` and unpack ``data`` (a tar from ``volume_export``: bytes or a
+        binary file, streamed to the engine) into it."""
+        self._volume(name, tenant_id)
+        helper = self._helper(name, "rw")
+        try:
+            if not helper.put_archive("/", data):
+                raise RuntimeError_(f"the engine did not unpack the data into {name}")
+        finally:
+            helper.remove(force=True)
 
     def _check_disk_quota(self) -> None:
         """Ask the engine once whether its storage driver can limit the writable layer."""
@@ -336,7 +390,8 @@ class DockerRuntime:
                 f"{p}/tcp": (self._publish_address,) if self._publish_address else None
                 for p in spec.ports
             },
-            nano_cpus=int(spec.vcpus * 1e9),
+            # At most the engine's CPUs (a simulated host advertises more than the machine has).
+            nano_cpus=int((min(spec.vcpus, self._cpus) if self._cpus else spec.vcpus) * 1e9),
             mem_limit=f"{spec.memory_mib}m",
             memswap_limit=f"{spec.memory_mib}m",  # equal to mem_limit: no swap
             # PyTorch data loaders live in /dev/shm; Docker's 64 MiB default breaks them.
@@ -356,7 +411,8 @@ class DockerRuntime:
         kwargs["network"] = spec.network or FALLBACK_NETWORK
         if spec.mounts:
             kwargs["volumes"] = {
-                m.volume: {"bind": m.path, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
+                self.engine_volume(m.volume): {"bind": m.path, "mode": "ro" if m.read_only else "rw"}
+                for m in spec.mounts
             }
         if self.disk_quota == "applied":
             kwargs["storage_opt"] = {"size": f"{self._disk_gib}G"}
@@ -369,6 +425,12 @@ class DockerRuntime:
                 return str(existing.id)
             existing.remove(force=True)
         self._check_disk_quota()
+        try:
+            if self._cpus is None:
+                self._cpus = float(self._client.info().get("NCPU") or 0) or None
+            spec = self._stand_in(spec)
+        except self._docker.errors.DockerException as e:
+            raise RuntimeError_(str(e)) from e
         kwargs = self.run_kwargs(spec)
         try:
             self._network(kwargs["network"], spec.tenant_id)
@@ -388,6 +450,41 @@ class DockerRuntime:
             raise RuntimeError_(str(e)) from e
         return str(container.id)
 
+    def _stand_in(self, spec: ContainerSpec) -> ContainerSpec:
+        """``spec``, or with an ``image_fallback`` and an image this engine lacks, the same
+        container on the fallback image, saying so: the first line of its log names both
+        images. With a command, the command then runs as given (a tool the fallback lacks
+        fails as it would); without one, busybox ``httpd`` answers on each published port
+        with a page saying the same, and the container sleeps until stopped. Nothing is
+        pulled in this mode: a catalogue image is gigabytes, and the demo needs no registry."""
+        if not self._image_fallback or spec.image == self._image_fallback:
+            return spec
+        try:
+            self._client.images.get(spec.image)
+            return spec
+        except self._docker.errors.ImageNotFound:
+            pass
+        notice = (
+            f"gpucloud: image {spec.image} is not on this host and is not pulled here; "
+            f"running the stand-in image {self._image_fallback} (busybox) in its place"
+        )
+        logger.warning(notice, extra={"instance": spec.instance_id})
+        # On stdout, the stream the command writes to first: docker orders lines within a
+        # stream, not across stdout and stderr.
+        script = ["echo " + shlex.quote(notice)]
+        if spec.command:
+            script.append('exec "$@"')
+        else:
+            page = f"<!doctype html><title>stand-in</title><p>{notice}</p>"
+            script.append("mkdir -p /tmp/www && echo " + shlex.quote(page) + " > /tmp/www/index.html")
+            # The page at / and, as the 404 page, at every other path (the Jupyter port
+            # keeps the gateway's prefix).
+            script.append("echo E404:/tmp/www/index.html > /tmp/httpd.conf")
+            script += [f"httpd -p {p} -h /tmp/www -c /tmp/httpd.conf" for p in spec.ports]
+            script.append("exec sleep infinity")
+        command = ["sh", "-c", "\n".join(script), "sh", *spec.command]
+        return replace(spec, image=self._image_fallback, command=command)
+
     def stop(self, instance_id: str) -> None:
         c = self._get(instance_id)
         if c is None:
@@ -396,6 +493,20 @@ class DockerRuntime:
             c.stop(timeout=self._stop_timeout_s)
         except self._docker.errors.NotFound:
             pass
+
+    def signal(self, instance_id: str, signal: str) -> None:
+        """`docker kill --signal`: the container keeps running if its process handles it."""
+        if signal not in CHECKPOINT_SIGNALS:
+            raise RuntimeError_(f"refusing to send {signal!r}: not a checkpoint signal")
+        c = self._get(instance_id)
+        if c is None:
+            return
+        try:
+            c.kill(signal=signal)
+        except self._docker.errors.NotFound:
+            pass
+        except self._docker.errors.APIError as e:  # not running (any more): nothing to signal
+            raise RuntimeError_(f"signal {signal} not sent: {e}") from e
 
     def remove(self, instance_id: str) -> None:
         c = self._get(instance_id)

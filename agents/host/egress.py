@@ -16,22 +16,39 @@ or private addresses, a link-local one) are delivered locally, so they traverse 
 FORWARD: that is why the host addresses are covered by one rule whatever they are. Docker's
 embedded DNS (127.0.0.11) lives in the container's own network namespace and is unaffected.
 
-Installing is idempotent (``-C`` before ``-I``, the chain flushed and refilled) and uses
-``iptables -w`` (waits for the xtables lock other tools hold). Where iptables is missing or
+Installing is idempotent (``-C`` before ``-I``; the chain left as it is when it is right,
+else flushed and refilled) and uses ``iptables -w`` (waits for the xtables lock other tools
+hold). Agents sharing a host (the demo's three) install under one host-wide file lock: without
+it, two agents' flush-and-refill interleaved and left ``DROP`` ahead of the ``RETURN`` for
+replies, so the connect path's own connections to containers were dropped. Where iptables is missing or
 refuses (no root, no netfilter), ``install`` returns the reason and the agent logs it plainly;
 containers still run. IPv4 only: tenant networks are created without IPv6.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Final
 
 BRIDGE_PREFIX: Final = "gct"
 INPUT_CHAIN: Final = "GPUCLOUD-INPUT"
 LINK_LOCAL: Final = "169.254.0.0/16"
+# The chain's contents, as ``iptables -S`` prints them.
+CHAIN_RULES: Final = (
+    ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"],
+    ["-j", "DROP"],
+)
+
+
+def _lock_path() -> str:
+    run_lock = "/run/lock"
+    return os.path.join(run_lock if os.access(run_lock, os.W_OK) else tempfile.gettempdir(),
+                        "gpucloud-egress.lock")
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
@@ -66,26 +83,32 @@ class EgressRules:
         if not self.iptables:
             return "iptables is not installed"
         try:
+            with open(_lock_path(), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                return self._install()
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"iptables failed: {e}"
+
+    def _chain_is_right(self) -> bool:
+        out = self._ipt("-S", INPUT_CHAIN)
+        lines = [line.split() for line in out.stdout.splitlines() if line.startswith("-A ")]
+        return out.returncode == 0 and lines == [["-A", INPUT_CHAIN, *r] for r in CHAIN_RULES]
+
+    def _install(self) -> str | None:
+        if not self._chain_is_right():
             new = self._ipt("-N", INPUT_CHAIN)
             if new.returncode != 0 and "exists" not in new.stderr:
                 return f"iptables -N {INPUT_CHAIN}: {new.stderr.strip() or new.returncode}"
-            for args in (
-                ["-F", INPUT_CHAIN],
-                ["-A", INPUT_CHAIN, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
-                 "-j", "RETURN"],
-                ["-A", INPUT_CHAIN, "-j", "DROP"],
-            ):
+            for args in (["-F", INPUT_CHAIN], *(["-A", INPUT_CHAIN, *r] for r in CHAIN_RULES)):
                 done = self._ipt(*args)
                 if done.returncode != 0:
                     return f"iptables {' '.join(args)}: {done.stderr.strip() or done.returncode}"
-            for chain, spec in self.rules():
-                if self._ipt("-C", chain, *spec).returncode == 0:
-                    continue  # already there (another agent, an earlier start)
-                done = self._ipt("-I", chain, "1", *spec)
-                if done.returncode != 0:
-                    return f"iptables -I {chain}: {done.stderr.strip() or done.returncode}"
-        except (OSError, subprocess.SubprocessError) as e:
-            return f"iptables failed: {e}"
+        for chain, spec in self.rules():
+            if self._ipt("-C", chain, *spec).returncode == 0:
+                continue  # already there (another agent, an earlier start)
+            done = self._ipt("-I", chain, "1", *spec)
+            if done.returncode != 0:
+                return f"iptables -I {chain}: {done.stderr.strip() or done.returncode}"
         return None
 
     def remove(self) -> None:

@@ -103,16 +103,22 @@ class Stream:
     close_reason: str = ""
     eof_sent: bool = False
     on_resize: Callable[[int, int], None] | None = None
+    # RESIZE frames queued with the data, in order, for read_frame() to return as
+    # (RESIZE, payload) (the gateway's relay passes them on); else given to on_resize
+    inline_resize: bool = False
     bytes_in: int = 0
     bytes_out: int = 0
 
     async def read_frame(self) -> tuple[int, bytes] | None:
-        """The next (DATA or DATA_ERR, bytes); None at EOF or close."""
+        """The next (DATA or DATA_ERR, bytes), or (RESIZE, JSON) with ``inline_resize``;
+        None at EOF or close."""
         item = await self._inbox.get()
         if item is None:
             self._inbox.put_nowait(None)  # later reads see EOF too
             return None
         kind, data = item
+        if kind == RESIZE:
+            return kind, data  # an inline resize: no credit
         self._queued -= len(data)
         self._received += len(data)
         if self._received >= INITIAL_WINDOW // 2 and not self.closed.is_set():
@@ -283,7 +289,10 @@ class Mux:
             stream.send_credit += grant
             stream._credit.set()
         elif kind == RESIZE:
-            if stream.on_resize is not None:
+            if stream.inline_resize:
+                if not stream.closed.is_set():
+                    stream._inbox.put_nowait((RESIZE, payload))
+            elif stream.on_resize is not None:
                 size = json.loads(payload)
                 stream.on_resize(int(size["cols"]), int(size["rows"]))
         elif kind == EOF:

@@ -21,6 +21,13 @@ Rules (one row per instance id; ``desired`` comes from the last heartbeat respon
 ``known`` is the set of instance ids the control plane has asked this agent process to
 run; None (the default) treats every container as known.
 
+Checkpoint-aware preemption (``checkpoint_actions``, a second pure pass): a desired, running
+container whose job checkpoints (``checkpoint_signal``) and that is under a preemption notice
+(``stop_by``) gets a ``Signal`` once, then a ``Stop`` once ``checkpoint_grace_s`` has passed
+since the signal - while it is still desired (if the control plane drops it first, the rules
+above stop it at once). Its exit is then reported like any other; the control plane requeues
+a job that ends under a notice (docs/scheduler.md).
+
 Actions are ordered Stop, Remove, Start (free GPUs before taking them), each group by
 instance id, so the result is deterministic. Applying the actions and reconciling again
 with the new observation yields only ReportExit (for exited-but-still-desired work):
@@ -29,7 +36,7 @@ reconcile is idempotent.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from agents.protocol import DesiredContainer, ObservedContainer
@@ -55,14 +62,20 @@ class Remove:
 
 
 @dataclass(frozen=True)
+class Signal:
+    instance_id: str
+    signal: str
+
+
+@dataclass(frozen=True)
 class ReportExit:
     instance_id: str
     exit_code: int | None
 
 
-Action = Start | Stop | Remove | ReportExit
+Action = Start | Stop | Remove | ReportExit | Signal
 
-_ORDER = {Stop: 0, Remove: 1, Start: 2, ReportExit: 3}
+_ORDER = {Stop: 0, Remove: 1, Start: 2, ReportExit: 3, Signal: 4}
 
 
 def reconcile(
@@ -99,3 +112,38 @@ def reconcile(
 
     actions.sort(key=lambda a: (_ORDER[type(a)], a.instance_id))
     return actions
+
+
+def checkpoint_actions(
+    desired: Iterable[DesiredContainer],
+    observed: Iterable[ObservedContainer],
+    signalled: Mapping[str, float],
+    now: float,
+) -> list[Action]:
+    """Signal, then Stop after the grace (see the module docstring). ``signalled`` maps an
+    instance id to when (on the caller's clock, like ``now``) its signal was sent."""
+    running = {o.instance_id for o in observed if o.state == "running"}
+    out: list[Action] = []
+    for d in desired:
+        iid = d.instance_id
+        if d.checkpoint_signal is None or d.stop_by is None or iid not in running:
+            continue
+        sent = signalled.get(iid)
+        if sent is None:
+            out.append(Signal(iid, d.checkpoint_signal))
+        elif now - sent >= d.checkpoint_grace_s:
+            out.append(Stop(iid))
+    out.sort(key=lambda a: (_ORDER[type(a)], a.instance_id))
+    return out
+
+
+def checkpoint_due_in(
+    desired: Iterable[DesiredContainer], signalled: Mapping[str, float], now: float
+) -> float | None:
+    """Seconds until the next grace runs out (0 if one has); None if none is running."""
+    due = [
+        signalled[d.instance_id] + d.checkpoint_grace_s - now
+        for d in desired
+        if d.instance_id in signalled and d.stop_by is not None
+    ]
+    return max(0.0, min(due)) if due else None

@@ -37,6 +37,8 @@ class Runtime(Protocol):
     ``run`` is idempotent for a running container (returns its id) and replaces a stale
     non-running one. ``stop`` and ``remove`` are idempotent: an unknown instance is a no-op.
     ``list`` returns only gpucloud-labelled containers, never ``missing`` ones.
+    ``signal`` sends a signal (a name from ``agents.protocol.CHECKPOINT_SIGNALS``) to a running
+    container's main process, for checkpoint-aware preemption; an unknown instance is a no-op.
     """
 
     name: str
@@ -44,6 +46,8 @@ class Runtime(Protocol):
     def run(self, spec: ContainerSpec) -> str: ...
 
     def stop(self, instance_id: str) -> None: ...
+
+    def signal(self, instance_id: str, signal: str) -> None: ...
 
     def remove(self, instance_id: str) -> None: ...
 

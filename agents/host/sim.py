@@ -11,6 +11,10 @@ a run is reproducible.
   until stopped. A container's env ``GPUCLOUD_SIM_GPU_UTIL`` (0..100) sets its GPU load
   (a random 55..100 % otherwise). It refuses a start that would over-book a GPU (shares above 1000 milli),
   which turns a scheduler bug into a visible start error in end-to-end simulations.
+  A signal (checkpoint-aware preemption) is recorded (``signals``, and a line in the
+  container's log); a job that declared ``checkpoint_signal`` saves its progress on it, and
+  its next run (a later attempt of the same workload) resumes from there: it runs only the
+  rest of its ``duration_s``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from agents.protocol import GpuInfo, GpuSample, ObservedContainer
 
 LABEL_SIM_DURATION: Final = "gpucloud.sim.duration_s"
 LABEL_SIM_EXIT_CODE: Final = "gpucloud.sim.exit_code"
+# The label every attempt of one workload shares (the control plane sets it): what a
+# checkpoint belongs to, so a later attempt resumes from it.
+LABEL_WORKLOAD: Final = "gpucloud.workload"
 # A container's env may set how hard it drives its GPUs, 0..100 (percent): tests and the demo
 # drive utilisation with it (0: idle, for idle auto-stop). Without it the load is random.
 ENV_SIM_GPU_UTIL: Final = "GPUCLOUD_SIM_GPU_UTIL"
@@ -89,6 +96,11 @@ class _SimContainer:
     finished_at: float | None = None
     log: list[str] = field(default_factory=list)
     load: float = 1.0  # 0..1, how hard it drives its GPUs
+    resumed_from: float = 0.0  # seconds of its duration a checkpoint had saved
+
+
+def _workload_of(spec: ContainerSpec) -> str:
+    return spec.labels.get(LABEL_WORKLOAD) or spec.instance_id.split(".")[0]
 
 
 class SimRuntime:
@@ -112,6 +124,10 @@ class SimRuntime:
         # persistent volumes: name -> the instance ids that mounted it, in order (kept after they end)
         self.volumes: dict[str, list[str]] = {}
         self.volume_bytes: dict[str, int] = {}
+        # checkpoint-aware preemption: (instance id, signal) in the order sent, and each
+        # workload's saved progress (seconds of its duration done) for its next attempt
+        self.signals: list[tuple[str, str]] = []
+        self.checkpoints: dict[str, float] = {}
 
     def _tick(self) -> None:
         now = self._clock()
@@ -154,6 +170,7 @@ class SimRuntime:
                 raise RuntimeError_(f"GPU {u} over-booked: {used} + {spec.gpu_milli} milli > 1000")
         now = self._clock()
         duration = spec.labels.get(LABEL_SIM_DURATION)
+        saved = self.checkpoints.get(_workload_of(spec), 0.0) if spec.checkpoint_signal else 0.0
         ports = {}
         for p in spec.ports:
             ports[str(p)] = self._next_port
@@ -162,12 +179,15 @@ class SimRuntime:
             spec=spec,
             container_id=f"sim-{uuidlib.UUID(int=self._rng.getrandbits(128)).hex[:12]}",
             started_at=now,
-            ends_at=now + float(duration) if duration is not None else None,
+            ends_at=now + max(0.0, float(duration) - saved) if duration is not None else None,
             exit_code_on_end=int(spec.labels.get(LABEL_SIM_EXIT_CODE, "0")),
             host_ports=ports,
             load=_sim_load(spec.env.get(ENV_SIM_GPU_UTIL), self._rng),
         )
         c.log.append(f"started {spec.image} {' '.join(spec.command)}".rstrip())
+        if saved:
+            c.log.append(f"resumed from checkpoint at {saved:g} s")
+        c.resumed_from = saved
         for m in spec.mounts:
             self.volumes.setdefault(m.volume, []).append(spec.instance_id)
             c.log.append(f"mounted volume {m.volume} at {m.path}{' (read-only)' if m.read_only else ''}")
@@ -192,6 +212,20 @@ class SimRuntime:
         # What `docker stop` reports for a process that exits on SIGTERM: 128 + 15.
         c.state, c.exit_code, c.finished_at = "exited", 143, self._clock()
         c.log.append("stopped")
+
+    def signal(self, instance_id: str, signal: str) -> None:
+        self.calls.append(("signal", instance_id))
+        self._tick()
+        c = self._containers.get(instance_id)
+        if c is None or c.state != "running":
+            return
+        self.signals.append((instance_id, signal))
+        if c.spec.checkpoint_signal == signal:
+            done = c.resumed_from + self._clock() - c.started_at
+            self.checkpoints[_workload_of(c.spec)] = done
+            c.log.append(f"received {signal}; checkpoint saved at {done:g} s")
+        else:
+            c.log.append(f"received {signal}")
 
     def remove(self, instance_id: str) -> None:
         self.calls.append(("remove", instance_id))

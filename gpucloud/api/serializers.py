@@ -7,6 +7,7 @@ another JSON type than the schema gives its field is an error: DRF would read
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, ClassVar
 
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
@@ -61,6 +62,47 @@ class StrictMixin:
 
 class StrictSerializer(StrictMixin, serializers.Serializer):
     pass
+
+
+# --- serializers built once per thread, for hot paths (the launch: docs/benchmarks.md)
+
+_per_thread = threading.local()
+
+
+def _reused(cls: type[serializers.BaseSerializer]) -> Any:
+    """This thread's instance of `cls`, made once. DRF builds (deep-copies) every field of a
+    serializer each time one is made, which was a third of a launch's CPU: a thread renders and
+    validates with one instance per class instead. Nothing of one call survives into the next
+    (`validated` resets what `is_valid` keeps; rendering keeps nothing), and no other thread
+    sees the instance."""
+    made: dict[type, Any] = _per_thread.__dict__.setdefault("serializers", {})
+    ser = made.get(cls)
+    if ser is None:
+        ser = made[cls] = cls()
+    return ser
+
+
+def rendered(cls: type[serializers.BaseSerializer], obj: Any, **attrs: Any) -> dict:
+    """`cls(obj).data` without building the fields again; `attrs` are set on the serializer
+    first (for example precomputed values its methods read)."""
+    ser = _reused(cls)
+    for name, value in attrs.items():
+        setattr(ser, name, value)
+    return ser.to_representation(obj)
+
+
+def validated(cls: type[serializers.BaseSerializer], data: Any) -> dict:
+    """`cls(data=data)`'s validated data (raising ValidationError as `is_valid(raise_exception=True)`)
+    without building the fields again. A fresh dict per call."""
+    ser = _reused(cls)
+    for name in ("_validated_data", "_errors", "_data"):
+        ser.__dict__.pop(name, None)
+    ser.initial_data = data
+    try:
+        ser.is_valid(raise_exception=True)
+        return ser.validated_data
+    finally:
+        del ser.initial_data
 
 
 class StrictModelSerializer(StrictMixin, serializers.ModelSerializer):

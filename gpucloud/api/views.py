@@ -37,9 +37,15 @@ def resolve_tenant(request: Request) -> Membership | None:
     user = request.user
     if not user or not user.is_authenticated:
         return None
-    memberships = list(membership_list_for_user(user=user))
     if key is not None:
-        return next((m for m in memberships if m.tenant_id == key.tenant_id), None)
+        # the key's creator's membership of the key's tenant, read with the key (api_key_check)
+        if hasattr(key, "membership"):
+            return key.membership
+        m = Membership.objects.filter(user=user, tenant_id=key.tenant_id).first()
+        if m is not None:
+            m.tenant = key.tenant
+        return m
+    memberships = list(membership_list_for_user(user=user))
     wanted = request.META.get(TENANT_HEADER) or request.session.get("tenant_id")
     if wanted:
         for m in memberships:

@@ -1,6 +1,7 @@
 """Writes for the catalogue. Operators use the admin; these serve commands and the admin alike."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -9,7 +10,8 @@ from django.utils import timezone
 
 from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.catalogue.selectors import price_at
-from gpucloud.tenancy.audit import audit_record
+from gpucloud.tenancy.audit import audit_event, audit_record
+from gpucloud.tenancy.models import AuditEvent
 
 
 @transaction.atomic
@@ -33,3 +35,51 @@ def price_set(
     audit_record(tenant=None, action="price.set", obj=price,
                  data={"per_hour": str(per_hour), "effective_from": effective_from.isoformat()})
     return price
+
+
+@dataclass(frozen=True)
+class PriceChange:
+    instance_type: InstanceType
+    region: Region
+    kind: str
+    per_hour: Decimal
+    currency: str = "USD"
+
+
+@transaction.atomic
+def price_set_many(*, changes: list[PriceChange], effective_from: datetime | None = None,
+                   keep_existing_kinds: frozenset[str] = frozenset()) -> list[Price]:
+    """`price_set` for many prices in a few queries (seeding a catalogue of hundreds):
+    the prices in force are read in one query, the new rows and their audit events
+    written in one insert each. A change equal to the price in force adds nothing; a
+    kind in `keep_existing_kinds` is only set where it has no price yet (spot, once
+    offered, moves with demand and is not put back)."""
+    effective_from = effective_from or timezone.now()
+    type_ids = {c.instance_type.pk for c in changes}
+    in_force: dict[tuple[int, int, str], Price] = {}
+    priced: set[tuple[int, int, str]] = set()
+    rows = (Price.objects.filter(instance_type_id__in=type_ids)
+            .order_by("instance_type_id", "region_id", "kind", "-effective_from")
+            .only("instance_type_id", "region_id", "kind", "per_hour", "currency", "effective_from"))
+    for row in rows:
+        key = (row.instance_type_id, row.region_id, row.kind)
+        priced.add(key)
+        if key not in in_force and row.effective_from <= effective_from:
+            in_force[key] = row  # the newest row that has started: the price in force
+    made: list[Price] = []
+    for c in changes:
+        key = (c.instance_type.pk, c.region.pk, c.kind)
+        if c.kind in keep_existing_kinds and key in priced:
+            continue
+        current = in_force.get(key)
+        if current is not None and current.per_hour == c.per_hour and current.currency == c.currency:
+            continue
+        made.append(Price(instance_type=c.instance_type, region=c.region, kind=c.kind, per_hour=c.per_hour,
+                          currency=c.currency, effective_from=effective_from))
+    Price.objects.bulk_create(made)
+    AuditEvent.objects.bulk_create(
+        audit_event(tenant=None, action="price.set", obj=price,
+                    data={"per_hour": str(price.per_hour), "effective_from": effective_from.isoformat()})
+        for price in made
+    )
+    return made

@@ -7,8 +7,10 @@ bulk writes, the agents' heartbeat flush and the snapshot use one copy of each.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from functools import cache
+from typing import Any
 
 import psycopg
 import redis
@@ -78,3 +80,44 @@ def redis_client(url: str) -> redis.Redis:
     """One client (and connection pool) per URL for the process: the agents' fast path,
     the wake-ups and the /metrics event counters share it."""
     return redis.Redis.from_url(url)
+
+
+# --- written SQL that still yields model instances (hot paths: the launch, docs/benchmarks.md)
+
+
+def model_columns(model: type, alias: str) -> str:
+    """`alias."col", …` for every concrete field of `model`, in `_meta.concrete_fields` order."""
+    return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)  # type: ignore[attr-defined]
+
+
+def model_from_row(model: type, row: tuple[Any, ...], start: int = 0) -> tuple[Any, int]:
+    """The instance of `model` whose columns (as `model_columns` selects them) start at
+    `row[start]`, loaded as the ORM loads a row (the backend's and the fields' converters);
+    and the index after its columns."""
+    fields = model._meta.concrete_fields  # type: ignore[attr-defined]
+    end = start + len(fields)
+    values = list(row[start:end])
+    for i, convs in _converters(model):
+        col = convs[0]
+        for conv in convs[1]:
+            values[i] = conv(values[i], col, connection)
+    return model.from_db(connection.alias, [f.attname for f in fields], values), end  # type: ignore[attr-defined]
+
+
+_per_thread = threading.local()
+
+
+def _converters(model: type) -> list[tuple[int, tuple[Any, list[Any]]]]:
+    """[(field index, (its column expression, converters))] for the fields that have any, as
+    the ORM's compiler finds them; made once per thread (whose connection they are bound to)."""
+    made: dict[type, Any] = _per_thread.__dict__.setdefault("converters", {})
+    if model not in made:
+        table = model._meta.db_table  # type: ignore[attr-defined]
+        out = []
+        for i, f in enumerate(model._meta.concrete_fields):  # type: ignore[attr-defined]
+            col = f.get_col(table)
+            convs = connection.ops.get_db_converters(col) + f.get_db_converters(connection)
+            if convs:
+                out.append((i, (col, convs)))
+        made[model] = out
+    return made[model]

@@ -70,12 +70,30 @@ def audit_record(
     data: dict[str, Any] | None = None,
 ) -> AuditEvent:
     """Append one audit event. Call inside the same transaction as the change it records."""
+    event = audit_event(tenant=tenant, action=action, obj=obj, object_type=object_type,
+                        object_id=object_id, object_repr=object_repr, data=data)
+    event.save(force_insert=True)
+    return event
+
+
+def audit_event(
+    *,
+    tenant: Tenant | None,
+    action: str,
+    obj: models.Model | None = None,
+    object_type: str = "",
+    object_id: str = "",
+    object_repr: str = "",
+    data: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """An audit event as `audit_record` writes it, unsaved: for a service that records many
+    changes at once with one `AuditEvent.objects.bulk_create` in the same transaction."""
     actor = current_actor()
     if obj is not None:
         object_type = object_type or obj._meta.model_name or ""
         object_id = object_id or str(obj.pk)
         object_repr = object_repr or str(obj)[:200]
-    return AuditEvent.objects.create(
+    return AuditEvent(
         tenant=tenant,
         actor_user=actor.user,
         actor_api_key=actor.api_key,

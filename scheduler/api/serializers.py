@@ -6,6 +6,7 @@ from decimal import Decimal
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agents.protocol import CHECKPOINT_GRACE_MAX_S, CHECKPOINT_SIGNALS
 from billing.selectors import workload_costs
 from gateway.public import connect_hints
 from gpucloud.api.serializers import StrictSerializer
@@ -141,6 +142,15 @@ class ArraySpecSerializer(StrictSerializer):
                                                "0..count-1 in its env")
 
 
+class CheckpointSerializer(StrictSerializer):
+    signal = serializers.ChoiceField(
+        choices=sorted(CHECKPOINT_SIGNALS),
+        help_text="sent to the job's container when it is preempted, so it saves its progress")
+    grace_s = serializers.IntegerField(
+        min_value=1, max_value=CHECKPOINT_GRACE_MAX_S,
+        help_text="seconds between the signal and the stop (its notice lasts at least this long)")
+
+
 class JobCreateSerializer(WorkloadCreateSerializer):
     auto_stop_idle_minutes = None  # instances only: a job ends by itself
     queue = serializers.RegexField(r"^[a-z0-9][a-z0-9-]*$", max_length=64, default="default")
@@ -151,6 +161,11 @@ class JobCreateSerializer(WorkloadCreateSerializer):
     array = ArraySpecSerializer(
         required=False, help_text="submit `count` tasks of this job as one job array (like `sbatch --array`): "
                                   "the answer is the array, not a job (docs/api.md)")
+    checkpoint = CheckpointSerializer(
+        required=False, allow_null=True,
+        help_text="checkpoint-aware preemption: on preemption the signal, then `grace_s` seconds to save, "
+                  "then the stop; the job is requeued and resumes with its attained service kept "
+                  "(docs/scheduler.md)")
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -238,7 +253,7 @@ class WorkloadDetailSerializer(WorkloadSerializer):
 
     @extend_schema_field(RanOnSerializer(allow_null=True))
     def get_ran_on(self, obj) -> dict | None:
-        if obj.active_allocations:
+        if obj.active_allocations or getattr(obj, "never_ran", False):  # a launch's 201: nothing to read
             return None
         from scheduler.selectors import workload_last_allocations
 
@@ -276,19 +291,44 @@ class InstanceDetailSerializer(WorkloadDetailSerializer):
         return connect_hints(obj)
 
 
-_JOB_FIELDS = ["queue", "nodes", "max_retries", "retries", "timeout_s", "exit_code", "array", "array_index"]
+_JOB_FIELDS = ["queue", "nodes", "max_retries", "retries", "timeout_s", "exit_code", "array", "array_index",
+               "checkpoint", "attained_gpu_s"]
+
+
+def _checkpoint(obj) -> dict | None:
+    if not obj.checkpoint_signal:
+        return None
+    return {"signal": obj.checkpoint_signal, "grace_s": obj.checkpoint_grace_s}
 
 
 class JobSerializer(WorkloadSerializer):
+    checkpoint = serializers.SerializerMethodField(
+        help_text="the signal sent on preemption and the grace before the stop; null: none")
+    attained_gpu_s = serializers.FloatField(
+        read_only=True, help_text="GPU-seconds received over its earlier runs (kept when it is requeued)")
+
     class Meta(WorkloadSerializer.Meta):
         fields = [*WorkloadSerializer.Meta.fields, *_JOB_FIELDS]
         read_only_fields = fields
 
+    @extend_schema_field(CheckpointSerializer(allow_null=True))
+    def get_checkpoint(self, obj) -> dict | None:
+        return _checkpoint(obj)
+
 
 class JobDetailSerializer(WorkloadDetailSerializer):
+    checkpoint = serializers.SerializerMethodField(
+        help_text="the signal sent on preemption and the grace before the stop; null: none")
+    attained_gpu_s = serializers.FloatField(
+        read_only=True, help_text="GPU-seconds received over its earlier runs (kept when it is requeued)")
+
     class Meta(WorkloadDetailSerializer.Meta):
         fields = [*WorkloadDetailSerializer.Meta.fields, *_JOB_FIELDS]
         read_only_fields = fields
+
+    @extend_schema_field(CheckpointSerializer(allow_null=True))
+    def get_checkpoint(self, obj) -> dict | None:
+        return _checkpoint(obj)
 
 
 # --- job arrays

@@ -13,6 +13,7 @@ from agents import selectors as agent_selectors
 from agents import services as agent_services
 from agents.api import serializers as agent_s
 from billing.selectors import launched_cost
+from gpucloud.api.serializers import rendered, validated
 from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from scheduler import arrays, selectors, services
@@ -59,25 +60,25 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         return Response(self.detail_serializer(fresh).data, status=code)
 
     def create(self, request, *args, **kwargs):
-        ser = self.create_serializer(data=request.data)
-        ser.is_valid(raise_exception=True)
-        array = ser.validated_data.pop("array", None)  # jobs only: a job array (scheduler/arrays.py)
+        data = validated(self.create_serializer, request.data)  # the fields built once per thread
+        array = data.pop("array", None)  # jobs only: a job array (scheduler/arrays.py)
         if array is not None:
-            spec = services.WorkloadSpec(kind=self.kind, **ser.validated_data)
+            spec = services.WorkloadSpec(kind=self.kind, **data)
             arr = arrays.job_array_launch(tenant=self.tenant, spec=spec, count=array["count"], user=request.user)
             return Response(array_data(arr, detail=True), status=status.HTTP_201_CREATED)
-        spec = services.WorkloadSpec(kind=self.kind, **ser.validated_data)
-        workload = services.workload_launch(tenant=self.tenant, spec=spec, user=request.user)
+        spec = services.WorkloadSpec(kind=self.kind, **data)
+        # the tenant row was read by this request's authentication: its billing flag is as fresh
+        workload = services.workload_launch(tenant=self.tenant, spec=spec, user=request.user, tenant_fresh=True)
         return self._launched(workload)
 
     def _launched(self, workload: Workload) -> Response:
         """The 201 answer, from what the launch wrote and read (its event, the price in force):
         what `_detail` would read back (tests/scheduler/test_submission_path.py compares them)."""
         workload.active_allocations = []  # PENDING holds nothing
+        workload.never_ran = True  # nor held anything before: no "ran on" to read
         workload._prefetched_objects_cache = {"events": [workload.launch_event]}
-        ser = self.detail_serializer(workload)
-        ser._costs = {workload.pk: launched_cost(workload=workload, per_hour=workload.launch_price)}
-        return Response(ser.data, status=status.HTTP_201_CREATED)
+        costs = {workload.pk: launched_cost(workload=workload, per_hour=workload.launch_price)}
+        return Response(rendered(self.detail_serializer, workload, _costs=costs), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None)
     @action(detail=True, methods=["post"])

@@ -113,6 +113,11 @@ class PlacementSpec:
     share_pick: str = "best-fit"
     gradient: bool = False
 
+    @property
+    def uses_workload(self) -> bool:
+        """Whether it reads FGD's target workload (``Policy.workload``)."""
+        return self.gradient or self.share_pick == "fgd" or any(n == "fgd" for n, _w in self.scores)
+
 
 PLACEMENTS: dict[str, PlacementSpec] = {}
 

@@ -111,12 +111,15 @@ class Allocation:
     preempting_for: str | None = None
     stop_by: float | None = None
     pinned: bool = False  # bound to its host (a volume lives there): never migrated
+    #: saves its progress on a signal (``checkpoint`` at submission): a preemption
+    #: loses it no work, and its notice lasts at least ``grace_s`` (time to save).
+    #: Only such jobs are time-sliced (a job that restarts from scratch would lose
+    #: its run at every slice)
+    checkpointable: bool = False
+    grace_s: float = 0.0
     #: GPU-seconds this work had received before ``started_at`` (earlier runs of a
     #: requeued job); the time-slice policies add what it received since
     attained_service: float = 0.0
-    #: saves its progress when preempted; only such jobs are time-sliced (a job
-    #: that restarts from scratch would lose its run at every slice)
-    checkpointable: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +162,8 @@ class PlacementRequest:
 
     Whole GPUs: ``gpus_per_node >= 1`` and ``gpu_milli == 1000``. A fractional
     share: ``gpus_per_node == 0`` and ``0 < gpu_milli < 1000`` (single node).
+    No GPU at all (vCPUs and memory only, e.g. openb's GPU-less pods):
+    ``gpus_per_node == 0`` and ``gpu_milli == 0`` (single node).
     ``nodes > 1`` is a multi-host gang, placed all-or-nothing in one region.
     ``expected_duration`` (seconds) feeds backfill and the oracle orders (sjf,
     srtf); ``attained_service`` (GPU-seconds already received, e.g. by a requeued
@@ -183,8 +188,10 @@ class PlacementRequest:
     expected_duration: float | None = None
     attained_service: float = 0.0
     restartable: bool = False
-    #: saves its progress when preempted (resumes, keeping attained service and
-    #: progress); otherwise a preempted restartable job starts from scratch
+    #: the job saves its progress when signalled (``checkpoint`` at submission): a
+    #: preemption costs it only the work since its last checkpoint, and it resumes
+    #: with its attained service kept when requeued; otherwise a preempted
+    #: restartable job starts from scratch
     checkpointable: bool = False
     #: host affinity: placed on this host only, or it waits for it (a volume lives there)
     pinned_host: str | None = None

@@ -140,6 +140,81 @@ def _dominated(frontier: list[tuple[_Shape, _T]] | None, shape: _Shape) -> _T | 
 BASE_FILTERS = ("ready", "gpu-model", "region", "gpus", "resources")
 
 
+class _Cap:
+    """The blast radius of one preemption (``Policy.preempt_cap``): the victims may
+    hold at most ``mult`` times what the request needs - GPU-seconds of remaining
+    expected work when the request and every victim have estimates, else GPUs.
+    ``over`` keeps the smallest eviction that would have made room but was refused,
+    for the request's wait reason."""
+
+    __slots__ = ("mult", "milli", "gpu_s", "now", "over", "max_milli", "max_gpu_s")
+
+    def __init__(self, req: PlacementRequest, mult: float, now: float) -> None:
+        self.mult = mult
+        self.milli = req.milli_per_node  # per node: victims are chosen host by host
+        d = req.expected_duration
+        self.gpu_s = None if d is None else self.milli / WHOLE * d
+        self.now = now
+        self.over: tuple[float, bool] | None = None
+        # what one victim may hold at most, in each measure (+ rounding slack)
+        self.max_milli = mult * self.milli + 1e-6
+        self.max_gpu_s = INF if self.gpu_s is None else mult * self.gpu_s * WHOLE + 1e-3
+
+    def one_ok(self, a: AllocState) -> bool:
+        """May ``a`` be a victim at all (alone within the cap)? The hot filter."""
+        end = a.alloc.expected_end
+        if end is None or self.gpu_s is None:
+            return a.milli <= self.max_milli
+        return a.milli * max(0.0, end - self.now) <= self.max_gpu_s
+
+    @property
+    def bounded(self) -> bool:
+        return self.mult != INF
+
+    def cost(self, victims: Iterable[AllocState]) -> tuple[float, bool]:
+        """What evicting ``victims`` costs: (GPU-seconds of remaining work, True) or (GPUs, False)."""
+        vs = list(victims)
+        now = self.now
+        if self.gpu_s is not None:
+            ends = [a.alloc.expected_end for a in vs]
+            if None not in ends:
+                return (
+                    sum(a.milli / WHOLE * max(0.0, e - now) for a, e in zip(vs, ends, strict=True) if e is not None),
+                    True,
+                )
+        return sum(a.milli for a in vs) / WHOLE, False
+
+    def ok(self, victims: Iterable[AllocState], nodes: int = 1) -> bool:
+        if self.mult == INF:
+            return True
+        c, secs = self.cost(victims)
+        need = self.gpu_s if secs else self.milli / WHOLE
+        return c <= self.mult * nodes * need + 1e-9  # type: ignore[operator]
+
+    def note(self, victims: Iterable[AllocState]) -> None:
+        c = self.cost(victims)
+        if self.over is None or c < self.over:
+            self.over = c
+
+    def words(self, req: PlacementRequest) -> str:
+        """Why preemption did not make room: "" unless the cap refused some."""
+        if self.over is None:
+            return ""
+        c, secs = self.over
+        if secs:
+            need = (self.gpu_s or 0.0) * req.nodes / 3600
+            return (
+                f"preempting for it would evict {c / 3600:.1f} GPU-hours of remaining work, "
+                f"over the cap of {self.mult:g}x its {need:.1f} GPU-hours"
+            )
+        need_gpus = self.milli * req.nodes / WHOLE
+        return (
+            f"preempting for it would evict {c:g} GPUs of running work, "
+            f"over the cap of {self.mult:g}x the {need_gpus:g} GPU{'s' if need_gpus != 1 else ''} "
+            f"it asks for"
+        )
+
+
 def plan(
     snapshot: ClusterSnapshot,
     queue: Iterable[PlacementRequest],
@@ -192,18 +267,28 @@ ALL_HOSTS = 1 << 30
 _WORKLOAD_OF = operator.attrgetter("gpus_per_node", "gpu_milli", "vcpus")
 
 
-def derive_workload(reqs: Iterable[PlacementRequest]) -> tuple[tuple[int, int, int, float], ...]:
-    """The FGD target workload: the popularity of every task shape (GPU count or
+def derive_workload(
+    reqs: Iterable[PlacementRequest], popularity: float = 1.0
+) -> tuple[tuple[int, int, int, float], ...]:
+    """The FGD target workload: the popularity of the task shapes (GPU count or
     milli share, and vCPUs) among ``reqs``, as (gpus_per_node, gpu_milli, vcpus,
-    probability), most popular first (ties by shape)."""
+    probability), most popular first (ties by shape). With ``popularity`` < 1 only
+    the most popular shapes are kept, until they cover that share of the tasks,
+    and renormalised (FGD's "typical pods": 0.95 in its experiments)."""
     counts = Counter(map(_WORKLOAD_OF, reqs))
     if not counts:
         return ((1, WHOLE, 0, 1.0),)
     total = sum(counts.values())
-    return tuple(
-        (g, m, c, n / total)
-        for (g, m, c), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    )
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    if popularity < 1.0:
+        kept = 0
+        for i, (_shape, n) in enumerate(ranked):
+            if kept >= popularity * total:
+                ranked = ranked[:i]
+                break
+            kept += n
+        total = kept
+    return tuple((g, m, c, n / total) for (g, m, c), n in ranked)
 
 
 def _gib(mib: int) -> str:
@@ -234,19 +319,24 @@ class _Planner:
         )
         self.mix = policy.mix or derive_mix(reqs)
         self.workload = (
-            (policy.workload or derive_workload(reqs)) if self.spec.gradient else ()
+            (policy.workload or derive_workload(reqs)) if self.spec.uses_workload else ()
         )
         if cache is not None:
             # cached score totals are only valid for the same plugins and mix
             key: tuple[object, ...] = (self.spec, self.mix)
-            if self.spec.gradient:
+            if self.spec.uses_workload:
                 key = (self.spec, self.mix, self.workload)
             if cache.key != key:
                 cache.clear()
                 cache.key = key
         self.fleet = Fleet(snapshot, now, cache)
         self.frag = frag_model(self.mix)
-        ctx = CycleContext(now=now, mix=self.mix, require_island=policy.topology == "require")
+        ctx = CycleContext(
+            now=now,
+            mix=self.mix,
+            workload=self.workload,
+            require_island=policy.topology == "require",
+        )
         names = list(BASE_FILTERS)
         if policy.topology == "require":
             names.append("nvlink")
@@ -260,8 +350,8 @@ class _Planner:
         self.pick_hot_filters()
         self.scores: list[Score] = [SCORES[n](ctx, w) for n, w in self.spec.scores]
         self.fgd: FgdModel | None = None
-        if self.spec.gradient or self.spec.share_pick == "fgd":
-            self.fgd = fgd_model(self.workload or derive_workload(reqs))
+        if self.spec.uses_workload:
+            self.fgd = fgd_model(self.workload)
         if self.spec.gradient:
             assert self.fgd is not None
             self.scores = [FgdGradientScore(self.fgd)]
@@ -283,12 +373,17 @@ class _Planner:
                 self.under_notice.setdefault(pf, []).append(st)
         self.n = Counter[str]()
         self.pool_cache: dict[tuple[str, str | None, tuple[str, ...]], list[Pool]] = {}
-        self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, bool]]] = {}
+        # shape -> "" (no victims at all: any larger shape has none either) or the cap's
+        # words (refused by the cap: only this very shape, a larger one may fit the cap)
+        self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, str]]] = {}
+        # the blast-radius bound of the request whose victims are being chosen
+        self.cap: _Cap | None = None
         # (pool, class rank) -> hosts that still hold work that class could preempt
         self.victim_hosts: dict[tuple[str, str, int, float], dict[HostState, None]] = {}
         self.slice_cache: dict[str, float] = {}
         self.level_cache: dict[str, int] = {}
         self.dynamic = {c: policy.mode_for(c) == "dynamic" for c in CLASS_RANK}
+        self.quantum: dict[str, float] = dict(policy.slice_quantum)
 
     # ------------------------------------------------------------------ the cycle
 
@@ -439,14 +534,17 @@ class _Planner:
                     req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
                 )
             pkey = (*key, CLASS_RANK.get(req.priority, 1), self.slice_of(req))
-            known = _dominated(self.no_victims.get(pkey), shape) is not None
-            victims = [] if known else self.find_victims(req, pools)
-            if not victims:
+            capped = self.known_no_victims(pkey, shape)
+            if capped is None:
+                self.cap = _Cap(req, self.p.preempt_cap, self.now)
+                victims = self.find_victims(req, pools)
+                if victims:
+                    return self.preempt_for(req, victims)
                 # victims only ever get fewer within a cycle, so this shape stays unservable
-                if not known:
-                    self.no_victims.setdefault(pkey, []).append((shape, True))
-            else:
-                return self.preempt_for(req, victims)
+                capped = self.cap.words(req)
+                self.no_victims.setdefault(pkey, []).append((shape, capped))
+            if capped:
+                failure = f"{failure}; {capped}"
         if not self.is_blocked(req):
             self.blocked[(model, req.region)] = req.request_id
             if self.p.backfill:
@@ -479,10 +577,14 @@ class _Planner:
                         req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
                     )
                 if hs.reserved_at is None or hs.reserved_for == req.request_id:
+                    self.cap = _Cap(req, self.p.preempt_cap, self.now)
                     victims = self.host_victims(req, hs)
                     if victims:
                         self.mark_reserved(hs, self.now, req.request_id)
                         return self.preempt_for(req, victims)
+                    capped = self.cap.words(req)
+                    if capped:
+                        reason = f"{reason}; {capped}"
             if self.p.backfill and hs.ready and hs.reserved_at is None:
                 at = self.earliest_fit(req, hs)
                 if at < INF:
@@ -493,13 +595,15 @@ class _Planner:
         """Give ``victims`` notice to make room for ``req``, which waits for them."""
         for a in victims:
             a.doomed = True
+            # a checkpointing victim gets its declared grace to save its progress
+            notice = max(self.p.notice_s, a.alloc.grace_s)
             self.decisions.append(
                 Preempt(
                     a.alloc.request_id,
                     req.request_id,
-                    self.p.notice_s,
+                    notice,
                     f"preempted to make room for {req.priority}-class work; "
-                    f"stops in {self.p.notice_s:g} s",
+                    f"stops in {notice:g} s",
                 )
             )
             self.n["preempted"] += 1
@@ -540,10 +644,12 @@ class _Planner:
         if req.gpus_per_node < 0 or req.vcpus < 0 or req.memory_mib < 0:
             return "GPU, vCPU and memory amounts cannot be negative"
         if req.gpus_per_node == 0:
-            if not 0 < req.gpu_milli < WHOLE:
+            if not 0 <= req.gpu_milli < WHOLE:
                 return "a fractional GPU share must be between 1 and 999 milli-GPUs"
             if req.nodes > 1:
                 return "fractional GPU shares are single-node"
+            if req.gpu_milli == 0 and not (req.vcpus or req.memory_mib):
+                return "a request without GPUs must ask for vCPUs or memory"
         elif req.gpu_milli != WHOLE:
             return "whole-GPU requests take whole GPUs (gpu_milli must be 1000)"
         if req.pinned_host is not None and req.nodes > 1:
@@ -590,6 +696,8 @@ class _Planner:
     # ------------------------------------------------------------------ placement
 
     def what(self, req: PlacementRequest) -> str:
+        if req.gpus_per_node == 0 and req.gpu_milli == 0:
+            return "room for work without GPUs"
         if req.gpus_per_node == 0:
             return f"a {req.gpu_milli / 10:g}% share of a {req.gpu_model} GPU free"
         g = req.gpus_per_node
@@ -686,6 +794,13 @@ class _Planner:
                         yield from pool.by_free[c]
             return
         m = req.gpu_milli
+        if m == 0:
+            # no GPU: any host, fullest (fewest free GPUs) first when packing
+            for c in range(0, top + 1) if fullest else range(top, -1, -1):
+                for pool in pools:
+                    if c < len(pool.by_free):
+                        yield from pool.by_free[c]
+            return
         tenant = req.tenant_id
         seen: set[HostState] = set()
         lo = m // SHARE_BUCKET
@@ -824,6 +939,8 @@ class _Planner:
                 assert idxs is not None
                 pool.take_whole(hs, idxs)
                 out.append(HostPlacement(hs.host_id, tuple([uuids[i] for i in idxs]), WHOLE))
+            elif req.gpu_milli == 0:
+                out.append(HostPlacement(hs.host_id, (), 0))  # no GPU: vCPUs and memory only
             else:
                 if self.fgd is not None and self.spec.share_pick == "fgd":
                     got = self.fgd.best_share(hs, req.gpu_milli, req.vcpus, req.tenant_id)
@@ -906,9 +1023,9 @@ class _Planner:
 
         By class: ``a`` is of a lower class whose mode is dynamic. Inside a class
         (``time_slice``): ``a`` is checkpointing batch work (kind job) that ran at
-        least ``min_run_s`` and sits in a lower attained-service queue (las) or
-        is expected to run longer than the request (srtf). Instances are never
-        time-sliced."""
+        least its class's quantum (``slice_quantum``, else ``min_run_s``) and sits
+        in a lower attained-service queue (las) or is expected to run longer than
+        the request (srtf). Instances are never time-sliced."""
         if a.doomed or not self.dynamic.get(a.alloc.priority, False):
             return False
         if a.rank > rank:
@@ -920,12 +1037,50 @@ class _Planner:
             al.kind != "job"
             or not al.restartable
             or not al.checkpointable
-            or self.now - al.started_at < self.p.min_run_s
+            or self.now - al.started_at < self.quantum.get(al.priority, self.p.min_run_s)
         ):
             return False
         if self.p.time_slice == "las":
             return self.run_level(a) > mine
         return al.expected_end is not None and al.expected_end - self.now > mine
+
+    def known_no_victims(self, pkey: tuple[object, ...], shape: _Shape) -> str | None:
+        """None, or the remembered outcome of a failed victim search this shape
+        repeats: "" (no victims, for it or any smaller shape) or the cap's words
+        (remembered for the same GPUs and duration only: a larger request is allowed more)."""
+        for f, words in self.no_victims.get(pkey, ()):
+            if words:
+                # the same GPUs and duration (so the same cap): more vCPUs, memory or
+                # nodes find no victims within it either
+                if (
+                    shape[0] == f[0]
+                    and shape[4] == f[4]
+                    and shape[1] >= f[1]
+                    and shape[2] >= f[2]
+                    and shape[3] >= f[3]
+                ):
+                    return words
+            elif (
+                shape[0] >= f[0]
+                and shape[1] >= f[1]
+                and shape[2] >= f[2]
+                and shape[3] >= f[3]
+                and shape[4] >= f[4]
+            ):
+                return ""
+        return None
+
+    def lost_work(self, a: AllocState) -> float:
+        """GPU-seconds a preemption throws away: the run so far, or none for work
+        that saves its progress on the signal (its notice is the time to save)."""
+        if a.alloc.checkpointable:
+            return 0.0
+        return a.milli / WHOLE * max(0.0, self.now - a.alloc.started_at)
+
+    def victim_key(self, a: AllocState) -> tuple[bool, float, float, str]:
+        """Spot first, then the least work lost, then the shortest running."""
+        al = a.alloc
+        return (al.billing != "spot", self.lost_work(a), self.now - al.started_at, al.request_id)
 
     def fits_with(self, req: PlacementRequest, hs: HostState, gone: Sequence[AllocState]) -> bool:
         """Would ``req`` fit on ``hs`` (ignoring reservations) once ``gone`` stopped?"""
@@ -1008,10 +1163,44 @@ class _Planner:
             # cheap bound before the exact check
             if hs.free + sum(a.gpu_count for a in elig) < req.gpus_per_node:
                 return None
-        now = self.now
-        elig.sort(
-            key=lambda a: (a.alloc.billing != "spot", now - a.alloc.started_at, a.alloc.request_id)
-        )
+        cap = self.cap
+        assert cap is not None
+        if not cap.bounded:
+            elig.sort(key=self.victim_key)
+            return self.greedy(req, hs, elig)
+        # bounded blast radius: no victim that alone evicts more than the cap
+        within = [a for a in elig if cap.one_ok(a)]
+        g = req.gpus_per_node
+        if len(within) < len(elig) and (
+            not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)
+        ):
+            if cap.over is None:  # the first host that would need more says why, once
+                elig.sort(key=self.victim_key)
+                full = self.greedy(req, hs, elig)
+                if full is not None:
+                    cap.note(full)
+            return None
+        within.sort(key=self.victim_key)
+        chosen = self.greedy(req, hs, within)
+        if chosen is not None and not cap.ok(chosen):
+            # the least-lost-work set evicts too much: try the smallest victims first
+            over = chosen
+            chosen = self.greedy(req, hs, sorted(within, key=lambda a: (a.milli, self.victim_key(a))))
+            if chosen is None or not cap.ok(chosen):
+                cap.note(over)
+                return None
+        if chosen is None and len(within) < len(elig) and cap.over is None:
+            elig.sort(key=self.victim_key)
+            full = self.greedy(req, hs, elig)
+            if full is not None:
+                cap.note(full)  # room only past the cap: the reason says so
+        return chosen
+
+    def greedy(
+        self, req: PlacementRequest, hs: HostState, elig: Sequence[AllocState]
+    ) -> list[AllocState] | None:
+        """Take ``elig`` in order until ``req`` fits on ``hs``, then drop the ones
+        that turned out unnecessary; None when all of them do not make room."""
         chosen: list[AllocState] = []
         for a in elig:
             chosen.append(a)
@@ -1068,7 +1257,7 @@ class _Planner:
                         continue
                     cost = (
                         sum(a.alloc.billing != "spot" for a in vs),
-                        sum(now - a.alloc.started_at for a in vs),
+                        sum(self.lost_work(a) for a in vs),
                         len(vs),
                     )
                     options.append((cost, hs.host_id, hs, vs))
@@ -1093,6 +1282,10 @@ class _Planner:
         for _c, _h, _hs, vs in picked:
             for a in vs:
                 victims.setdefault(a.alloc.request_id, a)
+        cap = self.cap
+        if victims and gang and cap is not None and not cap.ok(victims.values(), req.nodes):
+            cap.note(victims.values())  # host by host within the cap, together over it
+            return []
         if victims:
             for _c, _h, hs, _vs in picked:
                 self.mark_reserved(hs, now, req.request_id)
@@ -1205,6 +1398,9 @@ class _Planner:
             model = self.fleet.model_of(al)
             if p.reclaim_under_pressure and demand.get(model, 0) <= 0:
                 continue
+            # bounded blast radius: never reclaim more than the cap times what waits
+            if p.reclaim_under_pressure and a.milli > p.preempt_cap * demand.get(model, 0):
+                continue
             idle_for = INF
             any_gpu = False
             for pl in al.placements:
@@ -1222,8 +1418,7 @@ class _Planner:
             if not any_gpu or idle_for < p.reclaim_idle_s:
                 continue
             a.doomed = True
-            milli = sum(len(pl.gpus) * pl.milli for pl in al.placements)
-            demand[model] = demand.get(model, 0) - milli
+            demand[model] = demand.get(model, 0) - a.milli
             self.decisions.append(
                 Preempt(
                     rid,

@@ -80,6 +80,8 @@ class FreeGpusFilter:
     def filter(self, req: PlacementRequest, host: HostState) -> Status:
         g = req.gpus_per_node
         if g == 0:
+            if req.gpu_milli == 0:
+                return OK  # no GPU asked for
             return OK if host.fits_share(req.gpu_milli, req.tenant_id) else _NO_SHARE
         if host.total < g:
             return _SMALL_HOST
@@ -180,6 +182,12 @@ class BestFitScore:
         self.weight = weight
 
     def score(self, req: PlacementRequest, host: HostState) -> int:
+        if req.gpus_per_node == 0 and req.gpu_milli == 0:
+            # no GPU: the host whose vCPUs it fills tightest
+            res = host.res
+            if not res.total_vcpus:
+                return MAX_SCORE
+            return _clamp(MAX_SCORE * (1 - (res.free_vcpus - req.vcpus) / res.total_vcpus))
         if req.gpus_per_node == 0:
             i = pick_share(host, req.gpu_milli, "best-fit", (), tenant=req.tenant_id)
             if i is None:
@@ -282,7 +290,9 @@ class FragScore:
         self.model = frag_model(ctx.mix)
 
     def score(self, req: PlacementRequest, host: HostState) -> int:
-        if req.gpus_per_node == 0:
+        if req.gpus_per_node == 0 and req.gpu_milli == 0:
+            delta = 0.0  # no GPU: this mix has no vCPU dimension
+        elif req.gpus_per_node == 0:
             got = self.model.best_share(host, req.gpu_milli, req.tenant_id)
             if got is None:
                 return 0
@@ -395,7 +405,8 @@ def frag_model(mix: Mix) -> FragModel:
 # ------------------------------------------------------------------ FGD (faithful form)
 
 #: the target workload: (gpus_per_node, gpu_milli, vcpus, probability) per task shape;
-#: gpus_per_node 0 is a share of ``gpu_milli`` of one GPU, >= 1 whole GPUs
+#: gpus_per_node 0 is a share of ``gpu_milli`` of one GPU (0 milli: no GPU at all),
+#: >= 1 whole GPUs
 Workload = tuple[tuple[int, int, int, float], ...]
 
 
@@ -444,6 +455,8 @@ class FgdModel:
         dw = [[0.0] * (max_gpus + 1) for _ in range(rows)]
         for g, m, cpu, p in workload:
             r = idx[cpu] + 1  # covered once the free vCPUs reach this request
+            if g == 0 and m == 0:
+                continue  # no GPU: it can use no free GPU milli (FGD's XL/XR), only P counts it
             if g == 0 or g == 1:
                 dq[r][min(m if g == 0 else WHOLE, WHOLE)] += p
             elif g <= max_gpus:
@@ -473,6 +486,13 @@ class FgdModel:
 
     def frag_host(self, host: HostState) -> float:
         return self.frag(host.res.free_vcpus, [WHOLE - x for x in host.milli])
+
+    def delta_cpu(self, host: HostState, vcpus: int) -> float:
+        """F after work without GPUs takes ``vcpus`` of the host, minus F before."""
+        frees = [WHOLE - x for x in host.milli]
+        return self.frag(host.res.free_vcpus - vcpus, frees) - self.frag(
+            host.res.free_vcpus, frees
+        )
 
     def delta_whole(self, host: HostState, g: int, vcpus: int) -> float:
         """F after ``g`` whole GPUs and ``vcpus`` land on the host, minus F before."""
@@ -535,16 +555,19 @@ class FgdGradientScore:
     """Ranks hosts for an FGD placement by the fragmentation gradient alone, scored
     as FGD's own plugin does (fgd_score.go in Weng et al.'s simulator):
     ``int(sigmoid(-delta / 1000) * MAX_SCORE)``, so a host whose F falls scores
-    over 50 and one whose F rises under. Equal scores go to the lower host_id
-    (FGD picks at random among them)."""
+    over 50 and one whose F rises under. Equal scores go to the lower host_id,
+    as FGD's simulator gives them to the smallest node name (which it prefixes with
+    a seeded random permutation: ``scheduler.sim.trace.fgd_node_order``)."""
 
     name = "frag-gradient"
-    weight = 1
 
-    def __init__(self, model: FgdModel) -> None:
+    def __init__(self, model: FgdModel, weight: int = 1) -> None:
         self.model = model
+        self.weight = weight
 
     def delta(self, req: PlacementRequest, host: HostState) -> float | None:
+        if req.gpus_per_node == 0 and req.gpu_milli == 0:
+            return self.model.delta_cpu(host, req.vcpus)
         if req.gpus_per_node == 0:
             got = self.model.best_share(host, req.gpu_milli, req.vcpus, req.tenant_id)
             return None if got is None else got[1]
@@ -563,6 +586,12 @@ class FgdGradientScore:
 @functools.lru_cache(maxsize=8)
 def fgd_model(workload: Workload) -> FgdModel:
     return FgdModel(workload)
+
+
+# FGD's gradient as one score among others (on the k candidates a placement scores)
+register_score(
+    "fgd", lambda ctx, w: FgdGradientScore(fgd_model(ctx.workload or ((1, WHOLE, 0, 1.0),)), w)
+)
 
 
 # ---------------------------------------------------------------------------- pickers
@@ -660,11 +689,22 @@ register_placement(
         share_pick="spread",
     )
 )
-# Fragmentation-aware for the live loop: the expected-fragmentation score on the policy's
-# k candidates (fast enough for 100,000 GPUs), with topology and load.
+# Fragmentation-aware for the live loop: FGD's gradient (vCPUs included, against the
+# target workload) on the policy's k fullest feasible candidates only (fast enough for
+# 100,000 GPUs), with topology and load; a share goes on the GPU FGD would pick.
 register_placement(
     PlacementSpec(
         "frag-aware",
+        scan="fullest",
+        scores=(("fgd", 3), ("topology", 2), ("load", 1)),
+        share_pick="fgd",
+    )
+)
+# The earlier live default: the old expected-fragmentation score (GPU shapes only, no
+# vCPUs, the 8 most common shapes) on the k candidates. Kept for comparison.
+register_placement(
+    PlacementSpec(
+        "frag-mix",
         scan="fullest",
         scores=(("frag-aware", 3), ("topology", 2), ("load", 1)),
         share_pick="frag",

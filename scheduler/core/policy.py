@@ -13,6 +13,7 @@ lower class whose mode is dynamic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
@@ -34,6 +35,11 @@ class Policy:
     #: model (strict FIFO); with backfill, it reserves instead.
     head_of_line: bool = False
     notice_s: float = 30.0
+    #: bounded blast radius: one preemption evicts at most this multiple of what its
+    #: request needs - GPU-seconds of remaining expected work when the request and
+    #: every victim have estimates, else GPUs - and a reclaim at most this multiple
+    #: of the waiting demand; ``math.inf``: no cap
+    preempt_cap: float = 1.0
     topology: Literal["prefer", "require"] = "prefer"
     reclaim: bool = False
     reclaim_idle_util: float = 0.05
@@ -62,6 +68,8 @@ class Policy:
     time_slice: Literal["", "las", "srtf"] = ""
     #: a job runs at least this long before a time-slice preemption (quantum)
     min_run_s: float = 600.0
+    #: ((class, quantum_s), ...): the quantum of a listed class, overriding min_run_s
+    slice_quantum: tuple[tuple[str, float], ...] = ()
     #: per-cycle depth cap: after this many requests could not start (waits and
     #: rejects), the rest of the queue waits unexamined this cycle. None = no cap.
     #: Placements are never capped.
@@ -119,6 +127,9 @@ register_policy(
         mode="dynamic",
         preemption=True,
         time_slice="srtf",
+        # SRTF evicts exactly the work expected to run longer than the request,
+        # which a cap on remaining GPU-seconds would always refuse: no cap
+        preempt_cap=math.inf,
     )
 )
 register_policy(

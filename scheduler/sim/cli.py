@@ -15,7 +15,14 @@ from scheduler.core import PLACEMENTS, POLICIES, get_policy
 
 from .engine import Simulator
 from .report import plot, summarize, write_jobs_csv
-from .trace import Node, TraceError, read_cluster, read_partitions, read_trace
+from .trace import (
+    Node,
+    TraceError,
+    fgd_node_order,
+    read_cluster,
+    read_partitions,
+    read_trace,
+)
 
 #: the simulator's default per-cycle depth cap (docs/simulator.md measures it)
 DEFAULT_DEPTH = 16
@@ -107,6 +114,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="let shares of several tenants mix on one GPU (MIG / operator-allowed models); "
         "by default a GPU's shares go to one tenant at a time, as in the live loop",
     )
+    p.add_argument(
+        "--setup",
+        default="trace",
+        choices=("trace", "fgd"),
+        help="alibaba-openb: 'fgd' replays FGD's own experiment (all pods, GPU-less too, "
+        "shuffled by --seed, one tenant, nodes tie-broken in a seeded random order)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--jobs-out", default=None, help="CSV, one row per job run")
@@ -165,6 +179,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
         )
     else:
         raise TraceError("give --cluster or --partitions")
+    setup = getattr(args, "setup", "trace")
+    if args.format == "alibaba-openb" and setup == "fgd":
+        nodes = fgd_node_order(nodes, args.seed)
     if getattr(args, "cross_tenant", False):
         nodes = [replace(n, cross_tenant=True) for n in nodes]
     kw: dict[str, Any] = {}
@@ -180,6 +197,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
             "inflate": args.inflate,
             "capacity_gpus": sum(n.num_gpus for n in nodes),
             "seed": args.seed,
+            "setup": setup,
         }
     jobs = read_trace(args.trace, args.format, **kw)
     if args.format == "alibaba-openb":

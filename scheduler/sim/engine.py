@@ -72,6 +72,8 @@ ORACLE_ORDERS = ("sjf", "srtf")
 _NOWHERE = "~elsewhere"  # host id of the per-tenant summary allocations
 #: fifo without backfill: pass the queue in chunks; the head blocks the rest anyway
 FIFO_CHUNK = 32
+#: FGD's typical pods: the most popular task shapes that cover 95 % of the tasks
+FGD_POPULARITY = 0.95
 
 
 @dataclass(slots=True)
@@ -273,7 +275,10 @@ def _unsort(lst: list[_Key], key: _Key) -> None:
 class _Agg:
     """What the view needs to know of the queue: shapes, not requests."""
 
-    __slots__ = ("models", "need", "min_g", "frac", "min_rank", "min_frac", "min_milli", "cpu", "mem")
+    __slots__ = (
+        "models", "need", "min_g", "frac", "min_rank", "min_frac", "min_milli", "cpu", "mem",
+        "cpu_only",
+    )
 
     def __init__(self) -> None:
         self.models: dict[tuple[str | None, str], int] = defaultdict(int)
@@ -285,12 +290,16 @@ class _Agg:
         self.min_milli = 0  # the smallest GPU demand of one request (milli)
         self.cpu = False
         self.mem = False
+        #: (region, model) of queued work without GPUs (it may go on any host)
+        self.cpu_only: set[tuple[str | None, str]] = set()
 
     def add(
         self, region: str | None, model: str, g: int, milli: int, nodes: int, rank: int,
         cpu: bool, mem: bool, count: int,
     ) -> None:
         self.models[(region, model)] += nodes * count
+        if g == 0 and milli == 0:
+            self.cpu_only.add((region, model))
         key = (model, region, max(g, 1))
         if self.need.get(key, 0) < nodes:
             self.need[key] = nodes
@@ -354,11 +363,13 @@ class Simulator:
                              gpu_milli=j.gpu_milli, vcpus=j.vcpus)
             for j in self.jobs
         ]
-        if not policy.mix and shapes:
-            self.p = policy.with_(mix=derive_mix(shapes))  # the mix counts GPU shapes only
+        gpu_shapes = [r for r in shapes if r.gpus_per_node or r.gpu_milli]
+        if not policy.mix and gpu_shapes:
+            self.p = policy.with_(mix=derive_mix(gpu_shapes))  # the mix counts GPU shapes only
         spec = PLACEMENTS[self.p.placement]
-        if spec.gradient and not self.p.workload and shapes:
-            self.p = self.p.with_(workload=derive_workload(shapes))
+        if spec.uses_workload and not self.p.workload and shapes:
+            # FGD's "typical pods": the most popular shapes covering 95 % of the tasks
+            self.p = self.p.with_(workload=derive_workload(shapes, FGD_POPULARITY))
         self.k = (
             ALL_HOSTS
             if spec.gradient
@@ -429,7 +440,7 @@ class Simulator:
         where = f" in {j.region}" if j.region else ""
         if not sizes:
             return f"the fleet has no {j.gpu_model} GPUs{where}"
-        if j.gpus_per_node == 0 and not 0 < j.gpu_milli < WHOLE:
+        if j.gpus_per_node == 0 and not 0 <= j.gpu_milli < WHOLE:
             return "a fractional share must be between 1 and 999 milli-GPUs"
         if j.gpus_per_node > sizes[0]:
             return f"asks for {j.gpus_per_node} GPUs on one host; the largest{where} has {sizes[0]}"
@@ -521,6 +532,7 @@ class Simulator:
         series: list[tuple[float, int, float, dict[str, float]]] = []
         marks = list(self.marks)
         mark_out: dict[str, float] = {}
+        by_pct: dict[int, list[float]] = {}
         arrived = 0.0
         skipped = 0
         jobs = self.jobs
@@ -559,6 +571,7 @@ class Simulator:
                 )
                 next_sample = t + step
             # ---- events at t
+            arrived_now = ai < len(jobs) and jobs[ai].submit == t
             while ai < len(jobs) and jobs[ai].submit == t:
                 j = jobs[ai]
                 ai += 1
@@ -583,9 +596,28 @@ class Simulator:
                 dirty = self._schedule(t)
             elif not self.queue:
                 dirty = False
+            if arrived_now and cap:
+                # FGD's reading: the allocation after each arrival, grouped by the
+                # arrived demand in whole per cent of capacity
+                pct = round(100 * arrived / cap)
+                acc = by_pct.setdefault(pct, [0.0, 0])
+                acc[0] += self.used / cap
+                acc[1] += 1
             while marks and arrived >= marks[0] * cap - 1e-6:
                 mark_out[f"{marks[0]:g}"] = self.used / cap
                 marks.pop(0)
+        for m in self.marks:
+            # as FGD's analysis reads its log: the mean allocation over the arrivals
+            # whose demand rounds to the mark (else to the mark +- 1 %); a mark never
+            # reached that way keeps the allocation when the demand crossed it
+            p = round(100 * m)
+            got = by_pct.get(p)
+            if got is None:
+                near = [by_pct[q] for q in (p - 1, p, p + 1) if q in by_pct]
+                if near:
+                    got = [sum(a[0] for a in near), sum(int(a[1]) for a in near)]
+            if got is not None and got[1]:
+                mark_out[f"{m:g}"] = got[0] / got[1]
         # whatever could never start (no departures, or blocked forever)
         for js in self.queue.values():
             js.rejected = js.rejected or "never placed"
@@ -861,6 +893,7 @@ class Simulator:
         min_g = agg.min_g
         frac = agg.frac
         min_rank = agg.min_rank
+        cpu_only = agg.cpu_only
         for key, lst in self.empty.items():
             n = models.get((key[0], key[1]), 0) + models.get((None, key[1]), 0)
             if n and lst:
@@ -880,7 +913,8 @@ class Simulator:
             c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
         ):
             vr: list[str] = []
-            started_by = now - self.p.min_run_s
+            quanta = [q for _c, q in self.p.slice_quantum]
+            started_by = now - min([self.p.min_run_s, *quanta])
             th0 = self.p.las_thresholds[0] if self.p.las_thresholds else 0.0
             las = ts == "las"
             dynamic = self.dynamic
@@ -901,6 +935,11 @@ class Simulator:
             if vr:
                 want = 2 * (self.p.preempt_candidates + max(need.values(), default=1))
                 victims = set(sorted(set(vr))[:want])
+        # work without GPUs may go on any host with vCPUs and memory left
+        if cpu_only:
+            for h in hosts.values():
+                if (h.region, h.model) in cpu_only or (None, h.model) in cpu_only:
+                    ids.add(h.host_id)
         # nothing could start and nothing could be preempted: plan() would only wait
         if not victims and not frac:
             best = max((hosts[h].nfree for h in ids), default=0)

@@ -21,7 +21,7 @@ import csv
 import math
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -199,12 +199,24 @@ def read_openb(
     capacity_gpus: float = 0.0,
     seed: int = 0,
     departures: bool = False,
+    setup: str = "trace",
 ) -> list[Job]:
-    """The openb pod list in creation order. GPU-less pods are left out (the core
-    places GPU work only). The file's lifetimes are not job lengths (a snapshot of
-    the last window), so by default pods never end, as in the FGD experiments;
-    ``inflate`` (e.g. 1.3) appends pods sampled with replacement (seeded) until
-    the requested GPUs reach ``inflate x capacity_gpus``."""
+    """The openb pod list. The file's lifetimes are not job lengths (a snapshot of
+    the last window), so by default pods never end, as in the FGD experiments.
+
+    ``setup="trace"``: GPU pods only, in creation order, the qos label as tenant
+    and class; ``inflate`` (e.g. 1.3) appends GPU pods sampled with replacement
+    (seeded) until the requested GPUs reach ``inflate x capacity_gpus``.
+
+    ``setup="fgd"``: FGD's own experiment (Weng et al.'s simulator,
+    ``--shuffle-pod=true -tune 1.3 -tuneseed SEED``): every pod, the GPU-less ones
+    too (vCPUs and memory only), one tenant and one class, the file shuffled
+    (seeded) and arriving one a second; ``inflate`` then appends pods sampled
+    from the whole file until the next one would take the demand past
+    ``inflate x capacity_gpus`` (FGD compares the sample's per-GPU milli)."""
+    if setup not in ("trace", "fgd"):
+        raise TraceError(f"unknown openb setup {setup!r} (trace, fgd)")
+    fgd = setup == "fgd"
     pods: list[Job] = []
     for n, row in _rows(path):
         try:
@@ -216,11 +228,16 @@ def read_openb(
             mem = int(float(row.get("memory_mib") or 0))
         except ValueError as e:
             raise TraceError(f"{path}:{n}: {e}") from None
-        if g == 0:
+        if g == 0 and not fgd:
             continue
-        qos = row.get("qos", "")
-        prio = QOS_CLASS.get(qos, "standard")
-        per, m, nodes = (0, milli, 1) if (g == 1 and milli < WHOLE) else (g, WHOLE, 1)
+        qos = "default" if fgd else row.get("qos", "")
+        prio = "standard" if fgd else QOS_CLASS.get(qos, "standard")
+        if g == 0:
+            per, m, nodes = 0, 0, 1  # no GPU: vCPUs and memory only
+        elif g == 1 and milli < WHOLE:
+            per, m, nodes = 0, milli, 1
+        else:
+            per, m, nodes = g, WHOLE, 1
         pods.append(
             Job(
                 job_id=_need(path, n, row, "name"),
@@ -237,6 +254,8 @@ def read_openb(
                 memory_mib=mem,
             )
         )
+    if fgd:
+        return _fgd_order(pods, inflate, capacity_gpus, seed)
     pods.sort(key=lambda j: (j.submit, j.job_id))
     if inflate > 0 and capacity_gpus > 0 and pods:
         rng = random.Random(seed)
@@ -251,6 +270,40 @@ def read_openb(
             pods.append(replace(src, job_id=f"{src.job_id}-x{i}", submit=t))
             demand += src.gpus
     return pods
+
+
+def _fgd_order(pods: list[Job], inflate: float, capacity_gpus: float, seed: int) -> list[Job]:
+    """FGD's arrival sequence: the pods by name, shuffled, then the tuning samples."""
+    rng = random.Random(seed)
+    base = sorted(pods, key=lambda j: j.job_id)
+    seq = list(base)
+    rng.shuffle(seq)
+    if inflate > 0 and capacity_gpus > 0 and base:
+        target = inflate * capacity_gpus * WHOLE
+        demand = sum(round(j.gpus * WHOLE) for j in seq)
+        i = 0
+        while True:
+            src = rng.choice(base)
+            per = src.gpu_milli if src.gpus_per_node == 0 else WHOLE if src.gpus_per_node else 0
+            if demand + per > target:
+                break
+            i += 1
+            seq.append(replace(src, job_id=f"{src.job_id}-x{i}"))
+            demand += round(src.gpus * WHOLE)
+    return [replace(j, submit=float(n)) for n, j in enumerate(seq)]
+
+
+def fgd_node_order(nodes: Sequence[Node], seed: int) -> list[Node]:
+    """FGD's tie-break: its simulator prefixes every node name with a seeded random
+    permutation index (``0042-openb-node-...``) and its scheduler gives equal scores
+    to the smallest name. Our core gives them to the smallest host id, so the same
+    renaming gives the same rule."""
+    rng = random.Random(seed + 1_000_003)
+    ordered = sorted(nodes, key=lambda n: n.node_id)
+    perm = list(range(len(ordered)))
+    rng.shuffle(perm)
+    w = max(4, len(str(len(ordered))))
+    return [replace(n, node_id=f"{perm[i]:0{w}d}-{n.node_id}") for i, n in enumerate(ordered)]
 
 
 def read_trace(path: str | Path, fmt: str, **kw: object) -> list[Job]:

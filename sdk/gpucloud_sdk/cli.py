@@ -402,11 +402,13 @@ def _show(w: dict[str, Any], as_json: bool) -> None:
     fields = ["id", "name", "kind", "state", "reason", "queue_position", "instance_type", "region", "image",
               "command", "ports", "billing", "priority", "max_price", "host", "gpus", "hourly_cost", "cost_so_far",
               "created_at", "started_at", "ended_at", "stop_by", "queue", "nodes", "retries", "max_retries",
-              "exit_code"]
+              "exit_code", "checkpoint", "attained_gpu_s"]
     t = Table(box=None, show_header=False, pad_edge=False)
     for f in fields:
         if f in w and w[f] not in (None, "", [], {}):
             v = w[f]
+            if f == "checkpoint":
+                v = f"{v.get('signal')}, then {v.get('grace_s')} s to save before a preemption stops it"
             t.add_row(f, " ".join(v) if f == "command" else ", ".join(map(str, v)) if isinstance(v, list) else str(v))
     out.print(t)
     if w.get("connect"):
@@ -669,6 +671,12 @@ def jobs_submit(
     spot: Annotated[bool, typer.Option("--spot", help="Spot billing.")] = False,
     array: Annotated[int | None, typer.Option(
         "--array", help="Submit N tasks as one job array (1..10000); each gets GPUCLOUD_ARRAY_INDEX 0..N-1.")] = None,
+    checkpoint_signal: Annotated[str | None, typer.Option(
+        "--checkpoint-signal", help="On preemption send this signal (SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, "
+                                    "SIGQUIT) so the job saves its progress; it resumes when requeued. "
+                                    "With --checkpoint-grace.")] = None,
+    checkpoint_grace: Annotated[int | None, typer.Option(
+        "--checkpoint-grace", help="Seconds (1..3600) between the checkpoint signal and the stop.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait until it ends; exit 1 unless it succeeded.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds --wait waits.")] = 3600.0,
     as_json: JsonOpt = False,
@@ -680,13 +688,15 @@ def jobs_submit(
         gpucloud jobs submit --type h100.8x --image pytorch/pytorch:2.4.0 -- python train.py --epochs 3
         gpucloud jobs submit -t l40s.1x -i alpine --wait -- sh -c 'echo hi'
         gpucloud jobs submit -t h100.1x -i busybox --array 100 -- sh -c 'echo $GPUCLOUD_ARRAY_INDEX'
+        gpucloud jobs submit -t h100.8x -i trainer:1 --checkpoint-signal SIGUSR1 --checkpoint-grace 60 -- python t.py
     """
     with client() as gc:
         region = region or _pick_region(gc, instance_type, spot)
         w = gc.jobs.create(name=name or f"job-{secrets.token_hex(2)}", instance_type=instance_type, region=region,
                            image=image, command=command, env=_env_pairs(env or []) or None, nodes=nodes,
                            max_retries=max_retries, timeout_s=timeout_s, queue=queue,
-                           billing="spot" if spot else None, array=array)
+                           billing="spot" if spot else None, array=array, checkpoint_signal=checkpoint_signal,
+                           checkpoint_grace_s=checkpoint_grace)
         if array is not None:
             if wait:
                 w = _wait_array(gc, w, timeout, as_json)

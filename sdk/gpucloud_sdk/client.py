@@ -94,6 +94,8 @@ class Workload(TypedDict, total=False):
     exit_code: int | None
     array: str | None  # the job array it is a task of
     array_index: int | None
+    checkpoint: dict[str, Any] | None  # {"signal": "SIGUSR1", "grace_s": 60}: sent before a preemption
+    attained_gpu_s: float  # GPU-seconds received over its earlier runs (kept when requeued)
 
 
 class JobArray(TypedDict, total=False):
@@ -484,15 +486,22 @@ class Jobs(_Workloads):
                priority: str | None = None, max_price: str | float | None = None, queue: str | None = None,
                nodes: int | None = None, max_retries: int | None = None,
                timeout_s: int | None = None, array: int | None = None,
-               volumes: list[dict[str, str]] | None = None) -> Workload | JobArray:
+               volumes: list[dict[str, str]] | None = None, checkpoint_signal: str | None = None,
+               checkpoint_grace_s: int | None = None) -> Workload | JobArray:
         """Submit a batch job; it answers at once with state `pending`. With `array=N` it submits N
         tasks as one job array (each with GPUCLOUD_ARRAY_INDEX 0..N-1) and answers with the array.
-        `volumes`: as for instances."""
+        `volumes`: as for instances. `checkpoint_signal` (e.g. "SIGUSR1") and `checkpoint_grace_s`
+        (1..3600), together: on preemption the job gets the signal, then that long to save its
+        progress before it is stopped; it is requeued and resumes (docs/scheduler.md)."""
+        checkpoint = None
+        if checkpoint_signal is not None or checkpoint_grace_s is not None:
+            checkpoint = _body(signal=checkpoint_signal, grace_s=checkpoint_grace_s)
         body = _body(name=name, instance_type=instance_type, region=region, image=image, command=command,
                      env=env, ports=ports, ssh_keys=ssh_keys, billing=billing, priority=priority,
                      max_price=None if max_price is None else str(max_price), queue=queue, nodes=nodes,
                      max_retries=max_retries, timeout_s=timeout_s,
-                     array=None if array is None else {"count": array}, volumes=volumes)
+                     array=None if array is None else {"count": array}, volumes=volumes,
+                     checkpoint=checkpoint)
         return self._create(body)  # type: ignore[return-value]
 
     submit = create

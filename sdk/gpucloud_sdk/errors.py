@@ -202,6 +202,7 @@ CODES: dict[str, type[ApiError]] = {
     "volume_attached": Conflict,
     "volume_name_taken": Conflict,
     "volume_deleted": Conflict,
+    "volume_moving": Conflict,
     "volume_shrink": ValidationError,
     "unknown_volume": ValidationError,
     "illegal_transition": Conflict,

@@ -826,3 +826,42 @@ def test_re_registering_cannot_shrink_below_bookings_and_revives_a_down_host(
     # The GPU the inventory no longer lists is kept, unhealthy, out of the way.
     gone = Gpu.objects.get(uuid="GPU-h1-1")
     assert (gone.healthy, gone.index) == (False, 10000)
+
+
+@pytest.mark.parametrize("bulk_path", [True, False], ids=["running-seen", "ran-between-heartbeats"])
+def test_the_recorded_run_time_is_the_one_the_agent_observed(make_sim_host, alice, triggered, bulk_path):
+    """A job set to run 20 s shows 20 s, not the span between the heartbeats that saw it
+    start and end; a host clock outside [queued, now] is not trusted (the fake clock above)."""
+    import time as _time
+    from datetime import timedelta
+
+    sim = make_sim_host()
+    sim.beat()
+    w = place(sim.host, alice.tenant, kind="job", it_code="h100.2x", env={"GPUCLOUD_SIM_DURATION_S": "20"})
+    Workload.objects.filter(pk=w.pk).update(queued_at=timezone.now() - timedelta(seconds=120))
+    sim.clock.t = _time.time() - 60  # the host's clock: the job started a minute ago, ended 40 s ago
+    sim.beat()  # starts the container (at the host's clock)
+    if bulk_path:
+        sim.beat()  # reports it running
+        assert state(w) == State.RUNNING
+    sim.clock.advance(20)
+    sim.beat()
+    w.refresh_from_db()
+    assert w.state == State.SUCCEEDED
+    assert (w.ended_at - w.started_at).total_seconds() == pytest.approx(20, abs=0.01)
+    assert w.ended_at <= timezone.now()
+
+
+def test_a_host_clock_in_the_future_is_not_trusted_for_run_time(make_sim_host, alice, triggered):
+    import time as _time
+
+    sim = make_sim_host()
+    sim.beat()
+    w = place(sim.host, alice.tenant, kind="job", it_code="h100.2x", env={"GPUCLOUD_SIM_DURATION_S": "20"})
+    sim.clock.t = _time.time() + 3600
+    sim.beat()
+    sim.clock.advance(21)
+    sim.beat()
+    w.refresh_from_db()
+    assert w.state == State.SUCCEEDED and w.ended_at <= timezone.now()
+    assert (w.ended_at - w.started_at).total_seconds() < 20  # the control plane's own times

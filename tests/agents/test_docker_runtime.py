@@ -18,14 +18,16 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import docker  # a requirement: missing, the module fails to import (no skipping)
 import pytest
 
 from agents.host.docker import CAP_ADD, FALLBACK_NETWORK, DockerRuntime, bridge_name
-from agents.host.egress import EgressRules
-from agents.host.runtime import LABEL_MANAGED, LABEL_TENANT, container_name
+from agents.host.egress import INPUT_CHAIN, EgressRules
+from agents.host.runtime import LABEL_MANAGED, LABEL_TENANT, RuntimeError_, container_name
+from agents.host.standin import busybox_image
 from agents.protocol import DesiredContainer
 
 BUSYBOX = Path("/bin/busybox")
@@ -182,6 +184,20 @@ def test_stop_is_idempotent_and_reports_the_exit(client, runtime):
     runtime.remove(s.instance_id)
     runtime.remove(s.instance_id)
     assert observed(runtime, s.instance_id) is None
+
+
+def test_a_checkpoint_signal_reaches_the_job_which_keeps_running(client, runtime):
+    s = spec("ckpt", kind="job", checkpoint_signal="SIGUSR1", checkpoint_grace_s=5, command=[
+        "sh", "-c", 'trap "echo checkpoint saved" USR1; echo ready; while true; do sleep 0.2; done'])
+    runtime.run(s)
+    wait_for(lambda: "ready" in runtime.logs(s.instance_id), "the job to start")
+    runtime.signal(s.instance_id, "SIGUSR1")
+    wait_for(lambda: "checkpoint saved" in runtime.logs(s.instance_id), "the trap to run")
+    assert observed(runtime, s.instance_id).state == "running"  # it handled the signal
+    with pytest.raises(RuntimeError_):
+        runtime.signal(s.instance_id, "SIGKILL")  # only the checkpoint signals
+    runtime.signal(f"{RUN}-never-existed", "SIGUSR1")  # no-op
+    runtime.remove(s.instance_id)
 
 
 def test_a_job_reports_its_exit_code_and_a_rerun_replaces_it(client, runtime):
@@ -371,3 +387,84 @@ def test_tenant_containers_cannot_reach_the_host_but_the_connect_path_still_work
         listener.close()
         if ours:
             rules.remove()
+
+
+def test_the_egress_chain_is_repaired_and_concurrent_installs_keep_it_in_order(client):
+    """The demo's three agents install at once on one host: interleaved flush-and-refill
+    left DROP ahead of the RETURN for replies (the connect path then timed out)."""
+    rules = EgressRules()
+    ours = not _rules_present(rules)
+    ipt = [rules.iptables, "-w", "10"]
+
+    def chain() -> list[str]:
+        out = subprocess.run([*ipt, "-S", INPUT_CHAIN], capture_output=True, text=True, check=True)
+        return [line for line in out.stdout.splitlines() if line.startswith("-A ")]
+
+    right = [f"-A {INPUT_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+             f"-A {INPUT_CHAIN} -j DROP"]
+    try:
+        assert rules.install() is None
+        # What the race left behind: the DROP first.
+        subprocess.run([*ipt, "-I", INPUT_CHAIN, "1", "-j", "DROP"], check=True)
+        assert chain() != right
+        assert rules.install() is None and chain() == right  # repaired
+        gate = threading.Barrier(6)
+        results: list[str | None] = []
+
+        def install() -> None:
+            gate.wait(10)
+            results.append(EgressRules().install())
+
+        threads = [threading.Thread(target=install) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results == [None] * 6 and chain() == right
+    finally:
+        if ours:
+            rules.remove()
+
+
+def test_an_image_the_engine_lacks_runs_as_the_stand_in_which_says_so(client):
+    standin = busybox_image(client)
+    assert busybox_image(client) == standin  # built once; the tag follows the binary
+    rt = DockerRuntime(client, gpu_vendor="none", stop_timeout_s=2, nofile=4096, image_fallback=standin)
+    present = spec("present", command=["sh", "-c", "echo as-asked"], kind="job")
+    client.containers.get(rt.run(present))
+    # More CPUs than the engine has (a simulated 8x H100 host's types): capped, not refused.
+    assert rt.run_kwargs(spec("cpus", vcpus=10_000))["nano_cpus"] == int(client.info()["NCPU"] * 1e9)
+    assert wait_for(lambda: (o := observed(rt, present.instance_id)) and o.state == "exited" and o,
+                    "the job").exit_code == 0
+    assert rt.logs(present.instance_id) == "as-asked\n"  # an image the engine has: no stand-in
+    assert client.containers.get(container_name(present.instance_id)).image.tags == [IMAGE]
+
+    notice = (f"gpucloud: image registry.invalid/absent:1 is not on this host and is not pulled here; "
+              f"running the stand-in image {standin} (busybox) in its place\n")
+    job = spec("standin-job", image="registry.invalid/absent:1", command=["sh", "-c", "echo ran-$((6*7)); exit 3"],
+               kind="job")
+    assert client.containers.get(rt.run(job)).image.tags == [standin]
+    assert wait_for(lambda: (o := observed(rt, job.instance_id)) and o.state == "exited" and o,
+                    "the job").exit_code == 3  # the command ran as asked, on the stand-in
+    assert rt.logs(job.instance_id) == notice + "ran-42\n"
+
+    # No command: busybox httpd answers on each published port with the same words, at any path.
+    web = replace(spec("standin-web", image="registry.invalid/absent:1", ports=[8888]), command=[])
+    c = client.containers.get(rt.run(web))
+
+    def fetch(path: str) -> bytes:
+        c.reload()
+        try:
+            port = int(c.attrs["NetworkSettings"]["Ports"]["8888/tcp"][0]["HostPort"])
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+                conn.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+                return b"".join(iter(lambda: conn.recv(4096), b""))
+        except (OSError, KeyError, IndexError, TypeError):
+            return b""
+
+    page = wait_for(lambda: (b := fetch("/")) and b"stand-in" in b and b, "the stand-in's page")
+    assert page.startswith(b"HTTP/1.1 200") and notice.strip().encode() in page
+    assert notice.strip().encode() in fetch("/i/x/8888/lab")
+    assert rt.logs(web.instance_id) == notice
+    assert observed(rt, web.instance_id).state == "running"  # sleeps until stopped
+    rt.remove(web.instance_id)

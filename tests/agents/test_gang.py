@@ -155,3 +155,22 @@ def test_one_part_failing_requeues_the_whole_gang_and_stops_the_other_part(agent
     # the surviving part ran, then left its host's desired set: its agent stops the container
     assert logged(survivor_agent, "container started", attempt)
     wait_for(lambda: logged(survivor_agent, "container stopped", attempt), "the other part stopped", a, b)
+
+
+def test_a_checkpointing_gang_under_notice_is_signalled_stopped_and_requeued_without_a_retry(
+        agents, alice, region):  # noqa: F811
+    from agents.services import host_drain
+
+    a, b = agents
+    w = submit_gang(alice.tenant, region, {"GPUCLOUD_SIM_DURATION_S": "3600"}, max_retries=1)
+    Workload.objects.filter(pk=w.pk).update(checkpoint_signal="SIGUSR1", checkpoint_grace_s=1)
+    wait_for(lambda: Workload.objects.get(pk=w.pk).state == State.RUNNING, "the gang RUNNING", a, b)
+    # a notice (the drain of one host gives the whole gang one): both parts get the signal,
+    # are stopped a second later, and the gang goes back to the queue, not as a failure
+    host_drain(host=Host.objects.get(name="gang-a"))
+    wait_for(lambda: Workload.objects.get(pk=w.pk).state == State.PENDING, "the gang requeued", a, b)
+    w.refresh_from_db()
+    assert State.PREEMPTED in states(w) and State.FAILED not in states(w) and w.retries == 0
+    for agent in (a, b):
+        assert any(logged(agent, "checkpoint signal sent", iid) for iid in
+                   {p.attempt_id for p in GangPart.objects.filter(workload=w)})

@@ -66,7 +66,7 @@ def test_a_volume_keeps_one_jobs_file_for_the_next_and_outlives_both(
     wait_exited(engine, writer)
     docker_host.beat()
     assert state(writer) == State.SUCCEEDED and writer.exit_code == 0
-    name = Volume.objects.get(pk=vol["id"]).docker_name
+    name = f"{Volume.objects.get(pk=vol['id']).docker_name}.{SCOPE}"  # the engine's name: one copy per agent
     assert engine.volumes.get(name).attrs["Labels"][LABEL_AGENT] == SCOPE
 
     reader = launch(alice, "jobs", name="reader", volumes=mount, command=["sh", "-c", "cat /workspace/note.txt"])

@@ -3,9 +3,11 @@
 instance service, placed by the real scheduling cycle on simulated hosts whose in-process
 agents heartbeat over HTTP to a live server. GPU load comes from the members' env
 (`GPUCLOUD_SIM_GPU_UTIL`) and from samples injected into the store with explicit timestamps;
-every evaluation takes an explicit `now`, so cooldowns and warm-up pass without waiting."""
+every evaluation takes an explicit `now`, so cooldowns and warm-up pass without waiting.
+Health replacement runs on two real agent processes, one killed with SIGKILL."""
 from __future__ import annotations
 
+import signal
 from datetime import timedelta
 from decimal import Decimal
 
@@ -13,8 +15,9 @@ import pytest
 from django.utils import timezone
 
 from agents import fastpath
+from agents.choices import HostState
 from agents.models import GpuSample, Host
-from agents.services import hosts_check_liveness
+from agents.tasks import hosts_liveness_task
 from autoscaling import services
 from autoscaling.models import Activity, AutoscalingGroup, GroupMember
 from gpucloud.catalogue.models import InstanceType, Price
@@ -27,6 +30,8 @@ from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
     region,
     triggered,
 )
+from tests.agents.test_gang import Agent as AgentProcess
+from tests.agents.test_gang import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -136,32 +141,78 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
     assert [w.pk for w in live(group)] == [protected.pk]
 
 
-def test_a_member_whose_host_is_lost_is_replaced(fleet, region, alice):
-    group = make_group(alice, min_size=2, desired=2)
+@pytest.fixture
+def agent_procs(live_server, region, prices, tmp_path, settings):  # noqa: F811
+    """Two real host agent processes (`python -m agents.host`, simulated runtime) heartbeating
+    every second to the live server; lost-host detection is short: DOWN after 2 s of silence,
+    the work LOST 1 s later (the production defaults are 30 s and 120 s)."""
+    settings.AGENT_HEARTBEAT_INTERVAL_S = 1  # the live server tells the agents their interval
+    settings.HOST_DOWN_AFTER_S = 2
+    settings.HOST_LOST_GRACE_S = 1
+    procs = [AgentProcess(name, live_server.url, new_token(region), tmp_path) for name in ("asg-a", "asg-b")]
+    try:
+        wait_for(lambda: Host.objects.filter(name__in=["asg-a", "asg-b"]).count() == 2, "registration", *procs)
+        yield {p.name: p for p in procs}
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                p.stop()
+
+
+def test_a_member_whose_host_agent_is_killed_is_replaced_on_the_other_host(agent_procs, region, alice):
+    """SIGKILL a member's host agent: the liveness tick (the beat task, with the short timeouts
+    above) marks the host DOWN and its member LOST; the group's tick replaces the member and the
+    scheduler places the replacement on the surviving host. Every wait is a condition with a
+    deadline; the ticks run here in a loop as the beat would run them."""
+    group = make_group(alice, min_size=1, max_size=2, desired=1)
     services.reconcile_group(group.pk)
-    converge(fleet, region)
-    before = live(group)
-    assert [w.state for w in before] == [State.RUNNING] * 2
-    # A member's host dies: its agent stops heartbeating (as after a SIGKILL); 200 s later the
-    # liveness check has marked it DOWN, and past the grace its work LOST.
-    victim_host = Allocation.objects.filter(workload=before[0]).first().host
-    now = timezone.now()
-    Host.objects.filter(pk=victim_host.pk).update(last_heartbeat_at=now - timedelta(seconds=200))
-    assert hosts_check_liveness(now=now).down == [str(victim_host.pk)]
-    Host.objects.filter(pk=victim_host.pk).update(down_since=now - timedelta(seconds=170))
-    hosts_check_liveness(now=now)
-    lost = [w for w in before if Workload.objects.get(pk=w.pk).state == State.LOST]
-    assert lost
-    services.reconcile_group(group.pk)
-    after = live(group)
-    assert len(after) == 2 and not {w.pk for w in lost} & {w.pk for w in after}
-    assert GroupMember.objects.get(workload=lost[0]).detached_at is not None
-    assert any(f"member {lost[0].pk} is lost" in c for c in causes(group))
-    # the survivor host takes the replacement
-    run_cycle(region_id=region.pk)
-    [alive_host] = [h for h in fleet if h.host.pk != victim_host.pk]
-    alive_host.beat(2)
-    assert {Workload.objects.get(pk=w.pk).state for w in after} == {State.RUNNING}
+    [member] = live(group)
+
+    def member_placed() -> bool:
+        run_cycle(region_id=region.pk)
+        return Allocation.objects.filter(workload=member, active=True).exists()
+
+    wait_for(member_placed, "the member placed", *agent_procs.values(), timeout=10)
+    victim = Allocation.objects.get(workload=member, active=True).host
+    [survivor] = [n for n in agent_procs if n != victim.name]
+    wait_for(lambda: Workload.objects.get(pk=member.pk).state == State.RUNNING, "the member running",
+             *agent_procs.values(), timeout=15)
+
+    killed = agent_procs[victim.name].proc
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait(timeout=5) == -signal.SIGKILL
+    alive = agent_procs[survivor]
+
+    # The beat's liveness tick: DOWN after 2 s of silence, the member LOST 1 s later. Ticked only
+    # until then, so a survivor slowed by a loaded machine is not judged while it matters.
+    def member_lost() -> bool:
+        hosts_liveness_task()
+        return Workload.objects.get(pk=member.pk).state == State.LOST
+
+    wait_for(member_lost, "the member lost with its host", alive, timeout=15)
+    assert Host.objects.get(pk=victim.pk).state == HostState.DOWN
+    member.refresh_from_db()
+    assert member.reason.startswith(f"host {victim.name} down")
+
+    # The group's tick replaces it.
+    def replaced() -> bool:
+        services.reconcile_all(min_interval_s=0)
+        return len(live(group)) == 1 and live(group)[0].pk != member.pk
+
+    wait_for(replaced, "the lost member replaced", alive, timeout=10)
+    assert GroupMember.objects.get(workload=member).detached_at is not None
+    assert any(f"member {member.pk} is lost" in c for c in causes(group))
+    [replacement] = live(group)
+
+    # The scheduler places the replacement on the surviving host (never the DOWN one), which runs it.
+    def placed() -> bool:
+        run_cycle(region_id=region.pk)
+        return Allocation.objects.filter(workload=replacement, active=True).exists()
+
+    wait_for(placed, "the replacement placed", alive, timeout=10)
+    assert Allocation.objects.get(workload=replacement, active=True).host.name == survivor
+    wait_for(lambda: Workload.objects.get(pk=replacement.pk).state == State.RUNNING, "the replacement running",
+             alive, timeout=15)
 
 
 def test_a_spot_interruption_is_replaced_on_demand(fleet, region, alice):

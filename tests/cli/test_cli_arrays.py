@@ -5,10 +5,12 @@ import json
 
 from scheduler.models import Workload
 from tests.cli.test_cli import cli  # noqa: F401 (fixture)
+from tests.scheduler.fleet import make_hosts
 from tests.scheduler.test_job_arrays import catalog  # noqa: F401 (fixture)
 
 
 def test_an_array_is_submitted_listed_as_one_and_stopped_whole(cli, alice, catalog):  # noqa: F811
+    make_hosts(n=1)  # a host that could run a task (an array no host could ever run is refused)
     env = {"GPUCLOUD_URL": cli.url, "GPUCLOUD_API_KEY": alice.key}
     sub = cli("jobs", "submit", "-t", "h100.1x", "-i", "busybox", "--region", "us-east-1", "--name", "sweep",
               "--array", "4", "--json", "--", "sh", "-c", "echo $GPUCLOUD_ARRAY_INDEX", **env)

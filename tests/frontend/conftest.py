@@ -6,8 +6,8 @@ Celery worker and beat (`celery_stack`) run the scheduler, and simulated hosts
 (`sim_host`) are real `agents.host` processes with the sim GPU backend and runtime,
 heartbeating to the live server over HTTP.
 
-Screenshots go to var/screenshots/ (git-ignored), so anyone can look at the pages
-after a run.
+Screenshots go to var/screenshots/ (git-ignored), or to $GPUCLOUD_SCREENSHOTS when set, so
+anyone can look at the pages after a run.
 """
 from __future__ import annotations
 
@@ -70,9 +70,10 @@ def phone(browser, live_server):
 
 
 def shot(page, name: str) -> Path:
-    """Write a full-page screenshot to var/screenshots/<name>.png."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
+    """Write a full-page screenshot to <$GPUCLOUD_SCREENSHOTS, else var/screenshots>/<name>.png."""
+    where = Path(os.environ.get("GPUCLOUD_SCREENSHOTS") or SCREENSHOTS)
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
 

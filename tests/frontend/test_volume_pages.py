@@ -45,3 +45,33 @@ def test_a_viewer_sees_volumes_but_no_controls_and_cannot_forge_a_create(victor,
     assert "Create a volume" not in page
     assert client.post("/console/volumes/", {"name": "x", "region": "us-east-1", "size_gib": "1"}).status_code == 403
     assert not Volume.objects.exists()
+
+
+def test_the_launch_form_picks_a_volume_and_says_next_to_it_why_one_is_refused(alice, charlie, catalog, fleet):
+    from scheduler.models import Workload
+    from volumes.services import volume_create
+
+    here = volume_create(tenant=alice.tenant, name="here", region="us-east-1", size_gib=10)
+    far = volume_create(tenant=alice.tenant, name="far", region="eu-central-1", size_gib=10)
+    theirs = volume_create(tenant=charlie.tenant, name="theirs", region="us-east-1", size_gib=10)
+    client = signed_in(alice)
+    form = client.get("/console/launch/", {"volume": str(here.pk), "region": "us-east-1"}).content.decode()
+    assert f'<option value="{here.pk}" selected data-region="us-east-1">here — us-east-1, 10 GiB</option>' in form
+    assert str(far.pk) in form and str(theirs.pk) not in form  # only the tenant's own
+    assert 'name="mount_path" value="/workspace"' in form
+    body = {"kind": "instance", "name": "box", "instance_type": "h100.1x", "region": "us-east-1",
+            "template": "custom", "image": "ubuntu:24.04", "volume": str(far.pk), "mount_path": "/workspace"}
+    refused = client.post("/console/launch/", body)
+    html = refused.content.decode()
+    assert refused.status_code == 400 and not Workload.objects.exists()
+    beside = html[html.index('id="field-volume"'):]
+    beside = beside[:beside.index("</ul>", beside.index("errorlist"))]
+    assert "Volume &#x27;far&#x27; is in eu-central-1, not in us-east-1." in beside  # next to the picker
+    assert 'value="/workspace"' in html  # the typed input kept
+    assert client.post("/console/launch/", {**body, "volume": str(theirs.pk)}).status_code == 400  # not hers
+    assert client.post("/console/launch/", {**body, "volume": str(here.pk), "mount_path": "/etc"}).status_code == 400
+    assert not Workload.objects.exists()
+    made = client.post("/console/launch/", {**body, "volume": str(here.pk), "mount_path": "/data"})
+    w = Workload.objects.get(name="box")
+    assert made.status_code == 302 and [(a.volume_id, a.mount_path) for a in w.volume_attachments.all()] == [
+        (here.pk, "/data")]

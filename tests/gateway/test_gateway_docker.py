@@ -22,6 +22,7 @@ import subprocess
 import tarfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from decimal import Decimal
@@ -29,6 +30,7 @@ from decimal import Decimal
 import asyncssh
 import docker
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from agents.host.__main__ import build, start_tunnel
 from agents.host.config import AgentConfig
@@ -38,20 +40,38 @@ from agents.host.runtime import LABEL_TENANT
 from agents.services import bootstrap_token_create
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
 from gpucloud.catalogue.services import price_set
+from gpucloud.tenancy.models import AuditEvent
 from scheduler.choices import State
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload
 from tests.agents.test_agent_api import triggered  # noqa: F401 - a fixture, used by name
 from tests.agents.test_docker_runtime import BUSYBOX
 from tests.aio import run_in_own_loop
+from tests.conftest import make_actor
 from tests.gateway.test_gateway_ssh import GatewayThread, keypair, ssh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCOPE = f"gw-{secrets.token_hex(4)}"
-APPLETS = ["sh", "sleep", "echo", "printf", "cat", "mkdir", "stty", "httpd", "true", "false"]
+APPLETS = ["sh", "sleep", "echo", "printf", "cat", "mkdir", "stty", "httpd", "true", "false",
+           "nc", "sha1sum", "cut", "sed", "base64", "head", "wc"]
 IMAGE = "gpucloud/test-busybox-connect:" + hashlib.sha256(
     repr((APPLETS, BUSYBOX.stat().st_size if BUSYBOX.exists() else 0)).encode()).hexdigest()[:12]
+# A WebSocket server in busybox sh, run by `nc -ll -e` per connection: the handshake (the
+# accept key from sha1sum and base64), then "hello", then "pong" for each 4-byte message
+# (a client's masked frame of "ping" is 10 bytes). Server frames are unmasked text frames.
+WS_SCRIPT = r"""key=
+while read -r line; do
+  line=${line%$(printf '\r')}
+  [ -z "$line" ] && break
+  case "$line" in [Ss]ec-[Ww]eb[Ss]ocket-[Kk]ey:*) key=${line#*: };; esac
+done
+accept=$(printf '%s258EAFA5-E914-47DA-95CA-C5AB0DC85B11' "$key" | sha1sum | cut -c1-40 | sed 's/../\\x&/g')
+printf 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n'
+printf 'Sec-WebSocket-Accept: %s\r\n\r\n' "$(printf "$accept" | base64)"
+printf '\201\005hello'
+while [ "$(head -c 10 | wc -c)" = 10 ]; do printf '\201\004pong'; done
+"""
 SERVE = ["sh", "-c", "mkdir -p /www && echo served-by-busybox > /www/index.html && exec httpd -f -p 8080 -h /www"]
 
 
@@ -223,3 +243,55 @@ def test_ssh_pty_resize_forwarding_and_sftp_into_a_busybox_container(connected, 
          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
          f"{w.pk}@127.0.0.1"], input="ls\n", capture_output=True, text=True, timeout=20)
     assert out.returncode != 0 and "this image has no sftp-server" in out.stderr, out
+
+
+def test_the_http_url_of_a_port_serves_the_busybox_containers_page_through_the_proxy(connected, alice, tiny,
+                                                                                      settings):
+    """The HTTP side end to end on real parts: the API publishes port 8080, the agent (docker
+    runtime) runs busybox httpd there, the gateway's proxy reaches it through the tunnel."""
+    agent, gw = connected
+    settings.GATEWAY_PUBLIC_HTTP_URL = f"http://127.0.0.1:{gw.gw.http_port}"
+    serve = ["sh", "-c", "mkdir -p /www/data && echo served-by-busybox > /www/index.html && "
+                         "echo file-$((6*7)) > /www/data/f.txt && printf '%s' \"$0\" > /ws.sh && "
+                         "(nc -ll -p 8081 -e sh /ws.sh &) && exec httpd -f -p 8080 -h /www", WS_SCRIPT]
+    r = alice.client().post("/api/v1/instances", {
+        "name": "web", "instance_type": "l40s.1x-tiny", "region": "us-east-1", "image": IMAGE,
+        "command": serve, "ports": [8080, 8081]}, format="json")
+    assert r.status_code == 201, r.content
+    w = Workload.objects.get(pk=r.json()["id"])
+    assert run_cycle(region_id=tiny.pk).ran
+    agent.iterate()
+    agent.iterate()
+    w.refresh_from_db()
+    assert w.state == State.RUNNING, w.reason
+    wait_until(lambda: str(w.allocations.first().gpu.host_id) in gw.gw.tunnels, "the agent's tunnel")
+    url = alice.client().get(f"/api/v1/instances/{w.pk}").json()["connect"]["urls"]["8080"]
+    assert url == f"http://127.0.0.1:{gw.gw.http_port}/i/{w.pk}/8080/"
+
+    def fetch(path: str, key: str | None = None) -> tuple[int, bytes]:
+        req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    got: list[tuple[int, bytes]] = []
+    wait_until(lambda: got.append(fetch("", alice.key)) or got[-1][0] == 200, "httpd in the container", 15)
+    assert got[-1] == (200, b"served-by-busybox\n")
+    assert fetch("data/f.txt", alice.key) == (200, b"file-42\n")  # the path under the prefix reaches httpd
+    assert fetch("data/missing", alice.key)[0] == 404  # busybox's own 404, passed through
+    assert fetch("data/f.txt")[0] == 401  # no credentials: the gateway answers, the container is not asked
+    charlie = make_actor("charlie@globex.test", tenant_name="Globex")
+    status, body = fetch("data/f.txt", charlie.key)
+    assert status == 404 and b"file-42" not in body  # another tenant: as if there were no instance
+
+    # A WebSocket to port 8081 (a WebSocket server in busybox sh): the upgrade, then messages both ways
+    ws_url = url.replace("http://", "ws://").replace("/8080/", "/8081/")
+    with ws_connect(ws_url, additional_headers={"Authorization": f"Bearer {alice.key}"}, open_timeout=10) as ws:
+        assert ws.recv(timeout=10) == "hello"
+        for _ in range(2):
+            ws.send("ping")
+            assert ws.recv(timeout=10) == "pong"
+    wait_until(lambda: AuditEvent.objects.filter(tenant=alice.tenant, action="session.end",
+                                                 data__kind="websocket").exists(), "the WebSocket's audit")

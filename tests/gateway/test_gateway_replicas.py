@@ -33,33 +33,41 @@ from tests.gateway.test_gateway_wake import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-STARTED = re.compile(r"gateway (\S+): ssh on [\d.]+:(\d+), tunnels on [\d.]+:(\d+), http on")
+STARTED = re.compile(r"gateway (\S+): ssh on [\d.]+:(\d+), tunnels on [\d.]+:(\d+), http on [\d.]+:(\d+), "
+                     r"relay on [\d.]+:(\d+)")
 
 
 class GatewayProcess:
     """`python -m gateway` on ephemeral ports; its ports read from its start-up line."""
 
-    def __init__(self, tmp_path: Path, replica: str) -> None:
+    def __init__(self, tmp_path: Path, replica: str, *, wait: bool = True) -> None:
         db = connection.settings_dict
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.settings",
                "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
                "REDIS_URL": django_settings.REDIS_URL, "GATEWAY_REPLICA": replica, "GATEWAY_BIND": "127.0.0.1",
                "GATEWAY_SSH_PORT": "0", "GATEWAY_TUNNEL_PORT": "0", "GATEWAY_HTTP_PORT": "0",
+               "GATEWAY_RELAY_PORT": "0",
                "GATEWAY_HOST_KEY_PATH": str(tmp_path / "gw_key")}
         self.proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stderr], daemon=True).start()
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(ln) for ln in self.proc.stderr], daemon=True).start()
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Until its start-up line (bounded); its ports from that line."""
         deadline = time.monotonic() + 30
         while True:
             remaining = deadline - time.monotonic()
             assert remaining > 0 and self.proc.poll() is None, "the gateway process did not start"
             try:
-                match = STARTED.search(lines.get(timeout=remaining))
+                match = STARTED.search(self.lines.get(timeout=remaining))
             except queue.Empty:
                 continue
             if match:
                 self.ssh_port, self.tunnel_port = int(match.group(2)), int(match.group(3))
+                self.http_port, self.relay_port = int(match.group(4)), int(match.group(5))
                 return
 
     def kill(self) -> None:

@@ -40,6 +40,7 @@ class GatewayThread:
         self._stop = None
         self._started = threading.Event()
         config.setdefault("http_port", 0)
+        config.setdefault("relay_port", 0)
         self.config = GatewayConfig(ssh_port=0, tunnel_port=0, host_key_path=tmp_path / "gw_key", recheck_s=0.5,
                                     **config)
         self.thread = threading.Thread(target=self._main, daemon=True)

@@ -49,6 +49,7 @@ def region_id(code="us-east-1"):
 
 
 def test_an_array_of_50_is_50_tasks_with_their_indices(alice, catalog):
+    make_hosts(n=1)  # a host that could run a task (an array no host could ever run is refused)
     resp = submit(alice, 50)
     assert resp.status_code == 201, resp.json()
     body = resp.json()
@@ -107,6 +108,7 @@ def test_stopping_an_array_stops_every_task_through_the_cycle(alice, catalog):
 
 
 def test_another_tenants_array_is_not_there(alice, charlie, catalog):
+    make_hosts(n=1)
     body = submit(alice, 3).json()
     for method, url in (("get", f"/api/v1/job-arrays/{body['id']}"), ("post", f"/api/v1/job-arrays/{body['id']}/stop")):
         resp = getattr(charlie.client(), method)(url)
@@ -133,6 +135,7 @@ def test_array_variables_are_the_arrays_own_and_instances_have_no_arrays(alice, 
 
 
 def test_the_quota_and_the_balance_refuse_the_whole_array(alice, catalog):
+    make_hosts(n=1)
     Quota.objects.create(tenant=alice.tenant, max_gpus=1)
     resp = submit(alice, 20, instance_type="h100.2x")  # no task could ever run
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "quota_exceeded"
@@ -144,6 +147,30 @@ def test_the_quota_and_the_balance_refuse_the_whole_array(alice, catalog):
     resp = submit(alice, 20)
     assert resp.status_code == 402 and resp.json()["error"]["code"] == "insufficient_credit"
     assert JobArray.objects.count() == 1 and Workload.objects.count() == 20
+
+
+def test_an_array_no_host_could_ever_run_is_refused_creating_nothing(alice, catalog):
+    # no H100 host in the region at all: 409 unsatisfiable, as a single launch gets
+    resp = submit(alice, 5)
+    assert resp.status_code == 409, resp.json()
+    err = resp.json()["error"]
+    assert err["code"] == "unsatisfiable" and "no H100 GPUs in us-east-1" in err["message"]
+    assert "instance_type" in err["fields"]
+    # a host with one H100: a task of two GPUs on one host could never run, one of one can
+    make_hosts(n=1, gpus=1)
+    resp = submit(alice, 5, instance_type="h100.2x")
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "unsatisfiable"
+    assert "largest H100 host in us-east-1 has 1" in resp.json()["error"]["message"]
+    # a multi-host task template: more nodes than the region has hosts
+    resp = submit(alice, 5, nodes=2)
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "unsatisfiable", resp.json()
+    # the single launch's words, for the same template
+    single = alice.client().post("/api/v1/jobs", {**BODY, "instance_type": "h100.2x"}, format="json").json()
+    assert single["error"]["message"] == "No host in us-east-1 can ever run h100.2x: asks for 2 H100 GPUs on " \
+        "one host but the largest H100 host in us-east-1 has 1."
+    assert not Workload.objects.exists() and not JobArray.objects.exists() and not WorkloadEvent.objects.exists()
+    assert not AuditEvent.objects.filter(action="job_array.launch").exists()
+    assert submit(alice, 5).status_code == 201  # the one-GPU task can run: the array queues
 
 
 def test_the_console_lists_an_array_as_one_row_and_stops_it(alice, charlie, catalog):

@@ -81,3 +81,27 @@ def test_region_settings_refuse_unknown_policies_and_modes(catalog):
     assert set(err.value.message_dict) == {"policy", "mode"}
     conf.policy, conf.mode = "drf", "dynamic"
     conf.full_clean()
+
+
+def test_a_preemption_evicts_no_more_than_the_regions_cap(alice, charlie, catalog):
+    from scheduler.models import RegionSchedulerSettings
+
+    make_hosts(n=1, gpus=8)
+    type(charlie.tenant).objects.filter(pk=charlie.tenant.pk).update(plan="team")
+    [big] = _queue(charlie.tenant, 1, "h100.8x", priority="low", kind="job")
+    region = big.region_id
+    run_cycle(region_id=region)
+    [critical] = _queue(alice.tenant, 1, "h100.1x", priority="critical")
+    run_cycle(region_id=region)
+    critical.refresh_from_db()
+    big.refresh_from_db()
+    # one GPU asked, eight would go: the default cap (1x) keeps the job running, and says so
+    assert big.state == State.SCHEDULED and big.stop_by is None
+    assert critical.state == State.PENDING
+    assert "preempting for it would evict 8 GPUs of running work, over the cap of 1x the 1 GPU it asks for" \
+        in critical.reason
+    # an operator who accepts that blast radius raises the region's cap
+    RegionSchedulerSettings.objects.create(region_id=region, policy="gpucloud", preempt_cap=8)
+    run_cycle(region_id=region)
+    big.refresh_from_db()
+    assert big.stop_by is not None and big.preempted_for == critical.pk

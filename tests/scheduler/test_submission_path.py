@@ -91,3 +91,28 @@ def test_the_refusals_of_type_region_and_offer_are_unchanged(catalogue, alice, e
     r = alice.client().post("/api/v1/jobs", _body(**extra), format="json")
     assert r.status_code == 400 and r.json()["error"]["code"] == code, r.content
     assert not Workload.objects.exists()
+
+
+# Authentication (the key with its tenant, creator and membership: 1), the price in force with
+# type and region (1), the quota limits (1), the fleet's hosts of that model (1), the three
+# INSERTs (workload, its event, the audit event) and the transaction's savepoint and release (2,
+# the test's own transaction makes the launch's a savepoint). docs/benchmarks.md, "End to end".
+LAUNCH_QUERIES = 9
+
+
+@pytest.mark.parametrize("kind, extra", [("jobs", {"command": ["true"]}), ("instances", {"ports": [8888]})])
+def test_a_launch_costs_a_fixed_number_of_queries(catalogue, alice, kind, extra, django_assert_num_queries):
+    c = alice.client()
+    assert c.post(f"/api/v1/{kind}", _body(**extra), format="json").status_code == 201  # the key's use recorded
+    with django_assert_num_queries(LAUNCH_QUERIES) as ctx:
+        r = c.post(f"/api/v1/{kind}", _body(**extra), format="json")
+    assert r.status_code == 201, r.content
+    sql = [q["sql"] for q in ctx.captured_queries]
+    assert [s.split()[0] for s in sql].count("INSERT") == 3
+    # the same with a second quota rule and a second host: no query per row
+    Quota.objects.create(tenant=alice.tenant, gpu_model=GpuModel.objects.get(code="H100"), max_gpus=64)
+    from tests.scheduler.fleet import make_hosts
+
+    make_hosts(n=1)
+    with django_assert_num_queries(LAUNCH_QUERIES):
+        assert c.post(f"/api/v1/{kind}", _body(**extra), format="json").status_code == 201

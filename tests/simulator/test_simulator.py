@@ -446,3 +446,71 @@ def test_max_min_fair_shares_give_what_one_cannot_use_to_the_others():
     got = _maxmin({"a": 9000.0, "b": 9000.0}, {"a": 3.0, "b": 1.0}, 8000.0)
     assert got == {"a": 6000.0, "b": 2000.0}
     assert _maxmin({"a": 100.0}, {}, 8000.0) == {"a": 100.0}
+
+
+OPENB_PODS = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+    "pod-0,12000,16384,1,1000,,LS,Running,0,100,0\n"
+    "pod-1,6000,12288,1,460,,BE,Running,5,100,5\n"
+    "pod-2,4000,8192,0,0,,BE,Running,6,100,6\n"
+    "pod-3,8000,8192,2,1000,,Burstable,Running,7,100,7\n"
+    "pod-4,2000,4096,1,250,,LS,Running,8,100,8\n"
+    "pod-5,16000,8192,0,0,,LS,Running,9,100,9\n"
+)
+
+
+def test_openb_fgd_setup_keeps_gpu_less_pods_and_shuffles_by_seed(tmp_path):
+    from scheduler.sim.trace import fgd_node_order
+
+    p = write(tmp_path, "pods.csv", OPENB_PODS)
+    pods = read_openb(p, setup="fgd", seed=1)
+    assert sorted(j.job_id for j in pods) == [f"pod-{i}" for i in range(6)]
+    cpu = {j.job_id: (j.gpus_per_node, j.gpu_milli, j.vcpus) for j in pods}
+    assert cpu["pod-2"] == (0, 0, 4000) and cpu["pod-5"] == (0, 0, 16000)
+    assert {j.tenant for j in pods} == {"default"} and {j.priority for j in pods} == {"standard"}
+    assert [j.submit for j in pods] == [float(i) for i in range(6)]
+    again = read_openb(p, setup="fgd", seed=1)
+    assert [j.job_id for j in again] == [j.job_id for j in pods]  # seeded
+    orders = {tuple(j.job_id for j in read_openb(p, setup="fgd", seed=s)) for s in range(8)}
+    assert len(orders) > 1  # and shuffled
+    # tuning: samples of the whole file until the next would pass 2 x 3 GPUs
+    more = read_openb(p, setup="fgd", seed=1, inflate=2.0, capacity_gpus=3)
+    assert len(more) > 6 and sum(j.gpus for j in more) <= 6.0
+    assert [j.submit for j in more] == [float(i) for i in range(len(more))]
+    with pytest.raises(TraceError):
+        read_openb(p, setup="nope")
+    nodes = [Node(f"n{i}", "openb", 2, 1, 16000, 65536) for i in range(5)]
+    shuffled = fgd_node_order(nodes, 3)
+    assert sorted(n.node_id.split("-", 1)[1] for n in shuffled) == [f"n{i}" for i in range(5)]
+    assert sorted(int(n.node_id.split("-", 1)[0]) for n in shuffled) == list(range(5))
+    assert fgd_node_order(nodes, 3) == shuffled
+
+
+def test_openb_fgd_setup_end_to_end_places_gpu_less_pods(tmp_path, capsys):
+    from scheduler.sim.seeds import main as seeds_main
+    from scheduler.sim.seeds import parse_seeds
+
+    p = write(tmp_path, "pods.csv", OPENB_PODS)
+    nodes = write(
+        tmp_path,
+        "nodes.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        "a,16000,65536,2,P100\nb,32000,131072,2,T4\nc,8000,32768,1,V100\n",
+    )
+    common = [
+        "--trace", str(p), "--format", "alibaba-openb", "--cluster", str(nodes),
+        "--policy", "gpucloud", "--mode", "static", "--setup", "fgd",
+        "--inflate", "1.3", "--demand-marks", "1.0",
+    ]  # fmt: skip
+    for placement in ("fgd", "best-fit", "frag-aware"):
+        assert main([*common, "--placement", placement, "--seed", "5", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        # every original pod fits this fleet, the GPU-less ones included
+        assert out["placed"] >= 6, placement
+        assert 0 < out["allocation_at_demand"]["1"] <= 1.0
+    assert parse_seeds("42-44,7") == [42, 43, 44, 7]
+    assert seeds_main(["--seeds", "1-2", "--", *common, "--placement", "fgd"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["seed"] for r in lines[:2]] == [1, 2]
+    mark = lines[2]["allocation_at_demand"]["1"]
+    assert mark["n"] == 2 and mark["min"] <= mark["mean"] <= mark["max"]

@@ -38,7 +38,9 @@ class VolumeSerializer(serializers.ModelSerializer):
     host = serializers.SerializerMethodField(help_text="the host its data lives on; null until first used")
     attached_to = serializers.SerializerMethodField(
         help_text="the queued or running workload using it (one writer at a time), or null")
-    state = serializers.SerializerMethodField(help_text="available, attached or over_size")
+    state = serializers.SerializerMethodField(
+        help_text="available, attached, over_size, or moving (an operator moves its data to another host; "
+                  "attaching it waits: 409 volume_moving)")
 
     class Meta:
         model = Volume
@@ -59,6 +61,14 @@ class VolumeSerializer(serializers.ModelSerializer):
         return obj.host.name if obj.host_id else None
 
     def get_state(self, obj) -> str:
+        moving = getattr(obj, "open_moves", None)
+        if moving is None:
+            from volumes.moves import open_move
+
+            one = open_move(obj.pk)
+            moving = [one] if one else []
+        if moving:
+            return "moving"
         if obj.over_size_since is not None:
             return "over_size"
         return "attached" if self._active(obj) is not None else "available"

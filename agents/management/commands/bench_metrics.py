@@ -9,14 +9,16 @@ temperature, power, as the heartbeat paths leave them), and raw samples every
 AGENT_HEARTBEAT_INTERVAL_S for `--history-s` seconds per GPU (the scrape reads none; they
 are there so the database is the size it is in production). Then `--scrapes` full
 scrapes through the real view (token, every collector, the DCGM text), and the DCGM part
-alone, split into its query and its formatting; the web process's CPU time per scrape and
-the query's execution time inside PostgreSQL (EXPLAIN ANALYZE), which tell the cost apart
+alone, split into its query and its formatting; the web process's CPU time per scrape, the
+PostgreSQL backend's CPU time per scrape (when the server runs on this machine) and the
+query's execution time inside PostgreSQL (EXPLAIN ANALYZE), which tell the cost apart
 from waiting for a busy machine's cores. Printed: min / median / max milliseconds,
 the response size and its series count (parsed with prometheus_client's parser).
 """
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 
@@ -31,6 +33,20 @@ from django.utils import timezone
 def _ms(runs: list[float]) -> dict[str, float]:
     return {"min": round(min(runs) * 1e3, 1), "median": round(statistics.median(runs) * 1e3, 1),
             "max": round(max(runs) * 1e3, 1)}
+
+
+def _backend_cpu() -> float | None:
+    """CPU seconds used so far by this connection's PostgreSQL backend process, when the
+    server runs on this machine (/proc/<pid>/stat; clock ticks, 10 ms); None otherwise."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _explain() -> float:
@@ -74,14 +90,12 @@ class Command(BaseCommand):
             for key, value in out.items():
                 self.stdout.write(f"{key}: {value}")
 
-    def _bench(self, gpus: int, history_s: int, scrapes: int) -> dict:
-        from prometheus_client.parser import text_string_to_metric_families
-
+    def _populate_fleet(self, gpus: int, history_s: int) -> int:
+        """bench_scheduler's fleet, every GPU's last measurement set and `history_s` of raw
+        samples per GPU; the number of raw samples."""
         from agents.models import Gpu, GpuSample
-        from gpucloud import metrics
         from scheduler.management.commands.bench_scheduler import _populate
 
-        t0 = time.perf_counter()
         _populate(gpus, 1000, 0)
         now = timezone.now()
         step = max(1, int(settings.AGENT_HEARTBEAT_INTERVAL_S))
@@ -96,18 +110,33 @@ class Command(BaseCommand):
                 "generate_series(%s::timestamptz - make_interval(secs => %s), "
                 "%s::timestamptz, make_interval(secs => %s)) AS t",
                 [now, history_s, now, step])
+            # what autovacuum does after a change this size; with the statistics of the empty
+            # table the planner joins 10,000 GPUs by nested loops
+            cur.execute(f"ANALYZE {Gpu._meta.db_table}")
             cur.execute(f"ANALYZE {GpuSample._meta.db_table}")
-            samples = GpuSample.objects.count()
+        return GpuSample.objects.count()
+
+    def _bench(self, gpus: int, history_s: int, scrapes: int) -> dict:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        from agents.models import Gpu
+        from gpucloud import metrics
+
+        t0 = time.perf_counter()
+        samples = self._populate_fleet(gpus, history_s)
         populate_s = time.perf_counter() - t0
         token = "bench-metrics-token"
         client = Client()
-        full, cpu, dcgm, body, parts = [], [], [], b"", {}
+        full, cpu, db_cpu, dcgm, body, parts = [], [], [], [], b"", {}
         with override_settings(METRICS_TOKEN=token):
             for _ in range(scrapes):
+                d = _backend_cpu()
                 t, c = time.perf_counter(), time.process_time()
                 resp = client.get("/metrics", secure=True, HTTP_AUTHORIZATION=f"Bearer {token}")
                 full.append(time.perf_counter() - t)
                 cpu.append(time.process_time() - c)
+                if d is not None:
+                    db_cpu.append(_backend_cpu() - d)
                 assert resp.status_code == 200, resp.status_code
                 body = resp.content
                 t = time.perf_counter()
@@ -117,7 +146,13 @@ class Command(BaseCommand):
         util = next(f for f in families if f.name == "DCGM_FI_DEV_GPU_UTIL")
         return {
             "gpus": Gpu.objects.count(), "raw_samples": samples, "populate_seconds": round(populate_s, 1),
-            "scrape_ms": _ms(full), "scrape_web_cpu_ms": _ms(cpu), "dcgm_part_ms": _ms(dcgm),
+            "scrape_ms": _ms(full), "scrape_web_cpu_ms": _ms(cpu),
+            # PostgreSQL's CPU per scrape (every query), and web + database per scrape, means:
+            # the cost of a scrape apart from waiting for a busy machine's cores
+            "scrape_db_cpu_ms": _ms(db_cpu) | {"mean": round(statistics.mean(db_cpu) * 1e3, 1)} if db_cpu else None,
+            "scrape_cpu_total_mean_ms": round((statistics.mean(cpu) + statistics.mean(db_cpu)) * 1e3, 1)
+            if db_cpu else None,
+            "dcgm_part_ms": _ms(dcgm),
             "dcgm_query_server_ms": _explain(),
             "dcgm_parts_mean_ms": {k: round(v / scrapes * 1e3, 1) for k, v in parts.items()},
             "response_kib": round(len(body) / 1024, 1),

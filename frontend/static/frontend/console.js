@@ -48,6 +48,20 @@
     };
     form.addEventListener("change", sync);
     sync();
+    // the volume picker offers the volumes in the chosen region (the one picked stays: the
+    // server says why it cannot be used, rather than the browser dropping it unseen)
+    const region = form.querySelector("#id_region"), volume = form.querySelector("#id_volume");
+    if (region && volume) {
+      const pick = () => {
+        for (const o of volume.options) {
+          const away = !!o.dataset.region && o.dataset.region !== region.value && !o.selected;
+          o.hidden = away; o.disabled = away;
+        }
+      };
+      region.addEventListener("change", pick);
+      volume.addEventListener("change", pick);
+      pick();
+    }
   }
 
   // ---- charts (uPlot)
@@ -175,7 +189,19 @@
     }, () => { /* clipboard refused: the text stays selectable */ });
   });
 
-  function setup(root) { setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); setupAlarmChart(root); }
+  // ---- flash messages true only in one state ("queued", "stopping"): gone once the live
+  // part shows the workload in another (data-while on the message, data-state on the badge)
+  function setupFlashes() {
+    const badge = document.querySelector("#workload-live #state");
+    if (!badge) return;
+    document.querySelectorAll(".messages li[data-while]").forEach((li) => {
+      if (li.dataset.while.split(" ").indexOf(badge.dataset.state) < 0) li.remove();
+    });
+    const list = document.querySelector(".messages");
+    if (list && !list.children.length) list.remove();
+  }
+
+  function setup(root) { setupFlashes(); setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); setupAlarmChart(root); }
   document.addEventListener("DOMContentLoaded", () => { setupInvitation(); setup(document); });
   document.addEventListener("htmx:load", (e) => setup(e.target));
 })();

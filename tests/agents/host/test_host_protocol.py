@@ -159,3 +159,18 @@ def test_desired_defaults_fill_optional_fields() -> None:
         {"instance_id": "i", "tenant_id": "t", "kind": "instance", "image": "ubuntu"}
     )
     assert (d.gpu_uuids, d.gpu_milli, d.command, d.network) == ([], 1000, [], "")
+
+
+def test_a_desired_container_carries_its_checkpoint_and_notice_only_when_set():
+    from agents.protocol import DesiredContainer
+
+    plain = DesiredContainer(instance_id="a", tenant_id="t", kind="job", image="img")
+    assert "checkpoint_signal" not in plain.to_dict() and "stop_by" not in plain.to_dict()
+    noticed = DesiredContainer(instance_id="a", tenant_id="t", kind="job", image="img",
+                               checkpoint_signal="SIGUSR1", checkpoint_grace_s=60, stop_by="2026-12-03T16:00:00Z")
+    assert DesiredContainer.from_dict(json.loads(json.dumps(noticed.to_dict()))) == noticed
+    for bad, field in (({"checkpoint_signal": "SIGKILL"}, "checkpoint_signal"),
+                       ({"checkpoint_signal": "SIGUSR1", "checkpoint_grace_s": 3601}, "checkpoint_grace_s")):
+        with pytest.raises(ProtocolError) as err:
+            DesiredContainer.from_dict({**plain.to_dict(), **bad})
+        assert err.value.field == field

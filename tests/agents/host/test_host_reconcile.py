@@ -2,7 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from agents.host.reconcile import Remove, ReportExit, Start, Stop, reconcile
+from agents.host.reconcile import (
+    Remove,
+    ReportExit,
+    Signal,
+    Start,
+    Stop,
+    checkpoint_actions,
+    checkpoint_due_in,
+    reconcile,
+)
 from agents.host.sim import SimRuntime
 from agents.protocol import DesiredContainer, ObservedContainer
 
@@ -77,3 +86,38 @@ def test_reconcile_is_idempotent_once_actions_are_applied() -> None:
     assert reconcile(desired, rt.list()) == []
     assert reconcile(desired, rt.list()) == []
     assert [o.instance_id for o in rt.list()] == ["keep", "new"]
+
+
+# --- checkpoint-aware preemption ---------------------------------------------------------
+
+SAVES = dict(checkpoint_signal="SIGUSR1", checkpoint_grace_s=60)
+NOTICE = "2026-12-03T16:00:00Z"
+
+CHECKPOINT_TABLE = [
+    ("no notice: nothing", [want("a", **SAVES)], {}, 0.0, []),
+    ("a notice but no checkpoint: nothing", [want("a", stop_by=NOTICE)], {}, 0.0, []),
+    ("a notice and a checkpoint: the signal", [want("a", stop_by=NOTICE, **SAVES)], {}, 0.0,
+     [Signal("a", "SIGUSR1")]),
+    ("signalled, inside the grace: nothing", [want("a", stop_by=NOTICE, **SAVES)], {"a": 100.0}, 159.0, []),
+    ("signalled, the grace over: the stop", [want("a", stop_by=NOTICE, **SAVES)], {"a": 100.0}, 160.0,
+     [Stop("a")]),
+]
+
+
+@pytest.mark.parametrize(("desired", "signalled", "now", "expected"),
+                         [c[1:] for c in CHECKPOINT_TABLE], ids=[c[0] for c in CHECKPOINT_TABLE])
+def test_checkpoint_actions(desired, signalled, now, expected):  # type: ignore[no-untyped-def]
+    assert checkpoint_actions(desired, [seen("a", "running")], signalled, now) == expected
+
+
+def test_a_container_that_is_not_running_gets_no_signal_and_no_stop():
+    d = [want("a", stop_by=NOTICE, **SAVES)]
+    assert checkpoint_actions(d, [seen("a", "exited", 143)], {}, 0.0) == []
+    assert checkpoint_actions(d, [], {"a": 0.0}, 1000.0) == []
+
+
+def test_the_agent_wakes_when_a_grace_runs_out():
+    d = [want("a", stop_by=NOTICE, **SAVES), want("b", **SAVES)]
+    assert checkpoint_due_in(d, {}, 0.0) is None
+    assert checkpoint_due_in(d, {"a": 100.0}, 130.0) == 30.0
+    assert checkpoint_due_in(d, {"a": 100.0}, 500.0) == 0.0

@@ -218,7 +218,8 @@ def test_a_higher_class_only_waits_when_no_lower_class_victims_could_make_room(s
         priority=cls,
         vcpus=data.draw(st.sampled_from((0, 4))),
     )
-    pol = get_policy("priority").with_(topology="prefer")  # dynamic, preemption on
+    # dynamic, preemption on, no blast-radius cap (test_core_blast_radius.py has the cap)
+    pol = get_policy("priority").with_(topology="prefer", preempt_cap=math.inf)
     p = plan(s, [req], pol, now=NOW)
     rank = CLASSES.index(cls)
     lower = {a.request_id for a in s.allocations if CLASSES.index(a.priority) > rank}

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from gpucloud.catalogue.choices import PriceKind, Vendor
-from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
-from gpucloud.catalogue.services import price_set
+from gpucloud.catalogue.models import GpuModel, InstanceType, Region
+from gpucloud.catalogue.services import PriceChange, price_set_many
 
 REGIONS = [
     ("us-east-1", "US East (Ashburn)", "US", Decimal("1.00")),
@@ -44,24 +45,41 @@ SPOT_DISCOUNT = Decimal("0.45")  # spot sells at 45 % of on demand
 CENT = Decimal("0.0001")
 
 
+def _upsert(model: Any, key: str, rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """update_or_create for many rows in three queries: read by key, insert the missing, update
+    the changed (only their changed fields). `rows` maps each key value to its other fields."""
+    found = model.objects.in_bulk(list(rows), field_name=key)
+    fresh = [model(**{key: k, **fields}) for k, fields in rows.items() if k not in found]
+    changed, fields_changed = [], set()
+    for k, obj in found.items():
+        diff = {f: v for f, v in rows[k].items() if getattr(obj, f) != v}
+        if diff:
+            for f, v in diff.items():
+                setattr(obj, f, v)
+            changed.append(obj)
+            fields_changed |= diff.keys()
+    model.objects.bulk_create(fresh)
+    if changed:
+        model.objects.bulk_update(changed, sorted(fields_changed))
+    return {**found, **{getattr(obj, key): obj for obj in fresh}}
+
+
 class Command(BaseCommand):
     help = "Create or update the demo/realistic catalogue (regions, GPU models, instance types, prices)."
 
     @transaction.atomic
     def handle(self, *args, **options):
-        regions = {}
-        for code, name, country, _ in REGIONS:
-            regions[code], _ = Region.objects.update_or_create(
-                code=code, defaults={"name": name, "country": country, "active": True}
-            )
+        # A few queries in all, not one per row: the test suite seeds a catalogue per test.
+        regions = _upsert(Region, "code", {code: {"name": name, "country": country, "active": True}
+                                           for code, name, country, _ in REGIONS})
         multiplier = {code: m for code, _, _, m in REGIONS}
-        n_types = n_prices = 0
-        for code, name, vendor, mem, tflops, link, per_gpu, in_regions in GPUS:
-            gpu, _ = GpuModel.objects.update_or_create(
-                code=code,
-                defaults={"name": name, "vendor": vendor, "memory_gib": mem,
-                          "bf16_tflops": Decimal(tflops), "interconnect": link},
-            )
+        gpus = _upsert(GpuModel, "code", {
+            code: {"name": name, "vendor": vendor, "memory_gib": mem, "bf16_tflops": Decimal(tflops),
+                   "interconnect": link}
+            for code, name, vendor, mem, tflops, link, _, _ in GPUS})
+        types: dict[str, dict[str, Any]] = {}
+        offers: list[tuple[str, Decimal, list[str]]] = []  # instance type, on-demand base, regions
+        for code, _, _, _, _, _, per_gpu, in_regions in GPUS:
             vcpu, ram, disk = PER_GPU[code]
             shapes = [(n, 1000, f"{code.lower()}.{n}x", f"{n}x {code}") for n in WHOLE[code]]
             shapes += [
@@ -70,29 +88,25 @@ class Command(BaseCommand):
             ]
             for count, milli, it_code, it_name in shapes:
                 share = Decimal(count * milli) / 1000
-                it, _ = InstanceType.objects.update_or_create(
-                    code=it_code,
-                    defaults={
-                        "name": it_name, "gpu_model": gpu, "gpu_count": count, "gpu_share_milli": milli,
-                        "vcpus": max(2, int(vcpu * share)), "memory_gib": max(8, int(ram * share)),
-                        "disk_gib": max(50, int(disk * share)), "active": True,
-                    },
-                )
-                n_types += 1
-                base = Decimal(per_gpu) * share * (FRACTION_PREMIUM if milli < 1000 else 1)
-                for region_code in in_regions:
-                    on_demand = (base * multiplier[region_code]).quantize(CENT, ROUND_HALF_UP)
-                    spot = (on_demand * SPOT_DISCOUNT).quantize(CENT, ROUND_HALF_UP)
-                    for kind, amount in ((PriceKind.ON_DEMAND, on_demand), (PriceKind.SPOT, spot)):
-                        # Spot moves with demand once offered (billing.services.spot_prices_update):
-                        # seeding again must not put back the opening price (and add a row per restart).
-                        if kind == PriceKind.SPOT and Price.objects.filter(
-                                instance_type=it, region=regions[region_code], kind=kind).exists():
-                            continue
-                        if price_set(instance_type=it, region=regions[region_code], kind=kind,
-                                     per_hour=amount):
-                            n_prices += 1
+                types[it_code] = {
+                    "name": it_name, "gpu_model": gpus[code], "gpu_count": count, "gpu_share_milli": milli,
+                    "vcpus": max(2, int(vcpu * share)), "memory_gib": max(8, int(ram * share)),
+                    "disk_gib": max(50, int(disk * share)), "active": True,
+                }
+                offers.append((it_code, Decimal(per_gpu) * share * (FRACTION_PREMIUM if milli < 1000 else 1),
+                               in_regions))
+        instance_types = _upsert(InstanceType, "code", types)
+        changes = []
+        for it_code, base, in_regions in offers:
+            for region_code in in_regions:
+                on_demand = (base * multiplier[region_code]).quantize(CENT, ROUND_HALF_UP)
+                spot = (on_demand * SPOT_DISCOUNT).quantize(CENT, ROUND_HALF_UP)
+                changes += [PriceChange(instance_types[it_code], regions[region_code], kind, amount)
+                            for kind, amount in ((PriceKind.ON_DEMAND, on_demand), (PriceKind.SPOT, spot))]
+        # Spot moves with demand once offered (billing.services.spot_prices_update): seeding
+        # again must not put back the opening price (and add a row per restart).
+        made = price_set_many(changes=changes, keep_existing_kinds=frozenset({PriceKind.SPOT}))
         self.stdout.write(
-            f"catalogue: {len(regions)} regions, {len(GPUS)} GPU models, {n_types} instance types, "
-            f"{n_prices} new prices"
+            f"catalogue: {len(regions)} regions, {len(GPUS)} GPU models, {len(types)} instance types, "
+            f"{len(made)} new prices"
         )
