@@ -112,10 +112,13 @@ class Allocation:
     stop_by: float | None = None
     pinned: bool = False  # bound to its host (a volume lives there): never migrated
     #: saves its progress on a signal (``checkpoint`` at submission): a preemption
-    #: loses it no work, and its notice lasts at least ``grace_s`` (time to save)
+    #: loses it no work, and its notice lasts at least ``grace_s`` (time to save).
+    #: Only such jobs are time-sliced (a job that restarts from scratch would lose
+    #: its run at every slice)
     checkpointable: bool = False
     grace_s: float = 0.0
-    #: GPU-seconds received over earlier runs (time-slicing compares it with a request's)
+    #: GPU-seconds this work had received before ``started_at`` (earlier runs of a
+    #: requeued job); the time-slice policies add what it received since
     attained_service: float = 0.0
 
 
@@ -187,7 +190,8 @@ class PlacementRequest:
     restartable: bool = False
     #: the job saves its progress when signalled (``checkpoint`` at submission): a
     #: preemption costs it only the work since its last checkpoint, and it resumes
-    #: with its attained service kept when requeued
+    #: with its attained service kept when requeued; otherwise a preempted
+    #: restartable job starts from scratch
     checkpointable: bool = False
     #: host affinity: placed on this host only, or it waits for it (a volume lives there)
     pinned_host: str | None = None

@@ -57,7 +57,7 @@ from .plugins import (
     pick_whole,
 )
 from .policy import Policy, get_policy
-from .queue import ShareBook, make_order
+from .queue import Order, ShareBook, las_level, las_queue, make_order, remaining_time
 from .quota import QuotaBook
 from .state import (
     INF,
@@ -376,19 +376,34 @@ class _Planner:
         # shape -> "" (no victims at all: any larger shape has none either) or the cap's
         # words (refused by the cap: only this very shape, a larger one may fit the cap)
         self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, str]]] = {}
-        self.slices: dict[str, float] = dict(policy.time_slice)
         # the blast-radius bound of the request whose victims are being chosen
         self.cap: _Cap | None = None
         # (pool, class rank) -> hosts that still hold work that class could preempt
-        self.victim_hosts: dict[tuple[str, str, int], dict[HostState, None]] = {}
+        self.victim_hosts: dict[tuple[str, str, int, float], dict[HostState, None]] = {}
+        self.slice_cache: dict[str, float] = {}
+        self.level_cache: dict[str, int] = {}
+        self.dynamic = {c: policy.mode_for(c) == "dynamic" for c in CLASS_RANK}
+        self.quantum: dict[str, float] = dict(policy.slice_quantum)
 
     # ------------------------------------------------------------------ the cycle
 
     def run(self) -> Plan:
-        order = make_order(self.p, self.reqs, self.book)
-        while (req := order.pop()) is not None:
-            placed = self.decide(req)
-            order.done(req, placed)
+        order = make_order(self.p, self.reqs, self.book, self.now)
+        cap = self.p.max_waits
+        if cap is None:
+            while (req := order.pop()) is not None:
+                placed = self.decide(req)
+                order.done(req, placed)
+        else:
+            misses = 0
+            while (req := order.pop()) is not None:
+                placed = self.decide(req)
+                order.done(req, placed)
+                if not placed:
+                    misses += 1
+                    if misses >= cap:
+                        break
+            self.unexamined(order, misses)
         if self.p.reclaim:
             self.reclaim()
         if self.p.defrag:
@@ -410,6 +425,20 @@ class _Planner:
                 hosts_examined=n["examined"],
             ),
         )
+
+    def unexamined(self, order: Order, misses: int) -> None:
+        """The depth cap: what is left of the queue waits without being looked at."""
+        rest = []
+        while (req := order.pop()) is not None:
+            rest.append(req)
+            order.done(req, False)
+        if not rest:
+            return
+        reason = (
+            f"not examined this cycle: {_plural(misses, 'request')} ahead of it could not start"
+        )
+        self.decisions.extend(Wait(r.request_id, reason) for r in rest)
+        self.n["waiting"] += len(rest)
 
     def wait(self, req: PlacementRequest, reason: str, *, capacity: bool = True) -> bool:
         if capacity:
@@ -504,11 +533,7 @@ class _Planner:
                 return self.wait(
                     req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
                 )
-            pkey = (
-                *key,
-                CLASS_RANK.get(req.priority, 1),
-                req.attained_service if req.priority in self.slices else 0.0,
-            )
+            pkey = (*key, CLASS_RANK.get(req.priority, 1), self.slice_of(req))
             capped = self.known_no_victims(pkey, shape)
             if capped is None:
                 self.cap = _Cap(req, self.p.preempt_cap, self.now)
@@ -966,6 +991,59 @@ class _Planner:
         noun = "instance" if kinds == {"instance"} else "job" if kinds == {"job"} else "workload"
         return f"{len(victims)} preempted {noun}{'s' if len(victims) != 1 else ''}"
 
+    def eligible(self, req: PlacementRequest, a: AllocState) -> bool:
+        return self.can_evict(a, CLASS_RANK.get(req.priority, 1), self.slice_of(req))
+
+    def slice_of(self, req: PlacementRequest) -> float:
+        """The requester's time-slice key: its attained-service queue (las) or its
+        expected remaining time (srtf); INF when it may preempt nothing of its class."""
+        ts = self.p.time_slice
+        if not ts:
+            return INF
+        got = self.slice_cache.get(req.request_id)
+        if got is None:
+            if ts == "las":
+                got = float(las_level(self.p, req, self.now))
+            else:
+                got = remaining_time(req)
+            self.slice_cache[req.request_id] = got
+        return got
+
+    def run_level(self, a: AllocState) -> int:
+        """The attained-service queue running work is in now."""
+        al = a.alloc
+        got = self.level_cache.get(al.request_id)
+        if got is None:
+            attained = al.attained_service + max(0.0, self.now - al.started_at) * a.milli / WHOLE
+            got = self.level_cache[al.request_id] = las_queue(attained, self.p.las_thresholds)
+        return got
+
+    def can_evict(self, a: AllocState, rank: int, mine: float) -> bool:
+        """May a request of class ``rank`` with time-slice key ``mine`` preempt ``a``?
+
+        By class: ``a`` is of a lower class whose mode is dynamic. Inside a class
+        (``time_slice``): ``a`` is checkpointing batch work (kind job) that ran at
+        least its class's quantum (``slice_quantum``, else ``min_run_s``) and sits
+        in a lower attained-service queue (las) or is expected to run longer than
+        the request (srtf). Instances are never time-sliced."""
+        if a.doomed or not self.dynamic.get(a.alloc.priority, False):
+            return False
+        if a.rank > rank:
+            return True
+        if a.rank < rank or mine == INF:
+            return False
+        al = a.alloc
+        if (
+            al.kind != "job"
+            or not al.restartable
+            or not al.checkpointable
+            or self.now - al.started_at < self.quantum.get(al.priority, self.p.min_run_s)
+        ):
+            return False
+        if self.p.time_slice == "las":
+            return self.run_level(a) > mine
+        return al.expected_end is not None and al.expected_end - self.now > mine
+
     def known_no_victims(self, pkey: tuple[object, ...], shape: _Shape) -> str | None:
         """None, or the remembered outcome of a failed victim search this shape
         repeats: "" (no victims, for it or any smaller shape) or the cap's words
@@ -991,43 +1069,6 @@ class _Planner:
             ):
                 return ""
         return None
-
-    def preemptible(self, rank: int, a: AllocState) -> bool:
-        """Could a request of class ``rank`` ever preempt ``a`` (whoever asks)?"""
-        if a.doomed or self.p.mode_for(a.alloc.priority) != "dynamic":
-            return False
-        if a.rank > rank:
-            return True
-        return (
-            a.rank == rank
-            and a.alloc.restartable
-            and a.alloc.priority in self.slices
-        )
-
-    def attained(self, a: AllocState) -> float:
-        """GPU-seconds ``a``'s work has received, this run included."""
-        al = a.alloc
-        return al.attained_service + a.milli / WHOLE * max(0.0, self.now - al.started_at)
-
-    def eligible(self, req: PlacementRequest, a: AllocState) -> bool:
-        if a.doomed or self.p.mode_for(a.alloc.priority) != "dynamic":
-            return False
-        rank = CLASS_RANK.get(req.priority, 1)
-        if a.rank > rank:
-            return True
-        if a.rank < rank or not self.slices:
-            return False
-        # time-slicing within a class: restartable work past its quantum that has
-        # received more service than the request (least attained service first)
-        al = a.alloc
-        q = self.slices.get(req.priority)
-        return (
-            q is not None
-            and al.restartable
-            and al.priority == req.priority
-            and self.now - al.started_at >= q
-            and self.attained(a) > req.attained_service
-        )
 
     def lost_work(self, a: AllocState) -> float:
         """GPU-seconds a preemption throws away: the run so far, or none for work
@@ -1116,10 +1157,7 @@ class _Planner:
         elig = [a for a in hs.allocs if self.eligible(req, a)]
         if not elig:
             if stale is not None:
-                rank = CLASS_RANK.get(req.priority, 1)
-                # time-slice victims depend on the request: stale only if nobody's
-                if not self.slices or not any(self.preemptible(rank, a) for a in hs.allocs):
-                    stale.append(hs)
+                stale.append(hs)
             return None
         if req.gpus_per_node > 0:
             # cheap bound before the exact check
@@ -1193,6 +1231,7 @@ class _Planner:
         options: list[tuple[tuple[int, float, int], str, HostState, list[AllocState]]] = []
         want = max(self.p.preempt_candidates, req.nodes)
         rank = CLASS_RANK.get(req.priority, 1)
+        mine = self.slice_of(req)
         stale: list[HostState] = []
         gang = req.nodes > 1
         g = req.gpus_per_node
@@ -1202,7 +1241,7 @@ class _Planner:
             if gang:
                 hosts = pool.hosts
             else:
-                hosts = self.preemptible_hosts(pool, rank)
+                hosts = self.preemptible_hosts(pool, rank, mine)
             # no copy of the index: hosts found stale are dropped after the loop
             for hs in hosts:
                 if hs.reserved_at is not None and hs.reserved_for != rid:
@@ -1227,10 +1266,12 @@ class _Planner:
             else:
                 continue
             break
+        if self.p.time_slice == "srtf":
+            stale = []  # the index is a superset for every remaining time: keep it
         for hs in stale:
             home = hs.pool
             if home is not None:
-                index = self.victim_hosts.get((home.region, home.model, rank))
+                index = self.victim_hosts.get((home.region, home.model, rank, mine))
                 if index is not None:
                     index.pop(hs, None)
         options.sort(key=lambda o: (o[0], o[1]))
@@ -1250,15 +1291,17 @@ class _Planner:
                 self.mark_reserved(hs, now, req.request_id)
         return [victims[k] for k in sorted(victims)]
 
-    def preemptible_hosts(self, pool: Pool, rank: int) -> dict[HostState, None]:
-        """Hosts of ``pool`` holding work a request of class ``rank`` could preempt,
-        built once per cycle and pruned as victims get chosen."""
-        key = (pool.region, pool.model, rank)
+    def preemptible_hosts(self, pool: Pool, rank: int, mine: float) -> dict[HostState, None]:
+        """Hosts of ``pool`` holding work a request of class ``rank`` (and
+        time-slice key ``mine``) could preempt, built once per cycle and pruned
+        as victims get chosen. Under srtf one index serves every remaining time."""
+        key = (pool.region, pool.model, rank, mine)
         hosts = self.victim_hosts.get(key)
         if hosts is None:
             hosts = {}
+            probe = -INF if self.p.time_slice == "srtf" else mine
             for hs in pool.hosts:
-                if any(self.preemptible(rank, a) for a in hs.allocs):
+                if any(self.can_evict(a, rank, probe) for a in hs.allocs):
                     hosts[hs] = None
             self.victim_hosts[key] = hosts
         return hosts

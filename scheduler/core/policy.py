@@ -13,6 +13,7 @@ lower class whose mode is dynamic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
@@ -39,11 +40,6 @@ class Policy:
     #: every victim have estimates, else GPUs - and a reclaim at most this multiple
     #: of the waiting demand; ``math.inf``: no cap
     preempt_cap: float = 1.0
-    #: time-slicing: ((class, quantum_s), ...) - a waiting request of a listed class
-    #: may preempt restartable work of its own class (dynamic mode) that has run at
-    #: least the quantum and attained more GPU-seconds than the request; unlisted
-    #: classes only ever preempt lower classes
-    time_slice: tuple[tuple[str, float], ...] = ()
     topology: Literal["prefer", "require"] = "prefer"
     reclaim: bool = False
     reclaim_idle_util: float = 0.05
@@ -60,6 +56,24 @@ class Policy:
     preempt_candidates: int = 8
     #: Tiresias-style discretised attained-service queues (GPU-seconds)
     las_thresholds: tuple[float, ...] = (3600.0, 36000.0, 360000.0)
+    #: starvation guard: a request is promoted to the first queue once its age
+    #: (now - submitted_at) reaches max(las_starve_s, las_starve_factor x its
+    #: attained run time per GPU)
+    las_starve_s: float = 4 * 3600.0
+    las_starve_factor: float = 4.0
+    #: preemption inside a class, for restartable batch work only (kind job,
+    #: restartable): "las" - a request in a higher attained-service queue
+    #: preempts jobs in lower ones; "srtf" - a request expected to finish sooner
+    #: preempts jobs with more expected remaining time (oracle). "" = by class only.
+    time_slice: Literal["", "las", "srtf"] = ""
+    #: a job runs at least this long before a time-slice preemption (quantum)
+    min_run_s: float = 600.0
+    #: ((class, quantum_s), ...): the quantum of a listed class, overriding min_run_s
+    slice_quantum: tuple[tuple[str, float], ...] = ()
+    #: per-cycle depth cap: after this many requests could not start (waits and
+    #: rejects), the rest of the queue waits unexamined this cycle. None = no cap.
+    #: Placements are never capped.
+    max_waits: int | None = None
     #: fixed fragmentation mix ((gpus_per_node, gpu_milli, weight), ...); empty =
     #: derive from the queue being planned
     mix: tuple[tuple[int, int, float], ...] = ()
@@ -103,8 +117,31 @@ register_policy(
     )
 )
 register_policy(Policy(name="sjf", queue_order="sjf", placement="best-fit"))
-register_policy(Policy(name="srtf", queue_order="srtf", placement="best-fit"))
-register_policy(Policy(name="las", queue_order="las", placement="best-fit"))
+# preemptive SRTF (oracle, for comparison) and Tiresias-style 2D-LAS: both
+# preempt restartable batch jobs of their own class
+register_policy(
+    Policy(
+        name="srtf",
+        queue_order="srtf",
+        placement="best-fit",
+        mode="dynamic",
+        preemption=True,
+        time_slice="srtf",
+        # SRTF evicts exactly the work expected to run longer than the request,
+        # which a cap on remaining GPU-seconds would always refuse: no cap
+        preempt_cap=math.inf,
+    )
+)
+register_policy(
+    Policy(
+        name="las",
+        queue_order="las",
+        placement="best-fit",
+        mode="dynamic",
+        preemption=True,
+        time_slice="las",
+    )
+)
 register_policy(Policy(name="drf", queue_order="drf", placement="best-fit"))
 register_policy(
     Policy(
@@ -129,6 +166,9 @@ register_policy(
         backfill=True,
         topology="require",
         reclaim=True,
+        # least attained service inside a class, for restartable batch work only
+        # (instances are never preempted but by class)
+        time_slice="las",
         # score the two fullest feasible hosts: packing already comes from the
         # bucket walk, so more candidates buy little and cost ~25 % throughput
         k=2,

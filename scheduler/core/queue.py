@@ -11,10 +11,10 @@ import heapq
 import math
 import operator
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .model import CLASS_RANK, WHOLE, ClusterSnapshot, PlacementRequest
-from .policy import Policy
+from .policy import QUEUE_ORDERS, Policy
 from .state import Fleet
 
 _AGE = operator.attrgetter("submitted_at", "request_id")
@@ -127,19 +127,25 @@ class Order:
 
 
 class FairOrder(Order):
-    """Class, then weighted dominant share (live), then age."""
+    """Class, then (for ``gpucloud``) attained-service queue, then weighted
+    dominant share (live), then age. ``lane`` gives each request its lane; lanes
+    are served in order, tenants inside a lane by share."""
 
-    def __init__(self, reqs: Iterable[PlacementRequest], book: ShareBook, classes: bool) -> None:
+    def __init__(
+        self,
+        reqs: Iterable[PlacementRequest],
+        book: ShareBook,
+        lane: Callable[[PlacementRequest], tuple[int, ...]],
+    ) -> None:
         super().__init__([])
         self.book = book
         self.version: dict[str, int] = {}
-        lanes: dict[int, dict[str, list[PlacementRequest]]] = {}
+        lanes: dict[tuple[int, ...], dict[str, list[PlacementRequest]]] = {}
         for r in reqs:
-            rank = CLASS_RANK.get(r.priority, 1) if classes else 0
-            lanes.setdefault(rank, {}).setdefault(r.tenant_id, []).append(r)
+            lanes.setdefault(lane(r), {}).setdefault(r.tenant_id, []).append(r)
         self.ranks = sorted(lanes)
-        self.queues: dict[int, dict[str, deque[PlacementRequest]]] = {}
-        self.heaps: dict[int, list[tuple[float, float, str, int]]] = {}
+        self.queues: dict[tuple[int, ...], dict[str, deque[PlacementRequest]]] = {}
+        self.heaps: dict[tuple[int, ...], list[tuple[float, float, str, int]]] = {}
         for rank in self.ranks:
             qs: dict[str, deque[PlacementRequest]] = {}
             heap: list[tuple[float, float, str, int]] = []
@@ -151,7 +157,7 @@ class FairOrder(Order):
             self.queues[rank] = qs
             self.heaps[rank] = heap
         self._ri = 0
-        self._current: tuple[int, str] | None = None
+        self._current: tuple[tuple[int, ...], str] | None = None
         #: the served tenant's next entry, pushed by the next pop()
         self._pending: tuple[float, float, str, int] | None = None
 
@@ -206,36 +212,87 @@ def las_queue(attained: float, thresholds: tuple[float, ...]) -> int:
     return len(thresholds)
 
 
-def make_order(policy: Policy, queue: Iterable[PlacementRequest], book: ShareBook) -> Order:
+def las_promote_at(policy: Policy, req: PlacementRequest) -> float:
+    """When the starvation guard lifts ``req`` into the first attained-service
+    queue: once its age reaches ``las_starve_s`` or ``las_starve_factor`` times
+    its attained run time per GPU, whichever is longer."""
+    per_gpu = req.attained_service / max(req.total_milli / WHOLE, 1e-9)
+    return req.submitted_at + max(policy.las_starve_s, policy.las_starve_factor * per_gpu)
+
+
+def las_level(policy: Policy, req: PlacementRequest, now: float) -> int:
+    """The attained-service queue of a waiting request (0 = served first)."""
+    a = req.attained_service
+    if a <= 0.0:
+        return 0
+    level = las_queue(a, policy.las_thresholds)
+    if level and now >= las_promote_at(policy, req):
+        return 0
+    return level
+
+
+def remaining_time(req: PlacementRequest) -> float:
+    """SRTF's key: expected duration minus the service already received (per GPU)."""
+    if req.expected_duration is None:
+        return math.inf
+    per_gpu = max(req.total_milli / WHOLE, 1e-9)
+    return max(req.expected_duration - req.attained_service / per_gpu, 0.0)
+
+
+def fair_orders(policy: Policy) -> bool:
+    """Orders that serve tenants by share (the order inside a tenant is by
+    ``order_key``, so a caller may hand the core only each tenant's head)."""
+    return policy.queue_order in ("gpucloud", "drf")
+
+
+def order_key(policy: Policy, req: PlacementRequest, now: float) -> tuple[object, ...]:
+    """The order ``make_order`` serves requests in: over the whole queue for the
+    static orders, inside one tenant for the fair ones. A key changes only when
+    the request does, or (las, gpucloud) when the starvation guard promotes it
+    (``las_promote_at``)."""
+    kind = policy.queue_order
+    if kind in ("fifo", "drf"):
+        return (req.submitted_at, req.request_id)
+    if kind == "gpucloud":
+        return (
+            CLASS_RANK.get(req.priority, 1),
+            las_level(policy, req, now),
+            req.submitted_at,
+            req.request_id,
+        )
+    if kind == "priority":
+        return (CLASS_RANK.get(req.priority, 1), req.submitted_at, req.request_id)
+    if kind == "sjf":
+        d = req.expected_duration
+        return (math.inf if d is None else d, req.submitted_at, req.request_id)
+    if kind == "srtf":
+        return (remaining_time(req), req.submitted_at, req.request_id)
+    if kind == "las":
+        return (las_level(policy, req, now), req.submitted_at, req.request_id)
+    raise ValueError(f"unknown queue order {kind!r}")
+
+
+def make_order(
+    policy: Policy, queue: Iterable[PlacementRequest], book: ShareBook, now: float = 0.0
+) -> Order:
     kind = policy.queue_order
     reqs = list(queue)
-    if kind in ("gpucloud", "drf"):
-        return FairOrder(reqs, book, classes=kind == "gpucloud")
-    inf = math.inf
-    if kind == "fifo":
-        reqs.sort(key=_AGE)
-    elif kind == "priority":
-        reqs.sort(key=lambda r: (CLASS_RANK.get(r.priority, 1), r.submitted_at, r.request_id))
-    elif kind == "sjf":
-        reqs.sort(
-            key=lambda r: (
-                inf if r.expected_duration is None else r.expected_duration,
-                r.submitted_at,
-                r.request_id,
-            )
-        )
-    elif kind == "srtf":
-        # remaining = expected duration minus service already received (per GPU)
-        def remaining(r: PlacementRequest) -> float:
-            if r.expected_duration is None:
-                return inf
-            per_gpu = max(r.total_milli / 1000, 1e-9)
-            return max(r.expected_duration - r.attained_service / per_gpu, 0.0)
+    if kind == "gpucloud":
+        rank_of = CLASS_RANK.get
 
-        reqs.sort(key=lambda r: (remaining(r), r.submitted_at, r.request_id))
-    elif kind == "las":
-        th = policy.las_thresholds
-        reqs.sort(key=lambda r: (las_queue(r.attained_service, th), r.submitted_at, r.request_id))
-    else:
+        def lane(r: PlacementRequest) -> tuple[int, ...]:
+            if r.attained_service <= 0.0:
+                return (rank_of(r.priority, 1), 0)
+            return (rank_of(r.priority, 1), las_level(policy, r, now))
+
+        return FairOrder(reqs, book, lane)
+    if kind == "drf":
+        return FairOrder(reqs, book, _ONE_LANE)
+    if kind not in QUEUE_ORDERS:
         raise ValueError(f"unknown queue order {kind!r}")
+    reqs.sort(key=lambda r: order_key(policy, r, now))
     return Order(reqs)
+
+
+def _ONE_LANE(r: PlacementRequest) -> tuple[int, ...]:
+    return (0,)

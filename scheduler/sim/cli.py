@@ -24,6 +24,30 @@ from .trace import (
     read_trace,
 )
 
+#: the simulator's default per-cycle depth cap (docs/simulator.md measures it)
+DEFAULT_DEPTH = 16
+
+
+def scale_partitions(parts: dict[str, int], total: int) -> dict[str, int]:
+    """Node counts scaled to ``total`` nodes, proportionally (largest remainder,
+    ties by tenant), each partition keeping at least one node."""
+    if total < len(parts):
+        raise TraceError(f"--scale-partitions {total} is fewer nodes than {len(parts)} partitions")
+    have = sum(parts.values())
+    exact = {t: n * total / have for t, n in parts.items()}
+    out = {t: max(1, int(x)) for t, x in exact.items()}
+    left = total - sum(out.values())
+    for t in sorted(parts, key=lambda t: (-(exact[t] - int(exact[t])), t)):
+        if left <= 0:
+            break
+        out[t] += 1
+        left -= 1
+    while left < 0:  # the at-least-one rule overshot: take from the largest
+        t = max(out, key=lambda t: (out[t], t))
+        out[t] -= 1
+        left += 1
+    return out
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="trace file")
@@ -43,7 +67,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --partitions: one shared pool, partitions become guaranteed "
         "quotas that lend idle capacity (reclaimed by preemption with notice)",
     )
+    p.add_argument(
+        "--scale-partitions",
+        type=int,
+        default=0,
+        metavar="NODES",
+        help="with --partitions: scale the node counts to this total (largest remainder, "
+        "at least 1 node each), e.g. 80 for the 80x8 contention scenario",
+    )
     p.add_argument("--notice", type=float, default=None, help="preemption notice seconds")
+    p.add_argument(
+        "--checkpoint-fraction",
+        type=float,
+        default=1.0,
+        help="fraction of jobs (chosen by a hash of the job id) that checkpoint: a "
+        "preempted one resumes, the others restart from scratch (1.0)",
+    )
+    p.add_argument(
+        "--depth",
+        type=int,
+        default=DEFAULT_DEPTH,
+        help="per-cycle depth cap: requests that may fail to start in one plan before the "
+        f"rest of the queue waits unexamined ({DEFAULT_DEPTH}; 0 = no cap, the slow path)",
+    )
     p.add_argument("--start", default=None, help="philly: first submit date (ISO)")
     p.add_argument("--end", default=None, help="philly: submit before this date (ISO)")
     p.add_argument(
@@ -94,11 +140,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
             )
     if args.notice is not None:
         policy = policy.with_(notice_s=args.notice)
+    if args.depth < 0:
+        raise TraceError("--depth must be 0 (no cap) or more")
+    policy = policy.with_(max_waits=args.depth or None)
+    if not 0.0 <= args.checkpoint_fraction <= 1.0:
+        raise TraceError("--checkpoint-fraction must be between 0 and 1")
     guarantees: dict[str, float] | None = None
     nodes: list[Node] = []
     parts: dict[str, int] = {}
     if args.partitions:
         parts = read_partitions(args.partitions)
+        if args.scale_partitions:
+            parts = scale_partitions(parts, args.scale_partitions)
         g = args.gpus_per_node
         for tenant in sorted(parts):
             for i in range(parts[tenant]):
@@ -162,11 +215,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
         guarantees=guarantees,
         series_points=2000 if args.plot else 0,
         demand_marks=marks,
+        checkpoint_fraction=args.checkpoint_fraction,
     )
     res = sim.run()
     summary = summarize(res, policy=policy.name, placement=policy.placement)
     summary["mode"] = policy.mode
     summary["lend"] = bool(args.lend)
+    summary["depth"] = args.depth
+    summary["checkpoint_fraction"] = args.checkpoint_fraction
     if args.jobs_out:
         write_jobs_csv(res, args.jobs_out)
     if args.plot:

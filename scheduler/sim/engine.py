@@ -35,6 +35,7 @@ import bisect
 import heapq
 import math
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -63,6 +64,7 @@ from scheduler.core import (
 from scheduler.core.framework import PLACEMENTS
 from scheduler.core.gcpause import gc_paused
 from scheduler.core.planner import ALL_HOSTS
+from scheduler.core.queue import fair_orders, las_level, las_promote_at, order_key
 
 from .trace import Job, Node
 
@@ -97,6 +99,10 @@ class JobState:
     rejected: str = ""
     preemptions: int = 0
     queued_s: float = 0.0
+    #: resumes from a checkpoint when preempted; otherwise restarts from scratch
+    checkpoint: bool = True
+    #: GPU-seconds of progress thrown away by preemptions (restarts from scratch)
+    lost: float = 0.0
 
 
 class _Host:
@@ -229,6 +235,87 @@ class Result:
     demand_marks: dict[str, float] = field(default_factory=dict)
     view_rejects: int = 0
     skipped: int = 0
+    lost_gpu_s: float = 0.0
+    preempted_gpu_s: float = 0.0
+    #: per tenant, the integral of its max-min (water-filled) fair share of the
+    #: capacity given every tenant's demand (GPUs of its queued and running jobs)
+    tenant_maxmin: dict[str, float] = field(default_factory=dict)
+
+
+#: a queued request's shape: region, model, gpus_per_node, gpu_milli, nodes,
+#: class rank, asks vCPUs, asks memory
+_Shape = tuple[str | None, str, int, int, int, int, bool, bool]
+
+
+def _maxmin(demand: dict[str, float], weights: dict[str, float], cap: float) -> dict[str, float]:
+    """Weighted max-min fair shares of ``cap`` (water-filling): no tenant gets more
+    than it asks, and what one cannot use goes to the others by weight."""
+    out: dict[str, float] = {}
+    left = float(cap)
+    wsum = sum(weights.get(t, 1.0) for t in demand)
+    for t in sorted(demand, key=lambda t: (demand[t] / weights.get(t, 1.0), t)):
+        w = weights.get(t, 1.0)
+        give = min(demand[t], left * w / wsum) if wsum > 0 else 0.0
+        out[t] = give
+        left -= give
+        wsum -= w
+    return out
+
+
+#: a queued job's place in its group: the core's order key, then the job id
+_Key = tuple[tuple[object, ...], str]
+
+
+def _unsort(lst: list[_Key], key: _Key) -> None:
+    i = bisect.bisect_left(lst, key)
+    assert lst[i] == key
+    del lst[i]
+
+
+class _Agg:
+    """What the view needs to know of the queue: shapes, not requests."""
+
+    __slots__ = (
+        "models", "need", "min_g", "frac", "min_rank", "min_frac", "min_milli", "cpu", "mem",
+        "cpu_only",
+    )
+
+    def __init__(self) -> None:
+        self.models: dict[tuple[str | None, str], int] = defaultdict(int)
+        self.need: dict[tuple[str, str | None, int], int] = {}
+        self.min_g: float = math.inf
+        self.frac = False
+        self.min_rank = 3
+        self.min_frac = WHOLE + 1  # the smallest fractional share queued
+        self.min_milli = 0  # the smallest GPU demand of one request (milli)
+        self.cpu = False
+        self.mem = False
+        #: (region, model) of queued work without GPUs (it may go on any host)
+        self.cpu_only: set[tuple[str | None, str]] = set()
+
+    def add(
+        self, region: str | None, model: str, g: int, milli: int, nodes: int, rank: int,
+        cpu: bool, mem: bool, count: int,
+    ) -> None:
+        self.models[(region, model)] += nodes * count
+        if g == 0 and milli == 0:
+            self.cpu_only.add((region, model))
+        key = (model, region, max(g, 1))
+        if self.need.get(key, 0) < nodes:
+            self.need[key] = nodes
+        if g == 0:
+            self.frac = True
+            if milli < self.min_frac:
+                self.min_frac = milli
+        elif g < self.min_g:
+            self.min_g = g
+        m = (milli if g == 0 else g * WHOLE) * nodes
+        if self.min_milli == 0 or m < self.min_milli:
+            self.min_milli = m
+        if rank < self.min_rank:
+            self.min_rank = rank
+        self.cpu = self.cpu or cpu
+        self.mem = self.mem or mem
 
 
 class Simulator:
@@ -248,8 +335,13 @@ class Simulator:
         series_points: int = 0,
         demand_marks: Sequence[float] = (),
         drop_unplaced: bool | None = None,
+        checkpoint_fraction: float = 1.0,
+        incremental: bool = True,
     ) -> None:
         self.p = policy
+        self.checkpoint_fraction = checkpoint_fraction
+        #: hand the core only what its depth cap lets it look at (same plan)
+        self.incremental = incremental and policy.max_waits is not None
         self.oracle = policy.queue_order in ORACLE_ORDERS if oracle is None else oracle
         self.hosts = {n.node_id: _Host(n) for n in nodes}
         if len(self.hosts) != len(nodes):
@@ -290,6 +382,10 @@ class Simulator:
             if drop_unplaced is None
             else drop_unplaced
         )
+        if self.drop and self.p.max_waits is not None:
+            # a request that does not fit when it arrives is dropped: look at all
+            self.p = self.p.with_(max_waits=None)
+            self.incremental = False
         self.chunked = (
             self.p.queue_order == "fifo"
             and self.p.head_of_line
@@ -297,6 +393,14 @@ class Simulator:
             and len({j.gpu_model for j in self.jobs}) <= 1
         )
         self.may_preempt = self.p.preemption and self.p.mode != "static"
+        #: class -> rank for the classes whose running work may be preempted
+        self.dynamic = {
+            c: r for c, r in CLASS_RANK.items() if self.p.mode_for(c) == "dynamic"
+        }
+        if self.p.reclaim:
+            # every simulated GPU computes (utilisation 1.0, never idle), so a
+            # reclaim never fires: skip its pass over the running work
+            self.p = self.p.with_(reclaim=False)
         # Running work the core can never touch: no class is dynamic (so nothing is
         # a victim, reclaimed or migrated, and nothing is ever under notice) and no
         # end times are known (backfill finds no end). Then the core reads running
@@ -390,6 +494,19 @@ class Simulator:
         self._empty_set = {hid for lst in self.empty.values() for hid in lst}
         self.state: dict[str, JobState] = {}
         self.queue: dict[str, JobState] = {}
+        # the incremental queue: per group (a tenant for fair orders, else one
+        # group) the queued jobs sorted by the core's order key
+        self.grouped = fair_orders(self.p)
+        self.ordered: dict[str, list[_Key]] = {}
+        self.qkey: dict[str, tuple[str, _Key, _Shape]] = {}
+        self.key_dirty: set[str] = set()
+        #: per tenant, its queued jobs in submit order (lending's classes)
+        self.tenant_queue: dict[str, list[tuple[float, str]]] = {}
+        self.promotions: list[tuple[float, str]] = []
+        #: queued request shapes -> count (what the view needs of the whole queue)
+        self.shapes: dict[_Shape, int] = {}
+        self.lost_gpu_s = 0.0
+        self.preempted_gpu_s = 0.0
         self.reqs: dict[str, PlacementRequest] = {}
         self.running: dict[str, _Run] = {}
         self.tenant_runs: dict[str, dict[str, None]] = defaultdict(dict)
@@ -410,6 +527,8 @@ class Simulator:
         active_time = 0.0
         t_alloc: dict[str, float] = defaultdict(float)
         t_fair: dict[str, float] = defaultdict(float)
+        t_maxmin: dict[str, float] = defaultdict(float)
+        self.dem_milli: dict[str, float] = {}
         series: list[tuple[float, int, float, dict[str, float]]] = []
         marks = list(self.marks)
         mark_out: dict[str, float] = {}
@@ -438,6 +557,8 @@ class Simulator:
                 for tn in active:
                     t_alloc[tn] += self.tenant_used.get(tn, 0) * dt
                     t_fair[tn] += cap * self.weights.get(tn, 1.0) / wsum * dt
+                for tn, f in _maxmin(self.dem_milli, self.weights, cap).items():
+                    t_maxmin[tn] += f * dt
             last = t
             if t >= next_sample:
                 series.append(
@@ -454,7 +575,7 @@ class Simulator:
             while ai < len(jobs) and jobs[ai].submit == t:
                 j = jobs[ai]
                 ai += 1
-                js = JobState(j, j.duration)
+                js = JobState(j, j.duration, checkpoint=self._checkpoints(j.job_id))
                 self.state[j.job_id] = js
                 arrived += j.gpus * WHOLE
                 why = self._never_fits(j)
@@ -508,6 +629,7 @@ class Simulator:
             active_time=active_time,
             tenant_alloc=dict(t_alloc),
             tenant_fair=dict(t_fair),
+            tenant_maxmin=dict(t_maxmin),
             preemptions=self.preemptions,
             plan_calls=self.plan_calls,
             wall_s=time.perf_counter() - t_wall,
@@ -515,16 +637,105 @@ class Simulator:
             demand_marks=mark_out,
             view_rejects=self.view_rejects,
             skipped=skipped,
+            lost_gpu_s=self.lost_gpu_s,
+            preempted_gpu_s=self.preempted_gpu_s,
         )
 
     # ------------------------------------------------------------------ queue
+
+    def _demand_milli(self, j: Job, sign: int) -> None:
+        d = self.dem_milli.get(j.tenant, 0.0) + sign * j.gpus * WHOLE
+        if d > 1e-6:
+            self.dem_milli[j.tenant] = d
+        else:
+            self.dem_milli.pop(j.tenant, None)
+
+    def _checkpoints(self, job_id: str) -> bool:
+        """A deterministic ``checkpoint_fraction`` of the jobs checkpoint."""
+        f = self.checkpoint_fraction
+        if f >= 1.0:
+            return True
+        if f <= 0.0:
+            return False
+        return zlib.crc32(job_id.encode()) % 100_000 < f * 100_000
 
     def _enqueue(self, js: JobState) -> None:
         j = js.job
         self.queue[j.job_id] = js
         self.demand[j.tenant] += 1
+        self._demand_milli(j, 1)
         self.reqs.pop(j.job_id, None)
         self.dirty_tenants.add(j.tenant)
+        self.key_dirty.add(j.job_id)
+        tq = self.tenant_queue.get(j.tenant)
+        if tq is None:
+            tq = self.tenant_queue[j.tenant] = []
+        bisect.insort(tq, (j.submit, j.job_id))
+
+    def _dequeue(self, jid: str) -> JobState | None:
+        js = self.queue.pop(jid, None)
+        if js is None:
+            return None
+        tq = self.tenant_queue[js.job.tenant]
+        del tq[bisect.bisect_left(tq, (js.job.submit, jid))]
+        old = self.qkey.pop(jid, None)
+        if old is not None:
+            _unsort(self.ordered[old[0]], old[1])
+            self._count(old[2], -1)
+        self.key_dirty.discard(jid)
+        return js
+
+    def _count(self, shape: _Shape, d: int) -> None:
+        c = self.shapes[shape] = self.shapes.get(shape, 0) + d
+        if c == 0:
+            del self.shapes[shape]
+
+    def _rekey(self, now: float) -> None:
+        """Bring the incremental queue up to date: requests that joined, changed
+        class or were promoted by the starvation guard get their order key again."""
+        p = self.p
+        promote = self.p.queue_order in ("las", "gpucloud")
+        while self.promotions and self.promotions[0][0] <= now:
+            _t, jid = heapq.heappop(self.promotions)
+            if jid in self.queue:
+                self.key_dirty.add(jid)
+        if not self.key_dirty:
+            return
+        grouped = self.grouped
+        for jid in sorted(self.key_dirty):
+            js = self.queue.get(jid)
+            if js is None:
+                continue
+            req = self._request(js, self._cls.get(jid, "low") if self.guar else js.job.priority)
+            key: _Key = (order_key(p, req, now), jid)
+            group = req.tenant_id if grouped else ""
+            shape: _Shape = (
+                req.region,
+                req.gpu_model,
+                req.gpus_per_node,
+                req.gpu_milli,
+                req.nodes,
+                CLASS_RANK.get(req.priority, 1),
+                req.vcpus > 0,
+                req.memory_mib > 0,
+            )
+            old = self.qkey.get(jid)
+            if old is not None:
+                if old[1] == key and old[2] == shape:
+                    continue
+                _unsort(self.ordered[old[0]], old[1])
+                self._count(old[2], -1)
+            lst = self.ordered.get(group)
+            if lst is None:
+                lst = self.ordered[group] = []
+            bisect.insort(lst, key)
+            self.qkey[jid] = (group, key, shape)
+            self._count(shape, 1)
+            if promote and req.attained_service > 0 and las_level(p, req, now) > 0:
+                t = las_promote_at(p, req)
+                if t > now:
+                    heapq.heappush(self.promotions, (t, jid))
+        self.key_dirty.clear()
 
     def _request(self, js: JobState, priority: str) -> PlacementRequest:
         j = js.job
@@ -544,9 +755,13 @@ class Simulator:
                 priority=priority,  # type: ignore[arg-type]
                 billing="spot" if priority == "low" and self.guar else j.billing,  # type: ignore[arg-type]
                 submitted_at=j.submit,
-                expected_duration=(js.remaining if self.oracle else None),
+                # the core's remaining time is expected_duration - attained per GPU
+                expected_duration=(
+                    js.remaining + js.attained / max(j.gpus, 1e-3) if self.oracle else None
+                ),
                 attained_service=js.attained,
                 restartable=True,
+                checkpointable=js.checkpoint,
             )
         return r
 
@@ -570,11 +785,9 @@ class Simulator:
                     r.alloc = replace(
                         r.alloc, priority=cls, billing="spot" if cls == "low" else "on_demand"
                     )  # type: ignore[arg-type]
-            qd = sorted(
-                (js for js in self.queue.values() if js.job.tenant == tn),
-                key=lambda js: (js.job.submit, js.job.job_id),
-            )
-            for js in qd:
+            queue = self.queue
+            for _s, jid in self.tenant_queue.get(tn, ()):
+                js = queue[jid]
                 m = (
                     js.job.gpu_milli * js.job.nodes
                     if js.job.gpus_per_node == 0
@@ -594,27 +807,77 @@ class Simulator:
         even if nothing else changes (never: plan() is deterministic)."""
         if self.guar:
             classes = self._classes()
-            self._cls.update(classes)
-            self.dirty_tenants.clear()
-            reqs = [self._request(js, self._cls.get(jid, "low")) for jid, js in self.queue.items()]
-        else:
-            self.dirty_tenants.clear()
-            reqs = [self._request(js, js.job.priority) for js in self.queue.values()]
+            for jid, cls in classes.items():
+                if self._cls.get(jid) != cls:
+                    self._cls[jid] = cls
+                    self.key_dirty.add(jid)
+        self.dirty_tenants.clear()
+        self._rekey(now)
+        cls_of = self._cls.get if self.guar else None
         if self.chunked:
-            reqs.sort(key=lambda r: (r.submitted_at, r.request_id))
+            # fifo without backfill: the age order, in chunks; the head blocks the rest
+            order = self.ordered.get("", [])
             i = 0
-            while i < len(reqs):
-                chunk = reqs[i : i + FIFO_CHUNK]
-                placed, waited = self._plan_once(chunk, now)
+            n = len(order)
+            while i < n:
+                chunk = [
+                    self._request(self.queue[jid], self._prio(jid, cls_of))
+                    for _k, jid in order[i : i + FIFO_CHUNK]
+                ]
+                placed, waited = self._plan_once(chunk, now, None)
                 if waited or not placed:
                     break
                 i += FIFO_CHUNK
+                order = self.ordered.get("", [])  # placed jobs left it
+                i -= placed
+                n = len(order)
             return False
-        self._plan_once(reqs, now)
+        agg = self._aggregate_queue()
+        if self.incremental:
+            reqs = self._heads(now, agg, cls_of)
+        else:
+            reqs = [self._request(js, self._prio(jid, cls_of)) for jid, js in self.queue.items()]
+        self._plan_once(reqs, now, agg)
         return False
 
-    def _plan_once(self, reqs: list[PlacementRequest], now: float) -> tuple[int, int]:
-        view = self._view(reqs, now)
+    def _prio(self, jid: str, cls_of: object) -> str:
+        if cls_of is None:
+            return self.queue[jid].job.priority
+        return self._cls.get(jid, "low")
+
+    def _heads(self, now: float, agg: _Agg, cls_of: object) -> list[PlacementRequest]:
+        """What the core can look at under its depth cap: per group, the first
+        ``max_waits`` requests plus as many as the free capacity could place. The
+        core's order inside a group is the group's order, and it stops after
+        ``max_waits`` misses, so it never pops a request left out here."""
+        cap = self.p.max_waits
+        assert cap is not None
+        free = self.capacity - self.used
+        smallest = agg.min_milli if agg.min_milli > 0 else WHOLE
+        n = cap + free // smallest + 1
+        out = []
+        for lst in self.ordered.values():
+            for _k, jid in lst[:n]:
+                out.append(self._request(self.queue[jid], self._prio(jid, cls_of)))
+        return out
+
+    def _aggregate_queue(self) -> _Agg:
+        agg = _Agg()
+        for (region, model, g, milli, nodes, rank, cpu, mem), c in self.shapes.items():
+            agg.add(region, model, g, milli, nodes, rank, cpu, mem, c)
+        return agg
+
+    def _plan_once(
+        self, reqs: list[PlacementRequest], now: float, agg: _Agg | None
+    ) -> tuple[int, int]:
+        if agg is None:
+            agg = _Agg()
+            for r in reqs:
+                agg.add(
+                    r.region, r.gpu_model, r.gpus_per_node, r.gpu_milli, r.nodes,
+                    CLASS_RANK.get(r.priority, 1), r.vcpus > 0, r.memory_mib > 0, 1,
+                )
+        view = self._view(reqs, agg, now)
         if view is None:
             return 0, len(reqs)
         snap = view
@@ -622,35 +885,21 @@ class Simulator:
         result: Plan = plan(snap, reqs, self.p, now=now, cache=self.cache)
         return self._apply(result, now)
 
-    def _view(self, reqs: list[PlacementRequest], now: float) -> ClusterSnapshot | None:
+    def _view(self, reqs: list[PlacementRequest], agg: _Agg, now: float) -> ClusterSnapshot | None:
         hosts = self.hosts
         ids: set[str] = set()
-        models: dict[tuple[str | None, str], int] = defaultdict(int)
-        need: dict[tuple[str, str | None, int], int] = {}
-        min_g = math.inf
-        frac = False
-        cpu_only: set[tuple[str | None, str]] = set()
-        min_rank = 3
-        for r in reqs:
-            if r.gpus_per_node == 0 and r.gpu_milli == 0:
-                cpu_only.add((r.region, r.gpu_model))
-            models[(r.region, r.gpu_model)] += r.nodes
-            key = (r.gpu_model, r.region, max(r.gpus_per_node, 1))
-            if need.get(key, 0) < r.nodes:
-                need[key] = r.nodes
-            if r.gpus_per_node == 0:
-                frac = True  # a share, or no GPU at all
-            elif r.gpus_per_node < min_g:
-                min_g = r.gpus_per_node
-            rank = CLASS_RANK.get(r.priority, 1)
-            if rank < min_rank:
-                min_rank = rank
+        models = agg.models
+        need = agg.need
+        min_g = agg.min_g
+        frac = agg.frac
+        min_rank = agg.min_rank
+        cpu_only = agg.cpu_only
         for key, lst in self.empty.items():
             n = models.get((key[0], key[1]), 0) + models.get((None, key[1]), 0)
             if n and lst:
                 ids.update(lst[: n + self.k + 1])
         # partly used hosts that could hold the smallest queued request
-        min_m = min((r.gpu_milli for r in reqs if r.gpus_per_node == 0), default=WHOLE + 1)
+        min_m = agg.min_frac
         for (region, model), part in self.partial.items():
             if part and ((region, model) in models or (None, model) in models):
                 for hid in part:
@@ -659,14 +908,30 @@ class Simulator:
                         ids.add(hid)
         # victims the queue could preempt (in the core's host order, a bounded prefix)
         victims: set[str] = set()
-        if self.may_preempt and any(c for rk, c in self.rank_runs.items() if rk > min_rank):
+        ts = self.p.time_slice
+        if self.may_preempt and any(
+            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
+        ):
             vr: list[str] = []
+            quanta = [q for _c, q in self.p.slice_quantum]
+            started_by = now - min([self.p.min_run_s, *quanta])
+            th0 = self.p.las_thresholds[0] if self.p.las_thresholds else 0.0
+            las = ts == "las"
+            dynamic = self.dynamic
             for run in self.running.values():
-                if run.preempting or CLASS_RANK.get(run.priority, 1) <= min_rank:
+                if run.preempting:
                     continue
-                if self.p.mode_for(run.priority) != "dynamic":
+                rank = dynamic.get(run.priority, -1)
+                if rank < min_rank:
                     continue
-                vr.extend(p.host_id for p in run.placements)
+                if rank == min_rank:
+                    # inside the class: time-sliced work that may be evicted now
+                    if not ts or run.start > started_by or not run.js.checkpoint:
+                        continue
+                    if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
+                        continue  # still in the first attained-service queue
+                for p in run.placements:
+                    vr.append(p.host_id)
             if vr:
                 want = 2 * (self.p.preempt_candidates + max(need.values(), default=1))
                 victims = set(sorted(set(vr))[:want])
@@ -702,9 +967,9 @@ class Simulator:
                 got += 1
                 if got >= nodes:
                     break
-        if any(r.vcpus for r in reqs):
+        if agg.cpu:
             ids.add(self.big_cpu)
-        if any(r.memory_mib for r in reqs):
+        if agg.mem:
             ids.add(self.big_mem)
         hv = tuple(hosts[h].host_view() for h in sorted(ids))
         if self.opaque and not self._shares_matter(reqs):
@@ -770,7 +1035,9 @@ class Simulator:
         placed = waited = 0
         for d in result.decisions:
             if isinstance(d, Place):
-                self._start(self.queue.pop(d.request_id), d.placements, now)
+                js = self._dequeue(d.request_id)
+                assert js is not None
+                self._start(js, d.placements, now)
                 placed += 1
             elif isinstance(d, Preempt):
                 r = self.running.get(d.victim_id)
@@ -794,10 +1061,11 @@ class Simulator:
                 waited += 1
                 if self.drop:
                     # nothing ever ends, so what does not fit now never will
-                    js = self.queue.pop(d.request_id, None)
+                    js = self._dequeue(d.request_id)
                     if js is not None:
                         js.rejected = "did not fit when it arrived"
                         self.demand[js.job.tenant] -= 1
+                        self._demand_milli(js.job, -1)
         return placed, waited
 
     # ------------------------------------------------------------------ runs
@@ -847,6 +1115,8 @@ class Simulator:
             restartable=True,
             vcpus=j.vcpus,
             memory_mib=j.memory_mib,
+            attained_service=js.attained,
+            checkpointable=js.checkpoint,
         )
         run = _Run(js, now, placements, alloc, milli, j.gpu_model, prio)
         old = self.running.get(j.job_id)
@@ -906,10 +1176,20 @@ class Simulator:
         if preempted:
             self.preemptions += 1
             js.preemptions += 1
-            js.remaining = max(0.0, js.remaining - ran)
-            js.attained += ran * run.milli / WHOLE
+            gpu_s = ran * run.milli / WHOLE
+            js.attained += gpu_s
+            self.preempted_gpu_s += gpu_s
+            if js.checkpoint:
+                js.remaining = max(0.0, js.remaining - ran)
+            else:
+                # no checkpoint: the progress of this run is lost, it starts over
+                js.lost += (j.duration - js.remaining + ran) * run.milli / WHOLE
+                self.lost_gpu_s += (j.duration - js.remaining + ran) * run.milli / WHOLE
+                js.remaining = j.duration
             self.demand[j.tenant] -= 1
+            self._demand_milli(j, -1)
             self._enqueue(js)
         else:
             js.end = now
             self.demand[j.tenant] -= 1
+            self._demand_milli(j, -1)

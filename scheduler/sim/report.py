@@ -36,6 +36,10 @@ def summarize(res: Result, *, policy: str, placement: str) -> dict[str, Any]:
     ends = [js.end for js in done]
     first = min((js.job.submit for js in res.jobs.values()), default=0.0)
     norm = {t: res.tenant_alloc.get(t, 0.0) / f for t, f in res.tenant_fair.items() if f > 0}
+    # against each tenant's max-min fair share given the demands (1 = got it all)
+    maxmin = {
+        t: res.tenant_alloc.get(t, 0.0) / f for t, f in res.tenant_maxmin.items() if f > 0
+    }
     per: dict[str, dict[str, Any]] = {}
     for js in res.jobs.values():
         d = per.setdefault(
@@ -54,6 +58,7 @@ def summarize(res: Result, *, policy: str, placement: str) -> dict[str, Any]:
         d["avg_queue_s"] = round(d.pop("_q") / n, 1) if n else None
         d["gpu_hours"] = round(res.tenant_alloc.get(t, 0.0) / 1000 / 3600, 1)
         d["norm_share"] = round(norm[t], 4) if t in norm else None
+        d["maxmin_share"] = round(maxmin[t], 4) if t in maxmin else None
     cap = res.capacity_milli
     return {
         "policy": policy,
@@ -72,7 +77,10 @@ def summarize(res: Result, *, policy: str, placement: str) -> dict[str, Any]:
         else None,
         "allocation_at_demand": {k: round(v, 4) for k, v in res.demand_marks.items()},
         "jain_fairness": round(jain(list(norm.values())), 4),
+        "jain_maxmin": round(jain(list(maxmin.values())), 4),
         "preemptions": res.preemptions,
+        "preempted_gpu_s": round(res.preempted_gpu_s, 1),
+        "lost_gpu_s": round(res.lost_gpu_s, 1),
         "per_tenant": dict(sorted(per.items())),
         "capacity_gpus": cap / 1000,
         "plan_calls": res.plan_calls,

@@ -1,5 +1,5 @@
 """Bounded blast radius, least lost work, checkpointing victims and time-slicing in
-the core's victim selection (Policy.preempt_cap, Policy.time_slice)."""
+the core's victim selection (Policy.preempt_cap, Policy.time_slice, Policy.slice_quantum)."""
 
 from __future__ import annotations
 
@@ -197,44 +197,74 @@ def test_a_pinned_request_says_when_the_cap_holds_it_back():
 # ---------------------------------------------------------------------- time-slicing
 
 
-def sliced(quantum: float = 600.0):  # type: ignore[no-untyped-def]
-    return get_policy("gpucloud").with_(time_slice=(("standard", quantum),))
+def sliced(quantum: float = 600.0, **kw):  # type: ignore[no-untyped-def]
+    """gpucloud's least-attained-service time slicing with standard's own quantum."""
+    kw.setdefault("time_slice", "las")
+    return get_policy("gpucloud").with_(slice_quantum=(("standard", quantum),), **kw)
 
 
-def test_without_a_quantum_the_same_class_is_never_preempted():
+def batch(rid, host, gpus, **kw):  # type: ignore[no-untyped-def]
+    """A running job that may be time-sliced: restartable batch work that checkpoints."""
+    kw = {"priority": "standard", "kind": "job", "restartable": True, "checkpointable": True, **kw}
+    return alloc(rid, host, gpus, **kw)
+
+
+def job(rid, **kw):  # type: ignore[no-untyped-def]
+    kw.setdefault("priority", "standard")
+    kw.setdefault("submitted_at", NOW)  # young: the starvation guard lifts nothing
+    return make_request(rid, kind="job", restartable=True, checkpointable=True, **kw)
+
+
+def test_without_slicing_the_same_class_is_never_preempted():
     s = snap(make_host("h1", gpus=1), allocs=[
-        alloc("old", "h1", [0], priority="standard", restartable=True, started_at=NOW - 9000)])
-    assert plan(s, [make_request("new", priority="standard")], "gpucloud", now=NOW).preempts == ()
+        batch("old", "h1", [0], started_at=NOW - 9000, attained_service=50_000.0)])
+    req = job("new")
+    assert plan(s, [req], sliced(), now=NOW).preempts != ()  # the scene can slice
+    # a policy without time slicing preempts nothing of the request's own class
+    assert plan(s, [req], sliced(time_slice=""), now=NOW).preempts == ()
+    # nor does a class whose quantum never ends
+    assert plan(s, [req], sliced(math.inf), now=NOW).preempts == ()
+    # a lower class gets no turn on a higher class's work either
+    assert plan(s, [job("lo", priority="low")], sliced(), now=NOW).preempts == ()
 
 
 def test_same_class_work_is_preempted_only_after_its_quantum_and_when_it_had_more_service():
-    def scene(ran: float, attained: float = 0.0):  # type: ignore[no-untyped-def]
+    def scene(ran: float, attained: float = 4000.0, **kw):  # type: ignore[no-untyped-def]
+        # attained 4000 GPU-s + the run: the second LAS queue (3600..36000)
         return snap(make_host("h1", gpus=1), allocs=[
-            alloc("old", "h1", [0], priority="standard", restartable=True, started_at=NOW - ran,
-                  attained_service=attained)])
+            batch("old", "h1", [0], started_at=NOW - ran, attained_service=attained, **kw)])
 
-    req = make_request("new", priority="standard")
-    # inside its quantum: it keeps running
-    assert plan(scene(300), [req], sliced(), now=NOW).preempts == ()
-    # past it: the request that has had less service takes its turn
-    assert [x.victim_id for x in plan(scene(900), [req], sliced(), now=NOW).preempts] == ["old"]
-    # a request that has had more service than the running work waits instead
-    greedy = make_request("new", priority="standard", attained_service=5000.0)
-    assert plan(scene(900), [greedy], sliced(), now=NOW).preempts == ()
-    # instances (not restartable) are never time-sliced
+    req = job("new")  # no service yet: the first queue
+    # inside its class's quantum (1800 s here, not min_run_s): it keeps running
+    assert plan(scene(1200), [req], sliced(1800.0), now=NOW).preempts == ()
+    assert plan(scene(1200), [req], sliced(600.0), now=NOW).preempts != ()
+    # past it: the request in a lower attained-service queue takes its turn
+    got = plan(scene(2000), [req], sliced(1800.0), now=NOW)
+    assert [x.victim_id for x in got.preempts] == ["old"]
+    assert isinstance(got.decision_for("new"), Wait)
+    # a request that has had more service (the same queue or a later one) waits
+    for attained in (5000.0, 40_000.0):
+        more = job("new", attained_service=attained)
+        assert plan(scene(2000), [more], sliced(1800.0), now=NOW).preempts == ()
+    # running work still in the first queue is not sliced for a first-queue request
+    assert plan(scene(2000, attained=0.0), [req], sliced(1800.0), now=NOW).preempts == ()
+    # only checkpointing batch jobs are sliced: not one that restarts from scratch,
+    assert plan(scene(2000, checkpointable=False), [req], sliced(1800.0), now=NOW).preempts == ()
+    # and instances never, however long they ran
     inst = snap(make_host("h1", gpus=1), allocs=[
-        alloc("rental", "h1", [0], priority="standard", started_at=NOW - 9000)])
+        alloc("rental", "h1", [0], priority="standard", started_at=NOW - 90_000,
+              attained_service=90_000.0)])
     assert plan(inst, [req], sliced(), now=NOW).preempts == ()
-    # and a quantum per class: low-class requests get none here
-    assert plan(scene(900), [make_request("lo", priority="low")], sliced(), now=NOW).preempts == ()
 
 
 def test_time_slicing_respects_the_cap_and_places_after_the_notice():
     s = snap(make_host("h1", gpus=2), allocs=[
-        alloc("old", "h1", [0, 1], priority="standard", restartable=True, started_at=NOW - 9000)])
-    p = plan(s, [make_request("new", priority="standard")], sliced(), now=NOW)
+        batch("old", "h1", [0, 1], started_at=NOW - 9000, attained_service=50_000.0)])
+    p = plan(s, [job("new")], sliced(), now=NOW)
     assert p.preempts == ()  # 2 GPUs for a 1-GPU request
-    p2 = plan(s, [make_request("new", priority="standard", gpus_per_node=2)], sliced(), now=NOW)
+    why = p.decision_for("new")
+    assert isinstance(why, Wait) and "over the cap of 1x" in why.reason
+    p2 = plan(s, [job("new", gpus_per_node=2)], sliced(), now=NOW)
     assert [x.victim_id for x in p2.preempts] == ["old"]
     assert isinstance(p2.decision_for("new"), Wait)
     assert not isinstance(p2.decision_for("new"), Place)
