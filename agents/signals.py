@@ -16,9 +16,12 @@ volumes_to_remove = Signal()
 volume_moves_for = Signal()
 
 
-def removals(*, host) -> list[str]:
-    return sorted({name for _r, names in volumes_to_remove.send(sender=None, host=host) for name in names or ()})
+def removals(*, host, shared: dict | None = None) -> list[str]:
+    """`shared`: one dict passed to both this and `move_orders` while building one answer, where
+    receivers keep what they read for both (one query, not two)."""
+    return sorted({name for _r, names in volumes_to_remove.send(sender=None, host=host, shared=shared)
+                   for name in names or ()})
 
 
-def move_orders(*, host) -> list:
-    return [o for _r, orders in volume_moves_for.send(sender=None, host=host) for o in orders or ()]
+def move_orders(*, host, shared: dict | None = None) -> list:
+    return [o for _r, orders in volume_moves_for.send(sender=None, host=host, shared=shared) for o in orders or ()]

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agents.choices import AdminState, HostState
@@ -75,24 +76,42 @@ def move_start(*, volume: Volume, target: Host, user=None) -> VolumeMove:
     return move
 
 
-def orders_for(*, host: Host) -> list[VolumeMoveOrder]:
+def _host_moves(host: Host, shared: dict | None) -> list[VolumeMove]:
+    """The moves a heartbeat answer needs for this host, in one query: those it sends or
+    receives, and those moved off it whose old copy is still there. Read once per answer
+    when the caller passes the answer's `shared` dict (agents.signals)."""
+    key = ("volumes.moves", host.pk)
+    if shared is not None and key in shared:
+        return shared[key]
+    found = list(VolumeMove.objects.filter(
+        Q(source=host, state=VolumeMove.COPYING)
+        | Q(target=host, state=VolumeMove.SENT)
+        | Q(source=host, state=VolumeMove.DONE, source_removed_at__isnull=True)
+    ).select_related("volume").order_by("created_at", "pk"))
+    if shared is not None:
+        shared[key] = found
+    return found
+
+
+def orders_for(*, host: Host, shared: dict | None = None) -> list[VolumeMoveOrder]:
     """This host's part in open moves: send (the source, until it said sent), receive (the
     target, once everything was sent)."""
     out = []
-    for m in VolumeMove.objects.filter(source=host, state=VolumeMove.COPYING).select_related("volume"):
-        out.append(VolumeMoveOrder(move_id=str(m.pk), volume=m.volume.docker_name, role="send",
-                                   tenant_id=str(m.volume.tenant_id)))
-    for m in VolumeMove.objects.filter(target=host, state=VolumeMove.SENT).select_related("volume"):
-        out.append(VolumeMoveOrder(move_id=str(m.pk), volume=m.volume.docker_name, role="receive",
-                                   tenant_id=str(m.volume.tenant_id), size_bytes=m.size_bytes or 0,
-                                   sha256=m.sha256))
+    for m in _host_moves(host, shared):
+        if m.state == VolumeMove.COPYING and m.source_id == host.pk:
+            out.append(VolumeMoveOrder(move_id=str(m.pk), volume=m.volume.docker_name, role="send",
+                                       tenant_id=str(m.volume.tenant_id)))
+        elif m.state == VolumeMove.SENT and m.target_id == host.pk:
+            out.append(VolumeMoveOrder(move_id=str(m.pk), volume=m.volume.docker_name, role="receive",
+                                       tenant_id=str(m.volume.tenant_id), size_bytes=m.size_bytes or 0,
+                                       sha256=m.sha256))
     return out
 
 
-def moved_away(*, host_id: Any) -> list[str]:
+def moved_away(*, host: Host, shared: dict | None = None) -> list[str]:
     """Docker names of volumes moved off this host whose old copy is still there."""
-    return [m.volume.docker_name for m in VolumeMove.objects.filter(
-        source_id=host_id, state=VolumeMove.DONE, source_removed_at__isnull=True).select_related("volume")]
+    return [m.volume.docker_name for m in _host_moves(host, shared)
+            if m.state == VolumeMove.DONE and m.source_id == host.pk and m.source_removed_at is None]
 
 
 def source_reported(*, host_id: Any, present: set[str]) -> int:

@@ -31,10 +31,10 @@ def _usage(sender, *, host, usage, **kwargs) -> None:
 
 
 @receiver(volumes_to_remove)
-def _to_remove(sender, *, host, **kwargs) -> list[str]:
-    return services.purged_on_host(host_id=host.pk) + moves.moved_away(host_id=host.pk)
+def _to_remove(sender, *, host, shared=None, **kwargs) -> list[str]:
+    return services.purged_on_host(host_id=host.pk) + moves.moved_away(host=host, shared=shared)
 
 
 @receiver(volume_moves_for)
-def _moves(sender, *, host, **kwargs) -> list:
-    return moves.orders_for(host=host)
+def _moves(sender, *, host, shared=None, **kwargs) -> list:
+    return moves.orders_for(host=host, shared=shared)

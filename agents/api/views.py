@@ -178,13 +178,14 @@ class HostHeartbeatApi(_AgentApi):
         if claim is not None and outcome.transitions:
             # Our own transitions bumped the version; the answer below is read after them.
             answer_version = fastpath.version(host_id=host.pk)
+        shared: dict = {}  # what the volume signals' receivers read once for both lists
         body = HeartbeatResponse(
             desired=host_desired_containers(host=host, allocations=outcome.allocations),
             heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
             logs_requests=host_logs_requests(host=host),
             desired_version=answer_version if claim is not None and longpoll.enabled() else None,
-            remove_volumes=removals(host=host),
-            volume_moves=move_orders(host=host),
+            remove_volumes=removals(host=host, shared=shared),
+            volume_moves=move_orders(host=host, shared=shared),
         ).to_dict()
         if claim is not None and (claim.digest or claim.token_hash):
             if not outcome.applied or outcome.unknown_gpus:
