@@ -9,12 +9,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpucloud.catalogue.models import InstanceType, Price, Region
-from gpucloud.catalogue.selectors import price_at
-from gpucloud.tenancy.audit import audit_event, audit_record
+from gpucloud.tenancy.audit import audit_event
 from gpucloud.tenancy.models import AuditEvent
 
 
-@transaction.atomic
 def price_set(
     *, instance_type: InstanceType, region: Region, kind: str, per_hour: Decimal,
     effective_from: datetime | None = None, currency: str = "USD",
@@ -24,17 +22,9 @@ def price_set(
     Adds a row; never edits one, so what was billed stays explained. Returns None
     when that price is already in force (nothing to change).
     """
-    effective_from = effective_from or timezone.now()
-    current = price_at(instance_type=instance_type, region=region, kind=kind, at=effective_from)
-    if current is not None and current.per_hour == per_hour and current.currency == currency:
-        return None
-    price = Price.objects.create(
-        instance_type=instance_type, region=region, kind=kind, per_hour=per_hour,
-        currency=currency, effective_from=effective_from,
-    )
-    audit_record(tenant=None, action="price.set", obj=price,
-                 data={"per_hour": str(per_hour), "effective_from": effective_from.isoformat()})
-    return price
+    made = price_set_many(changes=[PriceChange(instance_type, region, kind, per_hour, currency)],
+                          effective_from=effective_from)
+    return made[0] if made else None
 
 
 @dataclass(frozen=True)
@@ -56,9 +46,11 @@ def price_set_many(*, changes: list[PriceChange], effective_from: datetime | Non
     offered, moves with demand and is not put back)."""
     effective_from = effective_from or timezone.now()
     type_ids = {c.instance_type.pk for c in changes}
+    region_ids = {c.region.pk for c in changes}
+    kinds = {c.kind for c in changes}
     in_force: dict[tuple[int, int, str], Price] = {}
     priced: set[tuple[int, int, str]] = set()
-    rows = (Price.objects.filter(instance_type_id__in=type_ids)
+    rows = (Price.objects.filter(instance_type_id__in=type_ids, region_id__in=region_ids, kind__in=kinds)
             .order_by("instance_type_id", "region_id", "kind", "-effective_from")
             .only("instance_type_id", "region_id", "kind", "per_hour", "currency", "effective_from"))
     for row in rows:
