@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from agents.choices import AdminState
 from gpucloud.lib.errors import ServiceError
 from gpucloud.tenancy.admin import OperatorAdmin
-from volumes import moves
+from volumes import moves, selectors
 from volumes.models import StoragePrice, Volume, VolumeEvent, VolumeMove
 
 
@@ -83,7 +83,7 @@ class VolumeAdmin(OperatorAdmin):
     @admin.action(description="Cancel its move (the volume stays where it is)")
     def cancel_move(self, request, queryset):
         for volume in queryset:
-            move = moves.open_move(volume.pk)
+            move = selectors.open_move(volume.pk)
             if move is not None:
                 moves.move_cancel(move=move)
                 self.message_user(request, f"{volume.name}: move cancelled.")

@@ -26,19 +26,10 @@ from gpucloud.lib.errors import Conflict, InvalidInput
 from gpucloud.tenancy.audit import audit_record
 from scheduler.models import Workload
 from volumes.models import Volume, VolumeEvent, VolumeMove, VolumeMoveChunk
+from volumes.selectors import open_move
+from volumes.services import _attached_words, active_attachment
 
 CHUNK_BYTES = 1024 * 1024  # what an agent sends per request (the last chunk may be smaller)
-
-
-def open_move(volume_id: Any) -> VolumeMove | None:
-    return VolumeMove.objects.filter(volume_id=volume_id, state__in=VolumeMove.OPEN).first()
-
-
-def refuse_if_moving(volume: Volume) -> None:
-    """Attaching (launch, start) waits for a move to end: 409 `volume_moving`."""
-    if open_move(volume.pk) is not None:
-        raise Conflict(f"Volume {volume.name!r} is being moved to another host; try again when the move is done.",
-                       code="volume_moving", fields={"volumes": [f"Volume {volume.name!r} is moving."]})
 
 
 @transaction.atomic
@@ -46,8 +37,6 @@ def move_start(*, volume: Volume, target: Host, user=None) -> VolumeMove:
     """An operator moves `volume` to `target`. Refused unless the volume is live, has data on
     a host, is detached and not already moving, and the target is another usable host of its
     region."""
-    from volumes.services import _attached_words, active_attachment
-
     volume = Volume.objects.select_for_update(of=("self",)).select_related("host").get(pk=volume.pk)
     if volume.deleted_at is not None:
         raise Conflict(f"Volume {volume.name!r} was deleted.", code="volume_deleted")

@@ -1,6 +1,8 @@
 """Reads for volumes, always scoped to a tenant (operators' reads say so in their names)."""
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Prefetch, QuerySet
 
 from agents.choices import AdminState
@@ -28,3 +30,8 @@ def volumes_needing_a_move():
     there, so each needs moving to another host before the host goes (volumes/moves.py)."""
     return (Volume.objects.filter(purged_at__isnull=True, host__admin_state=AdminState.DRAINING)
             .select_related("host", "tenant", "region"))
+
+
+def open_move(volume_id: Any) -> VolumeMove | None:
+    """The volume's move under way, if any."""
+    return VolumeMove.objects.filter(volume_id=volume_id, state__in=VolumeMove.OPEN).first()

@@ -22,7 +22,8 @@ from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import ACTIVE
 from scheduler.models import Workload
-from volumes.models import StoragePrice, Volume, VolumeAttachment, VolumeEvent, VolumeSize
+from volumes.models import DOCKER_PREFIX, StoragePrice, Volume, VolumeAttachment, VolumeEvent, VolumeSize
+from volumes.selectors import open_move
 
 MAX_SIZE_GIB = 64 * 1024
 
@@ -116,8 +117,6 @@ def volume_delete(*, volume: Volume) -> None:
     if att is not None:
         raise Conflict(f"Volume {volume.name!r} is attached to {_attached_words(att)}; stop it first.",
                        code="volume_attached")
-    from volumes.moves import open_move
-
     if open_move(volume.pk) is not None:
         raise Conflict(f"Volume {volume.name!r} is being moved to another host; delete it when the move is done.",
                        code="volume_moving")
@@ -143,8 +142,6 @@ def attach_for_launch(*, workload: Workload, volumes: list[dict[str, Any]]) -> N
     if len(hosts) > 1:
         raise Conflict("These volumes live on different hosts; one workload cannot use them all.",
                        code="unsatisfiable")
-    from volumes.moves import refuse_if_moving
-
     for v in found.values():
         refuse_if_moving(v)
         if v.region_id != workload.region_id:
@@ -179,8 +176,6 @@ def check_start(*, workload: Workload) -> None:
         v = Volume.objects.select_for_update().get(pk=att.volume_id)
         if v.deleted_at is not None:
             raise Conflict(f"Volume {v.name!r} was deleted.", code="volume_deleted")
-        from volumes.moves import refuse_if_moving
-
         refuse_if_moving(v)
         other = active_attachment(v)
         if other is not None and other.workload_id != workload.pk:
@@ -205,8 +200,6 @@ def record_usage(*, host_id: Any, usage: dict[str, int], now: datetime | None = 
     """A host's agent measured its volumes (Docker name -> bytes used). A volume past its size
     gets one `over_size` event (and another once back under and over again)."""
     now = now or timezone.now()
-    from volumes.models import DOCKER_PREFIX
-
     events = []
     ids = [n[len(DOCKER_PREFIX):] for n in usage if n.startswith(DOCKER_PREFIX)]
     for v in Volume.objects.filter(host_id=host_id, pk__in=ids):
@@ -275,3 +268,10 @@ def storage_prices_seed() -> int:
                                         effective_from=datetime(2020, 1, 1, tzinfo=UTC))
             made += 1
     return made
+
+
+def refuse_if_moving(volume: Volume) -> None:
+    """Attaching (launch, start) or deleting waits for a move to end: 409 `volume_moving`."""
+    if open_move(volume.pk) is not None:
+        raise Conflict(f"Volume {volume.name!r} is being moved to another host; try again when the move is done.",
+                       code="volume_moving", fields={"volumes": [f"Volume {volume.name!r} is moving."]})

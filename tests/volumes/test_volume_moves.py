@@ -17,7 +17,7 @@ from scheduler.cycle import run_cycle
 from tests.agents.test_agent_api import make_sim_host, region, triggered  # noqa: F401 - fixtures, used by name
 from tests.scheduler.fleet import make_hosts
 from tests.volumes.test_volumes_api import code, create, launch, region_id
-from volumes import moves
+from volumes import moves, selectors, services
 from volumes.models import Volume, VolumeMove, VolumeMoveChunk
 
 pytestmark = pytest.mark.django_db
@@ -181,5 +181,5 @@ def test_a_runtime_that_cannot_move_fails_the_move_and_the_volume_stays(make_sim
     move.refresh_from_db()
     assert move.state == "failed" and "cannot move volumes" in move.error, move.error
     assert Volume.objects.get(pk=vol.pk).host.name == "sim-a"
-    assert moves.open_move(vol.pk) is None
-    moves.refuse_if_moving(vol)  # attachable again at once
+    assert selectors.open_move(vol.pk) is None
+    services.refuse_if_moving(vol)  # attachable again at once

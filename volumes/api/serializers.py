@@ -5,7 +5,8 @@ from rest_framework import serializers
 
 from gpucloud.api.serializers import StrictSerializer
 from volumes.models import Volume, VolumeEvent
-from volumes.services import MAX_SIZE_GIB
+from volumes.selectors import open_move
+from volumes.services import MAX_SIZE_GIB, active_attachment
 
 
 class VolumeCreateSerializer(StrictSerializer):
@@ -51,8 +52,6 @@ class VolumeSerializer(serializers.ModelSerializer):
     def _active(self, obj):
         got = getattr(obj, "active_attachments", None)
         if got is None:
-            from volumes.services import active_attachment
-
             one = active_attachment(obj)
             got = [one] if one else []
         return got[0] if got else None
@@ -63,8 +62,6 @@ class VolumeSerializer(serializers.ModelSerializer):
     def get_state(self, obj) -> str:
         moving = getattr(obj, "open_moves", None)
         if moving is None:
-            from volumes.moves import open_move
-
             one = open_move(obj.pk)
             moving = [one] if one else []
         if moving:

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agents.models import Host
 from gpucloud.lib.errors import ServiceError
-from volumes import moves
+from volumes import moves, selectors
 from volumes.models import Volume
 
 
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         if v is None:
             raise CommandError(f"No volume {volume}.")
         if cancel:
-            move = moves.open_move(v.pk)
+            move = selectors.open_move(v.pk)
             if move is None:
                 raise CommandError(f"Volume {v.name} is not moving.")
             moves.move_cancel(move=move)
