@@ -16,9 +16,13 @@ from agents.models import Host
 from agents.selectors import gang_parts
 from scheduler import gang
 from scheduler.choices import State
-from scheduler.cycle import notice_served
 from scheduler.models import GangPart, Workload
-from scheduler.services import workload_requeue_or_end, workload_stopped, workload_transition
+from scheduler.services import (
+    workload_notice_served,
+    workload_requeue_or_end,
+    workload_stopped,
+    workload_transition,
+)
 
 
 @transaction.atomic
@@ -51,7 +55,7 @@ def gang_report(*, host: Host, workload: Workload, attempt: str, state: str, exi
             if w.stop_by is not None:
                 # a part ended under a preemption notice (stopped after its checkpoint grace):
                 # the gang is preempted and requeued, as when the notice runs out
-                workload_requeue_or_end(workload=w, ended=State.PREEMPTED, reason=notice_served(w.reason))
+                workload_notice_served(workload=w)
             else:
                 workload_requeue_or_end(workload=w, ended=State.FAILED, reason=move.reason)
             ok = w.state != old

@@ -63,14 +63,17 @@ from gpucloud.catalogue.models import GpuModel, Region
 from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
 from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
-from scheduler.cycle import notice_served, policy_for
-from scheduler.hooks import cycle_wanted, holding_changed
+from scheduler.cycle import policy_for
+from scheduler.hooks import cycle_wanted
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload
 from scheduler.services import (
+    Notice,
+    workload_notice_served,
     workload_requeue_or_end,
     workload_stopped,
     workload_transition,
+    workloads_notice,
     workloads_transition,
 )
 
@@ -724,7 +727,7 @@ class _Mover:
         with transaction.atomic():
             if exit_code is not None:
                 Workload.objects.filter(pk=w.pk, state=old).update(exit_code=exit_code)
-            workload_requeue_or_end(workload=w, ended=State.PREEMPTED, reason=notice_served(w.reason))
+            workload_notice_served(workload=w)
         if w.state != old:
             self.outcome.transitions.append((str(w.pk), State.PREEMPTED))
 
@@ -1074,7 +1077,6 @@ def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[s
     host = _host_set_admin_state(host=host, to=AdminState.DRAINING)
     notice_s = policy_for(host.region_id).notice_s
     stop_by = now + timedelta(seconds=notice_s)
-    noticed = []
     jobs = (
         Workload.objects.filter(
             kind=WorkloadKind.JOB,
@@ -1085,16 +1087,10 @@ def host_drain(*, host: Host, now: datetime | None = None) -> tuple[Host, list[s
         .distinct()
         .order_by("created_at")
     )
-    for w in jobs:
-        # a checkpointing job's notice lasts its grace at least, as for a preemption
-        stop = now + timedelta(seconds=max(notice_s, w.checkpoint_grace_s or 0))
-        # a job already on notice (preempted) keeps its earlier deadline
-        if Workload.objects.filter(pk=w.pk, stop_by__isnull=True).update(
-            stop_by=stop, reason=f"host {host.name} is draining; stopping at {stop:%H:%M:%S} UTC"
-        ):
-            noticed.append(str(w.pk))
-    if noticed:
-        holding_changed(noticed)  # a checkpointing job gets its signal
+    # as for a preemption (a job already on notice keeps its earlier deadline)
+    cause = f"host {host.name} is draining"
+    noticed = workloads_notice(notices=[Notice(workload_id=w.pk, notice_s=notice_s, cause=cause) for w in jobs],
+                               now=now)
     logger.info("host drained host=%s noticed=%s stop_by=%s", host.pk, noticed, stop_by.isoformat())
     return host, noticed
 

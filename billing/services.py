@@ -41,10 +41,9 @@ from gpucloud.lib.errors import InvalidInput
 from gpucloud.lib.outbound import OutboundRefused
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
-from scheduler import hooks
 from scheduler.choices import Billing, State
 from scheduler.models import RegionSchedulerSettings, Workload, WorkloadEvent
-from scheduler.services import workload_stop
+from scheduler.services import Notice, workload_stop, workloads_notice
 
 logger = logging.getLogger(__name__)
 
@@ -511,31 +510,25 @@ def spot_prices_update(*, now: datetime | None = None) -> int:
 def spot_max_price_preempt(*, now: datetime, prices: dict[tuple[int, int], Decimal]) -> int:
     """Give notice to spot work whose max price the spot price passed. Call inside atomic().
 
-    Sets `stop_by`/`reason` as the scheduler does for a preemption (scheduler/apply.py);
-    the cycle turns an expired notice into PREEMPTED.
+    The region's preemption notice, given as the scheduler gives it (scheduler.services
+    .workloads_notice); the cycle turns an expired notice into PREEMPTED.
     """
     holding = (State.SCHEDULED, State.STARTING, State.RUNNING)
     pairs = set(Workload.objects.filter(billing=Billing.SPOT, max_price__isnull=False, state__in=holding,
                                         stop_by__isnull=True)
                 .values_list("instance_type_id", "region_id").distinct())
     notice = dict(RegionSchedulerSettings.objects.values_list("region_id", "notice_s"))
-    n = 0
+    notices = []
     for it, region in pairs:
         price = prices.get((it, region))
         if price is None:
             continue
-        stop_by = now + timedelta(seconds=notice.get(region, 30))
-        for wid, max_price in Workload.objects.filter(
-                billing=Billing.SPOT, instance_type_id=it, region_id=region, state__in=holding,
-                stop_by__isnull=True, max_price__lt=price).values_list("id", "max_price"):
-            noticed = Workload.objects.filter(pk=wid, stop_by__isnull=True, state__in=holding).update(
-                stop_by=stop_by,
-                reason=f"preempted: the spot price {price}/h passed your max price {max_price}/h; "
-                       f"stopping at {stop_by:%H:%M:%S} UTC")
-            if noticed:
-                hooks.holding_changed([wid])  # a checkpointing job gets its signal
-            n += noticed
-    return n
+        notices += [Notice(workload_id=wid, notice_s=notice.get(region, 30),
+                           cause=f"preempted: the spot price {price}/h passed your max price {max_price}/h")
+                    for wid, max_price in Workload.objects.filter(
+                        billing=Billing.SPOT, instance_type_id=it, region_id=region, state__in=holding,
+                        stop_by__isnull=True, max_price__lt=price).values_list("id", "max_price")]
+    return len(workloads_notice(notices=notices, now=now))
 
 
 # ---------------------------------------------------------------- invoices

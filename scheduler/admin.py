@@ -41,6 +41,7 @@ class WorkloadAdmin(OperatorAdmin):
         "started_at",
         "ended_at",
         "stop_by",
+        "stop_cause",
         "preempted_for",
         "retries",
         "exit_code",

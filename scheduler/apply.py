@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from uuid import UUID
 
 from django.db import connection
@@ -24,11 +24,11 @@ from django.db.models import F
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import GpuModel
 from gpucloud.tenancy.models import Tenant
-from scheduler import bulk, core, hooks
+from scheduler import bulk, core
 from scheduler.choices import State
 from scheduler.core.quota import quota_applies, quota_fits
 from scheduler.models import Allocation, Workload
-from scheduler.services import workloads_transition
+from scheduler.services import Notice, workloads_notice, workloads_transition
 from scheduler.signals import workloads_placed
 from scheduler.snapshot import CycleInput, tenant_views
 
@@ -144,20 +144,10 @@ def apply(*, plan: core.Plan, cycle: CycleInput, now: datetime) -> ApplyResult:
         moved = workloads_transition(ids=rejects, old=State.PENDING, to=State.FAILED, now=now,
                                      reason="rejected", reasons=rejects)
         result.rejected = len(moved)
-    noticed = []
-    for d in plan.decisions:
-        if isinstance(d, core.Preempt):
-            stop_by = now + timedelta(seconds=d.notice_s)
-            n = Workload.objects.filter(
-                pk=d.victim_id, stop_by__isnull=True, state__in=[State.SCHEDULED, State.STARTING, State.RUNNING]
-            ).update(stop_by=stop_by, preempted_for=d.because_request_id,
-                     reason=(d.reason or "preempted")[:500] + f"; stopping at {stop_by:%H:%M:%S} UTC")
-            result.preempt_notices += n
-            if n:
-                noticed.append(d.victim_id)
-    if noticed:
-        # their hosts' answers now carry the notice: a checkpointing job gets its signal
-        hooks.holding_changed(noticed)
+    notices = [Notice(workload_id=d.victim_id, notice_s=d.notice_s, cause=d.reason,
+                      preempted_for=d.because_request_id)
+               for d in plan.decisions if isinstance(d, core.Preempt)]
+    result.preempt_notices += len(workloads_notice(notices=notices, now=now))
     return result
 
 

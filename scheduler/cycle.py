@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -27,7 +26,7 @@ from scheduler.apply import ApplyResult, apply
 from scheduler.choices import HOLDING, State
 from scheduler.core.gcpause import gc_paused
 from scheduler.models import RegionSchedulerSettings, Workload
-from scheduler.services import TIMEOUT_PREFIX, workload_requeue_or_end, workload_transition
+from scheduler.services import TIMEOUT_PREFIX, workload_notice_served, workload_transition
 
 logger = logging.getLogger(__name__)
 
@@ -105,18 +104,10 @@ def run_cycle(*, region_id: int, now: datetime | None = None) -> CycleStats:
             return _cycle(region_id, now or timezone.now())
 
 
-_NOTICE_TAIL = re.compile(r"; (?:stops in|stopping at) .*$")
-
-
-def notice_served(reason: str) -> str:
-    """A notice's reason once it has run out: why, without the countdown ("stops in 30 s")."""
-    return _NOTICE_TAIL.sub("", reason) or "preempted"
-
-
 def _enforce_deadlines(region_id: int, now: datetime, stats: CycleStats) -> None:
     """Notices that ran out become PREEMPTED; jobs past their timeout stop as FAILED."""
     for w in Workload.objects.filter(region_id=region_id, state__in=HOLDING, stop_by__lte=now):
-        workload_requeue_or_end(workload=w, ended=State.PREEMPTED, reason=notice_served(w.reason))
+        workload_notice_served(workload=w)
         stats.notices_expired += 1
     running = Workload.objects.filter(region_id=region_id, state=State.RUNNING, timeout_s__isnull=False,
                                       started_at__isnull=False)

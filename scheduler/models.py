@@ -12,8 +12,9 @@ from django.utils import timezone
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import InstanceType, Region
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
-from scheduler.choices import Billing, PriorityClass, SchedulingMode, State, WorkloadKind
+from scheduler.choices import HOLDING, Billing, PriorityClass, SchedulingMode, State, WorkloadKind
 from scheduler.core import POLICIES
+from scheduler.notice import notice_text
 
 
 class JobArray(models.Model):
@@ -92,8 +93,10 @@ class Workload(models.Model):
     queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
-    # A preemption notice: the workload stops at stop_by unless it ends first.
+    # A preemption notice (scheduler/notice.py): the workload stops at stop_by unless it ends
+    # first, because of stop_cause (no countdown in it: that is rendered from stop_by).
     stop_by = models.DateTimeField(null=True, blank=True)
+    stop_cause = models.CharField(max_length=500, blank=True)
     preempted_for = models.UUIDField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
     # GPU-seconds received over earlier runs (LAS order, simulator parity).
@@ -139,6 +142,19 @@ class Workload(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name} ({self.state})"
+
+    @property
+    def on_notice(self) -> bool:
+        """It holds GPUs under a preemption notice: it stops at `stop_by` unless it ends first."""
+        return self.stop_by is not None and self.state in HOLDING
+
+    @property
+    def shown_reason(self) -> str:
+        """`reason` as its owner reads it (the API, the console, the CLI): under a notice, the
+        notice's cause and when it stops, put into words now (scheduler/notice.py)."""
+        if self.stop_by is not None and self.on_notice:
+            return notice_text(self.stop_cause, self.stop_by)
+        return self.reason
 
 
 class WorkloadEvent(models.Model):

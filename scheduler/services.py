@@ -12,7 +12,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -35,6 +35,7 @@ from scheduler.core.quota import quota_applies, quota_never_fits_gpus
 from scheduler.feasibility import check_satisfiable
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, Workload, WorkloadEvent
+from scheduler.notice import notice_served
 from scheduler.signals import workload_launching, workload_starting
 
 logger = logging.getLogger(__name__)
@@ -253,7 +254,8 @@ def _timestamps(new: str, now: datetime) -> dict[str, Any]:
         values["ended_at"] = now
     if new == State.PENDING:
         # back in the queue: age counts from now, the notice is gone
-        values.update(queued_at=now, stop_by=None, preempted_for=None, started_at=None, ended_at=None)
+        values.update(queued_at=now, stop_by=None, stop_cause="", preempted_for=None, started_at=None,
+                      ended_at=None)
     else:
         values["queue_position"] = None  # only queued work stands in the queue
     return values
@@ -312,6 +314,48 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=moved, now=now)
     return moved
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Notice for one workload (scheduler/notice.py): it stops `notice_s` from now because of
+    `cause` (no countdown in it); `preempted_for`: the request it makes room for, if any."""
+
+    workload_id: UUID | str
+    notice_s: float
+    cause: str
+    preempted_for: str | None = None
+
+
+# Work under notice holds GPUs and is not being stopped already.
+_NOTICEABLE = (State.SCHEDULED, State.STARTING, State.RUNNING)
+
+
+def workloads_notice(*, notices: Iterable[Notice], now: datetime) -> list[str]:
+    """Give notice: the one way the scheduler, billing (spot) and agents (drain) do. Returns
+    the ids given notice now.
+
+    A notice lasts at least the workload's checkpoint grace (time to save its progress). Only
+    work that holds GPUs and is not on notice yet gets one: a guarded update per workload, so
+    one already on notice keeps its earlier deadline and cause. Their hosts' answers carry
+    the notice (a checkpointing job gets its signal); the cycle ends it as PREEMPTED when it
+    runs out (scheduler.cycle).
+    """
+    notices = list(notices)
+    if not notices:
+        return []
+    grace = dict(Workload.objects.filter(pk__in=[n.workload_id for n in notices])
+                 .values_list("pk", "checkpoint_grace_s"))
+    noticed = []
+    for n in notices:
+        seconds = max(n.notice_s, grace.get(UUID(str(n.workload_id))) or 0)
+        if Workload.objects.filter(pk=n.workload_id, stop_by__isnull=True, state__in=_NOTICEABLE).update(
+                stop_by=now + timedelta(seconds=seconds), stop_cause=n.cause[:500],
+                preempted_for=n.preempted_for):
+            noticed.append(str(n.workload_id))
+    if noticed:
+        hooks.holding_changed(noticed)
+    return noticed
 
 
 def release_allocations(*, workload_ids: Iterable[UUID], now: datetime | None = None) -> int:
@@ -433,6 +477,12 @@ def workload_delete(*, workload: Workload) -> None:
 
 
 @transaction.atomic
+def workload_notice_served(*, workload: Workload) -> Workload:
+    """Its preemption notice ran out, or it ended under it: PREEMPTED with the notice's cause
+    (scheduler/notice.py); a job goes back to the queue without spending a retry."""
+    return workload_requeue_or_end(workload=workload, ended=State.PREEMPTED, reason=notice_served(workload.stop_cause))
+
+
 def workload_requeue_or_end(*, workload: Workload, ended: str, reason: str) -> Workload:
     """A run ended as `ended` (FAILED, PREEMPTED, LOST). Requeue a batch job that may retry.
 

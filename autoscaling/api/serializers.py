@@ -59,7 +59,7 @@ class GroupMemberSerializer(serializers.ModelSerializer):
     instance = serializers.UUIDField(source="workload_id")
     name = serializers.CharField(source="workload.name")
     state = serializers.CharField(source="workload.state")
-    reason = serializers.CharField(source="workload.reason")
+    reason = serializers.CharField(source="workload.shown_reason")
 
     class Meta:
         model = GroupMember

@@ -184,6 +184,9 @@ class CostedListSerializer(serializers.ListSerializer):
 
 
 class WorkloadSerializer(serializers.ModelSerializer):
+    reason = serializers.CharField(
+        source="shown_reason", read_only=True,
+        help_text="why it waits, ends or stops; under a preemption notice, why and when (`stop_by`)")
     instance_type = serializers.CharField(source="instance_type.code")
     region = serializers.CharField(source="region.code")
     state = serializers.ChoiceField(choices=State.choices)

@@ -229,7 +229,8 @@ class Preempt:
     """Stop ``victim_id`` after ``notice_s``.
 
     ``because_request_id`` is the request it makes room for, or None for a reclaim
-    of idle GPUs; ``reason`` is user-facing text for the victim's owner.
+    of idle GPUs; ``reason`` is user-facing text for the victim's owner: the cause alone,
+    the countdown is rendered from the deadline where it is shown (scheduler/notice.py).
     """
 
     victim_id: str

@@ -602,8 +602,7 @@ class _Planner:
                     a.alloc.request_id,
                     req.request_id,
                     notice,
-                    f"preempted to make room for {req.priority}-class work; "
-                    f"stops in {notice:g} s",
+                    f"preempted to make room for {req.priority}-class work",
                 )
             )
             self.n["preempted"] += 1
@@ -1425,7 +1424,7 @@ class _Planner:
                     None,
                     p.notice_s,
                     f"reclaimed: GPUs below {p.reclaim_idle_util:.0%} utilisation for "
-                    f"{idle_for / 3600:.1f} h while others wait; stops in {p.notice_s:g} s",
+                    f"{idle_for / 3600:.1f} h while others wait",
                 )
             )
             self.n["reclaimed"] += 1

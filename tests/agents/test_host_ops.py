@@ -49,6 +49,7 @@ from agents.tasks import heartbeats_flush_task
 from scheduler import snapshot
 from scheduler.choices import State
 from scheduler.cycle import run_cycle
+from scheduler.notice import notice_text
 
 
 def ready_hosts(region) -> dict[str, bool]:
@@ -84,7 +85,8 @@ def test_drain_requeues_jobs_keeps_instances_and_survives_an_outage(
     job.refresh_from_db()
     # First a notice, as for a preemption: the job keeps running and may checkpoint.
     assert job.state == State.RUNNING and job.stop_by == drained_at + timedelta(seconds=30)
-    assert job.reason.startswith(f"host {host.name} is draining; stopping at ")
+    assert job.stop_cause == f"host {host.name} is draining"
+    assert job.shown_reason == notice_text(job.stop_cause, job.stop_by)
     run_cycle(region_id=region.pk, now=drained_at + timedelta(seconds=29))
     assert state(job) == State.RUNNING
     # Then the scheduler's cycle ends it. Not the job's fault: back in the queue without

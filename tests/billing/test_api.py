@@ -17,6 +17,7 @@ from gpucloud.tenancy.models import AuditEvent
 from scheduler.choices import State
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload, WorkloadEvent
+from scheduler.notice import notice_text
 from tests.billing.helpers import at, make_run, set_price
 from tests.scheduler.fleet import make_hosts
 
@@ -209,7 +210,8 @@ def test_spot_max_price_is_checked_at_launch_and_preempts_when_passed(alice, cat
     assert prices["results"][0]["per_hour"] == "2.4900"  # the newest: on demand, everything is taken
     assert len(prices["results"]) == 2  # ...and the seeded price stays as history
     w = Workload.objects.get(pk=resp.json()["id"])
-    assert w.stop_by is not None and "max price 1.5000" in w.reason
+    assert w.stop_by is not None and w.stop_cause == "preempted: the spot price 2.4900/h passed your max price 1.5000/h"
+    assert alice.client().get(f"/api/v1/instances/{w.pk}").json()["reason"] == notice_text(w.stop_cause, w.stop_by)
 
 
 INTERNAL_WEBHOOKS = ["http://127.0.0.1:8000/hook", "http://localhost:6379", "https://localhost:6379/",

@@ -159,7 +159,7 @@ def test_checkpointing_victims_lose_no_work_so_they_go_first():
     p = plan(s, [make_request("c", priority="critical")], "gpucloud", now=NOW)
     # and its notice is its grace (longer than the policy's 30 s): time to save
     assert p.preempts == (
-        Preempt("saves", "c", 120.0, "preempted to make room for critical-class work; stops in 120 s"),
+        Preempt("saves", "c", 120.0, "preempted to make room for critical-class work"),
     )
 
 

@@ -309,7 +309,7 @@ def test_critical_work_preempts_spot_first_then_the_shortest_running():
             "spot-old",
             "c",
             30.0,
-            "preempted to make room for critical-class work; stops in 30 s",
+            "preempted to make room for critical-class work",
         ),
     )
     assert p.decision_for("c") == Wait("c", "waiting for 1 preempted instance to stop")
