@@ -94,11 +94,22 @@ def account_for(*, tenant_id: Any) -> Account:
 
 def _post(*, tenant_id: Any, kind: str, amount: Decimal, memo: str = "", **usage: Any) -> LedgerEntry:
     """Append one entry and move the balance by it. Call inside atomic()."""
-    account_for(tenant_id=tenant_id)
-    entry = LedgerEntry.objects.create(tenant_id=tenant_id, kind=kind, amount=amount, memo=memo[:300], **usage)
-    Account.objects.filter(tenant_id=tenant_id).update(balance=F("balance") + amount)
-    launch_blocks_refresh(tenant_ids=[tenant_id])
+    [entry] = ledger_post(tenant_id=tenant_id, entries=[
+        LedgerEntry(tenant_id=tenant_id, kind=kind, amount=amount, memo=memo[:300], **usage)])
     return entry
+
+
+def ledger_post(*, tenant_id: Any, entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """Append one tenant's entries, move its balance by their sum, and push what the new
+    balance means for launches down to the scheduler (`launch_blocks_refresh`), all in the
+    caller's transaction: the one way the ledger changes (grants, payments, metering of
+    workloads and volumes). Call inside atomic()."""
+    account_for(tenant_id=tenant_id)
+    LedgerEntry.objects.bulk_create(entries)
+    total = sum((e.amount for e in entries), Decimal(0))
+    Account.objects.filter(tenant_id=tenant_id).update(balance=F("balance") + total)
+    launch_blocks_refresh(tenant_ids=[tenant_id])
+    return entries
 
 
 def launch_block(*, balance: Decimal, budget_blocked: bool) -> str:
@@ -152,12 +163,20 @@ def signup_credit_grant(*, tenant: Tenant) -> LedgerEntry | None:
                  memo="sign-up credit")
 
 
+def month_spends(*, tenant_ids: Any, at: datetime) -> dict[Any, Decimal]:
+    """What each tenant's usage cost this calendar month (UTC) so far, in cents: the spend
+    budgets are measured against (balance, console, budget checks and changes alike)."""
+    spent = {tenant_id: Decimal(0) for tenant_id in tenant_ids}
+    for tenant_id, total in (LedgerEntry.objects.filter(tenant_id__in=list(spent), kind=EntryKind.USAGE,
+                                                         period_start__gte=month_began(at))
+                             .values("tenant_id").annotate(s=Sum("amount")).values_list("tenant_id", "s")):
+        spent[tenant_id] = -(total or Decimal(0))
+    return {tenant_id: pricing.cents(total) for tenant_id, total in spent.items()}
+
+
 def month_spend(*, tenant_id: Any, at: datetime) -> Decimal:
     """What the tenant's usage cost this calendar month (UTC) so far, in cents."""
-    start = month_began(at)
-    total = (LedgerEntry.objects.filter(tenant_id=tenant_id, kind=EntryKind.USAGE, period_start__gte=start)
-             .aggregate(s=Sum("amount"))["s"]) or Decimal(0)
-    return pricing.cents(-total)
+    return month_spends(tenant_ids=[tenant_id], at=at)[tenant_id]
 
 
 # ---------------------------------------------------------------- metering
@@ -247,9 +266,7 @@ def meter_workload(*, workload_id: UUID, cutoff: datetime) -> tuple[int, Decimal
         ]
         total = sum((a for _, a in money), Decimal(0))
         if entries:
-            account_for(tenant_id=w["tenant_id"])
-            LedgerEntry.objects.bulk_create(entries)
-            Account.objects.filter(tenant_id=w["tenant_id"]).update(balance=F("balance") - total)
+            ledger_post(tenant_id=w["tenant_id"], entries=entries)
         # Done when the last transition left RUNNING at or before the window's end: nothing
         # after it can be billable until a new RUNNING reopens the meter (meters_discover).
         last = events[-1] if events else None
@@ -343,16 +360,10 @@ def budgets_check(*, now: datetime) -> int:
     created = 0
     with transaction.atomic():
         budgets = list(Budget.objects.all())
-        spends: dict[Any, Decimal] = {}
-        if budgets:
-            for tenant_id, total in (LedgerEntry.objects.filter(
-                    kind=EntryKind.USAGE, period_start__gte=_midnight(month),
-                    tenant_id__in={b.tenant_id for b in budgets})
-                    .values("tenant_id").annotate(s=Sum("amount")).values_list("tenant_id", "s")):
-                spends[tenant_id] = pricing.cents(-(total or Decimal(0)))
+        spends = month_spends(tenant_ids={b.tenant_id for b in budgets}, at=now) if budgets else {}
         blocked = set()
         for budget in budgets:
-            spend = spends.get(budget.tenant_id, Decimal(0))
+            spend = spends[budget.tenant_id]
             percent = spend * 100 / budget.monthly_amount
             if budget_spent(budget=budget, spend=spend):
                 blocked.add(budget.tenant_id)

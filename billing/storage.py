@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from billing import metering
 from billing.choices import EntryKind
-from billing.models import Account, LedgerEntry, VolumeMeter
+from billing.models import LedgerEntry, VolumeMeter
 from volumes.models import StoragePrice, Volume, VolumeSize
 
 logger = logging.getLogger(__name__)
@@ -100,11 +100,9 @@ def meter_volume(*, volume_id: UUID, cutoff: datetime) -> tuple[int, Decimal]:
             ))
         total = sum((a for _, a in money), Decimal(0))
         if entries:
-            from billing.services import account_for
+            from billing.services import ledger_post
 
-            account_for(tenant_id=v["tenant_id"])
-            LedgerEntry.objects.bulk_create(entries)
-            Account.objects.filter(tenant_id=v["tenant_id"]).update(balance=F("balance") - total)
+            ledger_post(tenant_id=v["tenant_id"], entries=entries)
         done = v["deleted_at"] is not None and _epoch_floor(v["deleted_at"]) <= end
         VolumeMeter.objects.filter(pk=volume_id).update(
             metered_until=cutoff, price_seconds=F("price_seconds") + sum((ps for ps, _ in money), Decimal(0)),

@@ -12,7 +12,8 @@ from billing import metering, pricing, services
 from billing.choices import EntryKind, InvoiceStatus
 from billing.models import Account, Invoice, LedgerEntry, Meter
 from scheduler.choices import State
-from tests.billing.helpers import at, make_run, set_price
+from scheduler.snapshot import tenant_views
+from tests.billing.helpers import at, make_run, make_volume, set_price, set_storage_price
 
 pytestmark = pytest.mark.django_db
 
@@ -173,3 +174,25 @@ def test_zero_balance_stops_spot_at_once_and_on_demand_after_the_grace(alice, ca
     services.balances_enforce(now=account.exhausted_since + timedelta(seconds=3601))
     od.refresh_from_db()
     assert od.state == State.STOPPING and "balance" in od.reason
+
+
+@pytest.mark.parametrize("what", ["workload", "volume"])
+def test_metering_that_spends_the_balance_blocks_launches_at_once(alice, catalog, what):
+    """Regression: metering moved balances without pushing the verdict down, so a tenant metered
+    to zero kept launching (the API and the scheduler read `Tenant.launch_blocked`) until another
+    posting happened to refresh the flag. Every posting now goes through `ledger_post`."""
+    if what == "workload":
+        set_price("h100.1x", "2.4900")
+        make_run(alice, transitions=[(at(2025, 3, 1), State.PENDING), (at(2025, 3, 1), R)])
+    else:
+        set_storage_price("0.0200")
+        make_volume(alice, sizes=[(at(2025, 3, 1), 100)])
+    services.credit_grant(tenant=alice.tenant, amount=Decimal("-995"), kind=EntryKind.ADJUSTMENT)  # 5 left
+    alice.tenant.refresh_from_db()
+    assert not alice.tenant.launch_blocked
+    services.metering_run(now=at(2025, 3, 1, 3, 0, 30))  # 3 h: 7.47 (the workload) or 6.00 (the volume)
+    alice.tenant.refresh_from_db()
+    assert Account.objects.get(tenant=alice.tenant).balance <= 0
+    assert (alice.tenant.launch_blocked, alice.tenant.launch_blocked_reason) == (True, "insufficient_credit")
+    assert [v.budget_exhausted for v in tenant_views({str(alice.tenant.pk)})] == [True]
+    assert balance_is_sum_of_entries(alice.tenant)
