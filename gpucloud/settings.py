@@ -382,8 +382,10 @@ AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeat
 AGENT_LONGPOLL_SLOTS = env_int("AGENT_LONGPOLL_SLOTS", 0)
 # GPU samples from heartbeats: raw for an hour, then 1-minute averages for 30 days.
 GPU_SAMPLE_RAW_RETENTION_S = env_int("GPU_SAMPLE_RAW_RETENTION_S", 3600)
-# Autoscaling (docs/autoscaling.md): the beat evaluates a group at most once per this many seconds,
-# however many workers run its tick; a change to a group queues an evaluation at once.
+# Autoscaling (docs/autoscaling.md): the beat's tick evaluates every group each AUTOSCALING_TICK_S,
+# a group at most once per AUTOSCALING_MIN_INTERVAL_S, however many workers run the tick; a change
+# to a group queues an evaluation at once.
+AUTOSCALING_TICK_S = env_int("AUTOSCALING_TICK_S", 30)
 AUTOSCALING_MIN_INTERVAL_S = env_int("AUTOSCALING_MIN_INTERVAL_S", 15)
 AUTOSCALING_RECONCILE_ON_CHANGE = env_bool("AUTOSCALING_RECONCILE_ON_CHANGE", True)
 GPU_SAMPLE_MINUTE_RETENTION_DAYS = env_int("GPU_SAMPLE_MINUTE_RETENTION_DAYS", 30)
