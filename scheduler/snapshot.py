@@ -8,7 +8,7 @@ at 100,000 GPUs building model objects alone would cost seconds.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import connection
@@ -21,6 +21,7 @@ from gpucloud.lib.db import Epoch
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, core
 from scheduler.choices import HOLDING, State, WorkloadKind
+from scheduler.core.quota import quota_applies
 from scheduler.models import Allocation, Workload
 
 
@@ -260,22 +261,21 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
         cell[0] += milli
         cell[1] += n
 
-    def used(tenant: str, model: str | None, region: str | None, i: int) -> int:
-        return sum(v[i] for (m, r), v in usage.get(tenant, {}).items()
-                   if (model is None or m == model) and (region is None or r == region))
+    def counted(tenant: str, rule: core.QuotaRule) -> core.QuotaRule:
+        """`rule` with the tenant's usage it counts (core.quota decides which work it counts)."""
+        cells = [v for (m, r), v in usage.get(tenant, {}).items() if quota_applies(rule, m, r)]
+        return replace(rule, used_gpu_milli=sum(v[0] for v in cells), used_instances=sum(v[1] for v in cells))
 
     rules: dict[str, list[core.QuotaRule]] = defaultdict(list)
     has_wide: set[str] = set()
     for tenant, model, region, max_gpus, max_n in Quota.objects.filter(tenant_id__in=tenant_ids).values_list(
         "tenant_id", "gpu_model__code", "region__code", "max_gpus", "max_instances"
     ):
-        t, r = str(tenant), region
+        t = str(tenant)
         if model is None and region is None:
             has_wide.add(t)
-        rules[t].append(core.QuotaRule(
-            max_gpus=max_gpus, max_instances=max_n, gpu_model=model, region=r,
-            used_gpu_milli=used(t, model, r, 0), used_instances=used(t, model, r, 1),
-        ))
+        rules[t].append(counted(t, core.QuotaRule(max_gpus=max_gpus, max_instances=max_n, gpu_model=model,
+                                                  region=region)))
     views = []
     # launch_blocked: billing's verdict pushed down (no credit left, or a hard-stop budget
     # spent): pending work of these tenants waits
@@ -284,10 +284,8 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
         t = str(tenant_id)
         if t not in has_wide:
             default = settings.PLAN_QUOTAS.get(plan, {})
-            rules[t].append(core.QuotaRule(
-                max_gpus=default.get("max_gpus"), max_instances=default.get("max_instances"),
-                used_gpu_milli=used(t, None, None, 0), used_instances=used(t, None, None, 1),
-            ))
+            rules[t].append(counted(t, core.QuotaRule(max_gpus=default.get("max_gpus"),
+                                                      max_instances=default.get("max_instances"))))
         views.append(core.TenantView(tenant_id=t, weight=float(weight), quotas=tuple(rules[t]),
                                      budget_exhausted=blocked))
     return tuple(views)

@@ -13,7 +13,8 @@ from .model import WHOLE, ClusterSnapshot, PlacementRequest, QuotaRule
 from .state import Fleet
 
 # The quota rules, written once: the planner (below), the apply's re-check under the
-# tenants' locks (scheduler/apply.py) and the launch service's refusal (scheduler/services.py).
+# tenants' locks (scheduler/apply.py), the launch service's refusal (scheduler/services.py)
+# and the snapshot's usage counts (scheduler/snapshot.py).
 
 
 def quota_applies(rule: QuotaRule, gpu_model: str | None, region: str | None) -> bool:
@@ -24,16 +25,29 @@ def quota_applies(rule: QuotaRule, gpu_model: str | None, region: str | None) ->
     )
 
 
+def quota_fits_gpus(rule: QuotaRule, used_milli: int, need_milli: int) -> bool:
+    """Whether ``need_milli`` more GPU (thousandths) fit beside the ``used_milli`` the rule counts."""
+    return rule.max_gpus is None or used_milli + need_milli <= rule.max_gpus * WHOLE
+
+
+def quota_fits_instances(rule: QuotaRule, used_instances: int) -> bool:
+    """Whether one more workload fits beside the ``used_instances`` the rule counts."""
+    return rule.max_instances is None or used_instances + 1 <= rule.max_instances
+
+
 def quota_fits(rule: QuotaRule, used_milli: int, used_instances: int, need_milli: int) -> bool:
     """Whether one more workload of ``need_milli`` fits beside what the rule counts now."""
-    return (rule.max_gpus is None or used_milli + need_milli <= rule.max_gpus * WHOLE) and (
-        rule.max_instances is None or used_instances + 1 <= rule.max_instances
-    )
+    return quota_fits_gpus(rule, used_milli, need_milli) and quota_fits_instances(rule, used_instances)
 
 
 def quota_never_fits_gpus(rule: QuotaRule, need_milli: int) -> bool:
     """More GPUs than the rule allows at all: no amount of waiting admits it."""
     return rule.max_gpus is not None and need_milli > rule.max_gpus * WHOLE
+
+
+def quota_never_fits_instances(rule: QuotaRule) -> bool:
+    """The rule allows no workload at all."""
+    return rule.max_instances is not None and rule.max_instances < 1
 
 
 @dataclass(slots=True)
@@ -96,26 +110,23 @@ class QuotaBook:
             q = r.rule
             model = f"{q.gpu_model} " if q.gpu_model else ""
             where = f" in {q.region}" if q.region else ""
-            if q.max_gpus is not None:
-                cap = q.max_gpus * WHOLE
-                if quota_never_fits_gpus(q, need):
-                    return True, (
-                        f"quota: asks for {_fmt_gpus(need)} {model}GPUs{where} "
-                        f"but the quota allows {q.max_gpus}"
-                    )
-                if r.used_milli + need > cap:
-                    return False, (
-                        f"quota: {_fmt_gpus(r.used_milli)} of {q.max_gpus} "
-                        f"{model}GPUs{where} in use"
-                    )
-            if q.max_instances is not None:
-                if q.max_instances < 1:
-                    return True, f"quota: no {model}instances allowed{where}"
-                if r.used_instances + 1 > q.max_instances:
-                    return False, (
-                        f"quota: {r.used_instances} of {q.max_instances} "
-                        f"{model}instances{where} running"
-                    )
+            if quota_never_fits_gpus(q, need):
+                return True, (
+                    f"quota: asks for {_fmt_gpus(need)} {model}GPUs{where} "
+                    f"but the quota allows {q.max_gpus}"
+                )
+            if not quota_fits_gpus(q, r.used_milli, need):
+                return False, (
+                    f"quota: {_fmt_gpus(r.used_milli)} of {q.max_gpus} "
+                    f"{model}GPUs{where} in use"
+                )
+            if quota_never_fits_instances(q):
+                return True, f"quota: no {model}instances allowed{where}"
+            if not quota_fits_instances(q, r.used_instances):
+                return False, (
+                    f"quota: {r.used_instances} of {q.max_instances} "
+                    f"{model}instances{where} running"
+                )
         return None
 
     def charge(self, req: PlacementRequest, region: str) -> None:
