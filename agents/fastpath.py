@@ -57,9 +57,10 @@ from django.conf import settings
 from django.db import DataError, IntegrityError, connection, transaction
 
 from agents.models import Gpu, GpuSample, Host
-from agents.protocol import FATAL_XIDS, IDLE_BELOW, Heartbeat, ProtocolError, wake_channel
+from agents.protocol import FATAL_XIDS, IDLE_BELOW, SEQ_REORDER_WINDOW, Heartbeat, ProtocolError, wake_channel
 from gpucloud.api.parsers import json_depth_ok
 from gpucloud.lib.db import copy_text, pg_cursor, redis_client
+from gpucloud.lib.ratelimit import parse_rate
 from scheduler.models import Allocation
 
 logger = logging.getLogger(__name__)
@@ -185,14 +186,10 @@ def _cfg() -> str:
             f".{int(settings.AGENT_LONGPOLL_SLOTS > 0)}")
 
 
-@cache
-def _parse_rate(rate: str) -> tuple[int, int]:
-    num, period = rate.split("/")
-    return int(num), {"s": 1, "m": 60, "h": 3600, "d": 86400}[period[0]] * 1000
-
-
 def _rate() -> tuple[int, int]:
-    return _parse_rate(settings.AGENT_RATE_LIMIT)
+    """AGENT_RATE_LIMIT as (requests, window in ms), parsed as every throttle parses a rate."""
+    limit, window_s = parse_rate(settings.AGENT_RATE_LIMIT)
+    return limit, window_s * 1000
 
 
 # --- invalidation ---------------------------------------------------------------------
@@ -335,7 +332,7 @@ def beat(parsed: Parsed | None, *, host_id: str = "", seq: int | None = None,
         secrets.token_hex(8),
         _cfg(),
         p.late_record if p else b"",
-        16,  # agents.services.SEQ_REORDER_WINDOW
+        SEQ_REORDER_WINDOW,
         SEQ_TTL_S,
         p.hb.host_id if p else host_id,
     ]

@@ -59,6 +59,10 @@ WORKLOAD_KINDS: Final[frozenset[str]] = frozenset({"instance", "job"})
 # timeout/error. (43, 13, 31... are application faults: the GPU itself is fine.)
 FATAL_XIDS: Final[frozenset[int]] = frozenset({48, 62, 64, 74, 79, 95, 119, 120})
 IDLE_BELOW: Final = 0.05  # utilisation under 5 % counts as idle (the reclaimer and auto-stop read idle_since)
+# Heartbeats at most this many behind the newest applied one are late duplicates; a seq
+# further back can only be an agent that restarted (seq counts from 1 per agent start).
+# Read by the slow path (agents.services.seq_is_fresh) and the fast path's script alike.
+SEQ_REORDER_WINDOW: Final = 16
 WAKE_PREFIX: Final = "gateway:wake:"
 # Checkpoint-aware preemption: the signals a job may ask for before it is stopped (the API
 # refuses others; the agent sends nothing else), and the longest grace it may ask for.

@@ -51,6 +51,7 @@ from agents.models import BootstrapToken, ContainerLog, Gpu, GpuSample, GpuSampl
 from agents.protocol import (
     FATAL_XIDS,
     IDLE_BELOW,
+    SEQ_REORDER_WINDOW,
     ContainerLogTail,
     GpuInfo,
     Heartbeat,
@@ -82,9 +83,6 @@ logger = logging.getLogger(__name__)
 BOOTSTRAP_PREFIX: Final = "gpb_"
 HOST_TOKEN_PREFIX: Final = "gph_"
 _SECRET_BYTES: Final = 32  # 256 bits
-# Heartbeats at most this many behind the newest applied one are late duplicates; a seq
-# further back can only be an agent that restarted (seq counts from 1 per agent start).
-SEQ_REORDER_WINDOW: Final = 16
 
 
 class TokenRefused(ServiceError):

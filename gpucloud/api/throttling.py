@@ -22,6 +22,9 @@ class AtomicRateThrottle(SimpleRateThrottle):
         # Read when the request comes, not at import (DRF keeps the dict of its first import).
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
 
+    def parse_rate(self, rate: str | None) -> tuple[int | None, int | None]:
+        return (None, None) if rate is None else ratelimit.parse_rate(rate)
+
     def get_ident(self, request) -> str:
         return client_ip(request) or "unknown"
 

@@ -52,6 +52,17 @@ return {1, '0'}
 _LOCAL_SWEEP_AT: Final = 10_000
 
 
+_PERIOD_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@cache
+def parse_rate(rate: str) -> tuple[int, int]:
+    """ "N/period" (rest_framework's form: "120/min", "10/hour", "5/s") as (N, seconds), for every
+    throttle: the API's, the agents' in the heartbeat script (agents/fastpath.py) alike."""
+    num, period = rate.split("/")
+    return int(num), _PERIOD_S[period[0]]
+
+
 @dataclass(frozen=True)
 class Decision:
     allowed: bool

@@ -12,11 +12,14 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from rest_framework.throttling import SimpleRateThrottle
 
 from agents import fastpath
 from agents.choices import HostState
 from agents.models import Gpu, GpuSample, Host
-from agents.services import gpu_mark_healthy, hosts_mark_down, workload_logs_request
+from agents.api.views import AgentThrottle
+from agents.protocol import SEQ_REORDER_WINDOW
+from agents.services import gpu_mark_healthy, hosts_mark_down, seq_is_fresh, workload_logs_request
 from agents.tasks import heartbeats_flush_task
 from gpucloud.celery import app
 from scheduler.choices import State
@@ -318,12 +321,26 @@ def test_the_flush_is_in_the_beat_schedule_every_second():
     assert entry["task"] == "agents.tasks.heartbeats_flush_task" and entry["schedule"] == 1.0
 
 
-@pytest.mark.parametrize("seq,last,fresh", [(7, 6, True), (6, 6, False), (1, 500, True)])
-def test_seq_claims_follow_seq_is_fresh(registered, seq, last, fresh):
+W = SEQ_REORDER_WINDOW
+
+
+@pytest.mark.parametrize("seq,last", [(7, 6), (6, 6), (5, 6), (1, 500), (100 - W, 100), (99 - W, 100)])
+def test_seq_claims_follow_seq_is_fresh(registered, seq, last):
+    """The script's claim and the slow path's rule: one verdict, the reorder window's edges included."""
     host_id, _ = registered
     fastpath.beat(None, host_id=host_id, seq=last, count=False)
     claim = fastpath.claim_of(fastpath.beat(None, host_id=host_id, seq=seq, count=False), None)
-    assert claim.fresh is fresh
+    assert claim.fresh is seq_is_fresh(seq, last)
+
+
+@pytest.mark.parametrize("rate", ["120/min", "5/s", "10/hour", "1000000/day"])
+def test_the_heartbeat_script_counts_the_rate_every_throttle_counts(settings, rate):
+    """One reading of AGENT_RATE_LIMIT: the script's (heartbeats), the agent throttle's (the
+    slow path without Redis, registrations), and rest_framework's own."""
+    settings.AGENT_RATE_LIMIT = rate
+    drf = type("Drf", (SimpleRateThrottle,), {"rate": rate})()
+    ours = AgentThrottle()
+    assert fastpath._rate() == (drf.num_requests, drf.duration * 1000) == (ours.num_requests, ours.duration * 1000)
 
 
 def test_the_fast_and_the_slow_path_store_the_same_outcome(client, registered, region, settings):
