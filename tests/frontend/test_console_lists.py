@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from billing import services as billing_services
@@ -131,6 +132,14 @@ def test_invoices_page_on_the_usage_page(alice, charlie):
     assert [i.period_start for i in second.context["invoices"]] == [date(2023, 2, 1), date(2023, 1, 1)]
     assert "Page 4 is empty" in client.get("/console/usage/", {"page": 4}).content.decode()
     assert "No invoices yet" in signed_in(charlie).get("/console/usage/").content.decode()
+
+
+def test_this_month_begins_where_billing_says_for_the_console_and_the_api(alice):
+    """One home for "this month" (billing.services.month_began): the console's usage tables and
+    the API's default usage window begin where budgets count the month's spend from."""
+    began = billing_services.month_began(timezone.now())
+    assert signed_in(alice).get("/console/usage/").context["month"] == began
+    assert datetime.fromisoformat(alice.client().get("/api/v1/usage").json()["from"]) == began
 
 
 def test_members_page(alice, bob, victor):
