@@ -476,13 +476,13 @@ def workload_delete(*, workload: Workload) -> None:
                  object_repr=workload.name)
 
 
-@transaction.atomic
 def workload_notice_served(*, workload: Workload) -> Workload:
     """Its preemption notice ran out, or it ended under it: PREEMPTED with the notice's cause
     (scheduler/notice.py); a job goes back to the queue without spending a retry."""
     return workload_requeue_or_end(workload=workload, ended=State.PREEMPTED, reason=notice_served(workload.stop_cause))
 
 
+@transaction.atomic
 def workload_requeue_or_end(*, workload: Workload, ended: str, reason: str) -> Workload:
     """A run ended as `ended` (FAILED, PREEMPTED, LOST). Requeue a batch job that may retry.
 

@@ -15,9 +15,9 @@ from django.utils import timezone
 from rest_framework.throttling import SimpleRateThrottle
 
 from agents import fastpath
+from agents.api.views import AgentThrottle
 from agents.choices import HostState
 from agents.models import Gpu, GpuSample, Host
-from agents.api.views import AgentThrottle
 from agents.protocol import SEQ_REORDER_WINDOW
 from agents.services import gpu_mark_healthy, hosts_mark_down, seq_is_fresh, workload_logs_request
 from agents.tasks import heartbeats_flush_task

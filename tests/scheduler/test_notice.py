@@ -3,7 +3,8 @@ through one service, the countdown is put into words from `stop_by` where it is 
 nothing parses the words back."""
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone as tz
+from datetime import UTC, datetime, timedelta
+from datetime import timezone as tz
 
 import pytest
 from django.utils import timezone
