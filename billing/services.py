@@ -166,12 +166,13 @@ def signup_credit_grant(*, tenant: Tenant) -> LedgerEntry | None:
 def month_spends(*, tenant_ids: Any, at: datetime) -> dict[Any, Decimal]:
     """What each tenant's usage cost this calendar month (UTC) so far, in cents: the spend
     budgets are measured against (balance, console, budget checks and changes alike)."""
-    spent = {tenant_id: Decimal(0) for tenant_id in tenant_ids}
-    for tenant_id, total in (LedgerEntry.objects.filter(tenant_id__in=list(spent), kind=EntryKind.USAGE,
+    asked = {str(tenant_id): tenant_id for tenant_id in tenant_ids}  # ids as the caller holds them
+    spent = dict.fromkeys(asked, Decimal(0))
+    for tenant_id, total in (LedgerEntry.objects.filter(tenant_id__in=list(asked), kind=EntryKind.USAGE,
                                                          period_start__gte=month_began(at))
                              .values("tenant_id").annotate(s=Sum("amount")).values_list("tenant_id", "s")):
-        spent[tenant_id] = -(total or Decimal(0))
-    return {tenant_id: pricing.cents(total) for tenant_id, total in spent.items()}
+        spent[str(tenant_id)] = -(total or Decimal(0))
+    return {asked[key]: pricing.cents(total) for key, total in spent.items()}
 
 
 def month_spend(*, tenant_id: Any, at: datetime) -> Decimal:
