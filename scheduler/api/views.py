@@ -10,8 +10,8 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from agents import selectors as agent_selectors
-from agents import services as agent_services
 from agents.api import serializers as agent_s
+from agents.services.logs import workload_logs_request
 from billing.selectors import launched_cost
 from gpucloud.api.serializers import rendered, validated
 from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
@@ -117,7 +117,7 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         workload = self.get_object()
         q = agent_s.LogsQuerySerializer(data=request.query_params.dict())
         q.is_valid(raise_exception=True)
-        tail = agent_services.workload_logs_request(workload=workload, tail=q.validated_data["tail"])
+        tail = workload_logs_request(workload=workload, tail=q.validated_data["tail"])
         return Response(agent_s.LogsSerializer(tail).data)
 
     def destroy(self, request, *args, **kwargs):

@@ -19,7 +19,10 @@ from agents.api.views import AgentThrottle
 from agents.choices import HostState
 from agents.models import Gpu, GpuSample, Host
 from agents.protocol import SEQ_REORDER_WINDOW
-from agents.services import gpu_mark_healthy, hosts_mark_down, seq_is_fresh, workload_logs_request
+from agents.services.heartbeat import seq_is_fresh
+from agents.services.host_ops import gpu_mark_healthy
+from agents.services.liveness import hosts_mark_down
+from agents.services.logs import workload_logs_request
 from agents.tasks import heartbeats_flush_task
 from gpucloud.celery import app
 from scheduler.choices import State

@@ -124,7 +124,7 @@ def _prepare(n: int) -> list[str]:
     """A region, the H100 model and one bootstrap token per host, in the test database."""
     from decimal import Decimal
 
-    from agents.services import bootstrap_token_create
+    from agents.services.registration import bootstrap_token_create
     from gpucloud.catalogue.models import GpuModel, Region
 
     region = Region.objects.create(code="bench-1", name="Bench", country="US")

@@ -203,7 +203,7 @@ def _prepare(o) -> tuple[list[str], list[str]]:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from agents.services import bootstrap_token_create
+    from agents.services.registration import bootstrap_token_create
     from gpucloud.catalogue.models import Quota, Region
     from gpucloud.tenancy.models import Membership
     from gpucloud.tenancy.services import api_key_create, tenant_create

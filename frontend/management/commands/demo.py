@@ -74,7 +74,7 @@ def _sim_hosts(port: int, runtime: str = "sim", image: str = "") -> list[tuple[s
     earlier starts are deleted so the admin's list stays short.
     """
     from agents.models import BootstrapToken
-    from agents.services import bootstrap_token_create
+    from agents.services.registration import bootstrap_token_create
     from gpucloud.catalogue.models import Region
 
     region = Region.objects.get(code=SIM_REGION)
