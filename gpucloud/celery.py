@@ -32,7 +32,7 @@ app.conf.beat_schedule = {
     # Heartbeats answered from Redis (agents/fastpath.py): samples and liveness -> PostgreSQL.
     "heartbeats-flush": {"task": "agents.tasks.heartbeats_flush_task", "schedule": 1.0,
                          "options": {"expires": 10}},
-    # Autoscaling groups and batch pools: scheduled actions, policies, health (autoscaling/services.py).
+    # Autoscaling groups and batch pools: scheduled actions, policies, health (autoscaling/reconcile.py).
     "autoscaling-reconcile": {"task": "autoscaling.tasks.autoscaling_reconcile_task",
                               "schedule": float(os.environ.get("AUTOSCALING_TICK_S", "30")),
                               "options": {"expires": 60}},
