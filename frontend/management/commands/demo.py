@@ -27,6 +27,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from agents.host.standin import busybox_image
+from agents.models import BootstrapToken
+from agents.services import bootstrap_token_create
+from gpucloud.catalogue.models import Region
 from gpucloud.lib.supervisor import Supervisor
 
 # Simulated hosts: (host name, GPU model, GPU count), all in one region.
@@ -43,8 +47,6 @@ def choose_runtime(wanted: str = "auto") -> tuple[str, str, str]:
     if wanted == "sim":
         return "sim", "", "simulated (GPUCLOUD_DEMO_RUNTIME=sim): containers are simulated, nothing runs"
     import docker
-
-    from agents.host.standin import busybox_image
 
     try:
         client = docker.from_env(timeout=20)
@@ -73,10 +75,6 @@ def _sim_hosts(port: int, runtime: str = "sim", image: str = "") -> list[tuple[s
     uses it, and one whose database was reset registers again with it. Unused tokens of
     earlier starts are deleted so the admin's list stays short.
     """
-    from agents.models import BootstrapToken
-    from agents.services import bootstrap_token_create
-    from gpucloud.catalogue.models import Region
-
     region = Region.objects.get(code=SIM_REGION)
     out = []
     for seed, (name, model, count) in enumerate(SIM_HOSTS):
