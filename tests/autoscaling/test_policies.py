@@ -110,6 +110,7 @@ def test_an_alarm_runs_a_step_policy_and_refuses_another_tenants(prices, alice, 
     """The wiring of the two apps: `scaling_policy` is an alarm action (autoscaling.alarm_actions),
     validated against the tenant's own step policies and run when the alarm goes ALARM."""
     from agents.models import GpuSample, Host
+    from alarms import runner
     from alarms import services as alarms
     from alarms.models import AlarmAction
     from gpucloud.lib.errors import InvalidInput
@@ -134,6 +135,6 @@ def test_an_alarm_runs_a_step_policy_and_refuses_another_tenants(prices, alice, 
     GpuSample.objects.create(gpu_id=w.allocations.get().gpu_id, time=t0 + timedelta(seconds=10), gpu_util=97.0)
     alarms.alarms_evaluate_due(now=t0 + timedelta(seconds=80))
     [run] = AlarmAction.objects.filter(type="scaling_policy")
-    assert alarms.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=81)) == "done"
+    assert runner.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=81)) == "done"
     assert AlarmAction.objects.get(pk=run.pk).outcome.startswith("scaled 1 → 3: step policy up")
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3
