@@ -27,7 +27,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from agents.host.standin import busybox_image
+from agents.host import standin
 from agents.models import BootstrapToken
 from agents.services import bootstrap_token_create
 from gpucloud.catalogue.models import Region
@@ -56,7 +56,7 @@ def choose_runtime(wanted: str = "auto") -> tuple[str, str, str]:
             raise CommandError(f"GPUCLOUD_DEMO_RUNTIME=docker, but no Docker engine answered: {e}") from e
         return "sim", "", f"simulated: no Docker engine answered ({e}); containers are simulated, nothing runs"
     try:
-        image = busybox_image(client)
+        image = standin.busybox_image(client)
     except Exception as e:  # noqa: BLE001 - no busybox here, an engine that refuses the import
         if wanted == "docker":
             raise CommandError(f"GPUCLOUD_DEMO_RUNTIME=docker, but the stand-in image cannot be built: {e}") from e
