@@ -15,14 +15,8 @@ from django.utils import timezone
 
 from agents.choices import AdminState, HostState
 from agents.models import BootstrapToken, ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
-from agents.services import (
-    bootstrap_token_create,
-    gpu_mark_healthy,
-    host_cordon,
-    host_drain,
-    host_replace_allow,
-    host_uncordon,
-)
+from agents.services.host_ops import gpu_mark_healthy, host_cordon, host_drain, host_replace_allow, host_uncordon
+from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.admin import RegionAdmin
 from gpucloud.tenancy.admin import OperatorAdmin, Outcome, names
 

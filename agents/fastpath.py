@@ -9,7 +9,7 @@ answer (the desired set) is the previous one. One Lua script call decides and do
       BEAT script, one Redis round trip:                          │
         tok:<sha256>        -> "<host id>|<version>"  (token known and not invalidated?)
         rl:<host>           sliding-window rate limit (AGENT_RATE_LIMIT), as DRF's
-        s:<host>            seq claim (agents.services.seq_is_fresh, atomically)
+        s:<host>            seq claim (agents.services.heartbeat.seq_is_fresh, atomically)
         h:<cfg>:<host>      {ver, digest, ans}: the last slow answer, at which version
         v:<host>            the host's version, bumped after every change of its work
       fast  -> RPUSH buf "<host>|[ts, seq, samples]", answer `ans`          (no SQL at all)
@@ -107,7 +107,7 @@ end
 if ARGV[4] == '' then return {3, host, 0, cur} end  -- throttle only
 -- a body naming another host: the slow path refuses it (401), claiming nothing
 if ARGV[15] ~= host then return {3, host, 0, cur} end
--- the seq claim (agents.services.seq_is_fresh); no stored seq: fresh
+-- the seq claim (agents.services.heartbeat.seq_is_fresh); no stored seq: fresh
 local seq = tonumber(ARGV[4])
 local sk = p .. 's:' .. host
 local last = tonumber(redis.call('GET', sk) or '-1')
@@ -335,7 +335,7 @@ def beat(parsed: Parsed | None, *, host_id: str = "", seq: int | None = None,
         secrets.token_hex(8),
         _cfg(),
         p.late_record if p else b"",
-        16,  # agents.services.SEQ_REORDER_WINDOW
+        16,  # agents.services.heartbeat.SEQ_REORDER_WINDOW
         SEQ_TTL_S,
         p.hb.host_id if p else host_id,
     ]
@@ -488,7 +488,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
             if util is not None:
                 u = min(1.0, max(0.0, util / 100))
                 g[1] = u
-                # idle_since, as agents.services._apply_samples sample by sample: "k" keeps
+                # idle_since, as agents.services.gpus.gpu_samples_apply sample by sample: "k" keeps
                 # the stored one (or takes t), "s" sets t, "c" clears it.
                 if u < IDLE_BELOW:
                     if g[3] == "k":
@@ -507,7 +507,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
         # thousands of literals spliced into the SQL text.
         connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cur:
-            # Telemetry, as the slow path's: no WAL flush wait (see services._async_commit).
+            # Telemetry, as the slow path's: no WAL flush wait (see agents.services.heartbeat._async_commit).
             cur.execute("SET LOCAL synchronous_commit TO OFF")
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_FLUSH_LOCK])
             cur.execute(

@@ -1,6 +1,6 @@
 """Heartbeat reports about one part of a multi-host job, applied by the gang rule.
 
-A single-host workload follows its one container (agents.services._Mover). A gang
+A single-host workload follows its one container (scheduler.container). A gang
 (`nodes > 1`) follows all its parts: each report is recorded as the part's state
 (`GangPart`), then `scheduler.gang.gang_next` decides from every part of the current
 attempt, under the workload's row lock, so two hosts reporting at the same moment are

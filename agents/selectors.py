@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -26,9 +26,13 @@ from agents.choices import HostState
 from agents.instance_env import platform_env
 from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest, Mount
-from gpucloud.catalogue.models import Price
+from gpucloud.catalogue.models import Price, Region
+from gpucloud.catalogue.selectors import prices_in_force
 from gpucloud.lib.db import Epoch
+from scheduler import core, snapshot
 from scheduler.choices import State
+from scheduler.cycle import policy_for
+from scheduler.feasibility import fleet_capabilities, unsatisfiable_reason
 from scheduler.models import Allocation, Workload
 
 # Workload states whose container the agent must run. STOPPING is absent on purpose:
@@ -387,14 +391,6 @@ def availability(*, instance_types: list, region_codes: list[str] | None = None,
     capabilities, then only where some host could run one: regions, free capacity, and one
     snapshot per region where something is free; never one per instance type.
     """
-    from dataclasses import replace
-
-    from gpucloud.catalogue.models import Region
-    from gpucloud.catalogue.selectors import prices_in_force
-    from scheduler import core, snapshot
-    from scheduler.cycle import policy_for
-    from scheduler.feasibility import fleet_capabilities, unsatisfiable_reason
-
     now = now or timezone.now()
     types = list(instance_types)
     if prices is None:

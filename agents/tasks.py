@@ -6,7 +6,8 @@ import time
 from celery import shared_task
 
 from agents.fastpath import heartbeats_flush
-from agents.services import gpu_samples_rollup, hosts_check_liveness
+from agents.services.gpus import gpu_samples_rollup
+from agents.services.liveness import hosts_check_liveness
 
 logger = logging.getLogger(__name__)
 

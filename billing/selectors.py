@@ -164,9 +164,9 @@ def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> 
         .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
     ) if ran else {}
     # Billing counts from the control plane's RUNNING event (billing/metering.py); `started_at`
-    # may be the agent's earlier observation of the container's start (agents.services
-    # _observed_times): the estimate counts from the event too, so metering never takes back
-    # seconds it showed.
+    # may be the agent's earlier observation of the container's start
+    # (agents.services.containers.containers_observed_times): the estimate counts from the event
+    # too, so metering never takes back seconds it showed.
     started = [w.pk for w in workloads if w.started_at]
     entered = dict(
         WorkloadEvent.objects.filter(workload_id__in=started, to_state=State.RUNNING)

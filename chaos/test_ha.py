@@ -202,7 +202,7 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
     from django.core.management import call_command
 
     from agents.models import Host
-    from agents.services import bootstrap_token_create
+    from agents.services.registration import bootstrap_token_create
     from billing import metering, pricing
     from billing.models import LedgerEntry, Meter
     from gpucloud.catalogue.models import Region

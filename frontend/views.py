@@ -25,7 +25,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from agents import selectors as agent_selectors
-from agents import services as agent_services
+from agents.services.logs import workload_logs_request
 from billing import selectors as billing_selectors
 from billing import services as billing_services
 from billing.api import serializers as billing_s
@@ -523,7 +523,7 @@ def workload_metrics(request, kind: str, pk):
 def workload_logs(request, kind: str, pk):
     """The latest log tail; asks the agent for a fresh one while the container runs."""
     workload = _workload(request, kind, pk)
-    tail = agent_services.workload_logs_request(workload=workload, tail=200)
+    tail = workload_logs_request(workload=workload, tail=200)
     return render(request, "frontend/partials/workload_logs.html",
                   {"tail": tail, "w": workload, "poll_s": POLL_S * 2, **_kind(kind)})
 

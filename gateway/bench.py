@@ -98,7 +98,7 @@ def _setup(key_line: str) -> dict[str, Any]:
     from agents.host.sim import SimGpuBackend, SimRuntime
     from agents.models import Gpu
     from agents.protocol import RegisterRequest
-    from agents.services import bootstrap_token_create, host_register
+    from agents.services.registration import bootstrap_token_create, host_register
     from frontend.services import ssh_key_add
     from gpucloud.catalogue.models import GpuModel, InstanceType, Region
     from gpucloud.tenancy.models import Membership

@@ -21,7 +21,7 @@ follows all its parts, never the first to report:
 Parts start together: one placement transaction writes every part's allocation, so every
 host finds its part in the same desired-set version (and is woken for it), and the job's
 clock (`started_at`, billing's RUNNING seconds) starts only when the last part runs.
-`gang_next` is the rule; agents.services applies it under the workload's row lock, so two
+`gang_next` is the rule; agents.gangs applies it under the workload's row lock, so two
 hosts reporting at once are judged one after the other, each seeing the other's part.
 """
 from __future__ import annotations

@@ -161,7 +161,7 @@ class WorkloadEvent(models.Model):
 class GangPart(models.Model):
     """One host's part of a multi-host job (`nodes > 1`) in one attempt: what its agent last reported.
 
-    Written by the heartbeat (agents.services) under the workload's row lock; the job's state
+    Written by the heartbeat (agents.gangs) under the workload's row lock; the job's state
     follows all its parts (scheduler.gang.gang_next). An attempt's parts are its hosts' active
     allocations; a row exists once that host's agent has reported its container.
     """

@@ -147,7 +147,7 @@ def test_cordon_drain_and_uncordon_hosts_through_the_admin(admin_client, catalog
 
 def test_replace_host_lets_one_registration_take_the_host_over(admin_client, catalog, client):
     from agents.models import Host
-    from agents.services import bootstrap_token_create
+    from agents.services.registration import bootstrap_token_create
     from gpucloud.catalogue.models import Region
 
     a = make_host("gpu-a", token_hash="0" * 64)

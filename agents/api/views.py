@@ -42,7 +42,8 @@ from agents.protocol import (
     WaitResponse,
 )
 from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
-from agents.services import host_heartbeat, host_register
+from agents.services.heartbeat import host_heartbeat
+from agents.services.registration import host_register
 from agents.signals import move_orders, removals
 from gpucloud.api.parsers import AgentJSONParser
 from gpucloud.api.throttling import AtomicRateThrottle

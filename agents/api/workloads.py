@@ -10,8 +10,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 
-from agents import selectors, services
+from agents import selectors
 from agents.api import serializers as s
+from agents.services.logs import LogTail, workload_logs_request
 from gpucloud.api.views import ApiView, TenantMixin
 from gpucloud.tenancy import permissions as perms
 from scheduler.models import Workload
@@ -25,11 +26,11 @@ def gpu_metrics(*, workload: Workload, query: dict[str, Any]) -> dict[str, Any]:
     return selectors.workload_metrics(workload=workload, **q.validated_data)
 
 
-def logs(*, workload: Workload, query: dict[str, Any]) -> services.LogTail:
+def logs(*, workload: Workload, query: dict[str, Any]) -> LogTail:
     """`.../logs`: the latest stored tail; while it runs, a fresh one is asked of the host's agent."""
     q = s.LogsQuerySerializer(data=query)
     q.is_valid(raise_exception=True)
-    return services.workload_logs_request(workload=workload, tail=q.validated_data["tail"])
+    return workload_logs_request(workload=workload, tail=q.validated_data["tail"])
 
 
 class SeriesApi(TenantMixin, ApiView):

@@ -29,7 +29,9 @@ from agents.host.sim import SimGpuBackend, SimRuntime
 from agents.host.state import clear_state
 from agents.models import BootstrapToken, Gpu, Host
 from agents.selectors import hash_token, host_desired_containers
-from agents.services import bootstrap_token_create, host_replace_allow, hosts_check_liveness
+from agents.services.host_ops import host_replace_allow
+from agents.services.liveness import hosts_check_liveness
+from agents.services.registration import bootstrap_token_create
 from agents.tasks import hosts_liveness_task
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
 from gpucloud.tenancy.models import AuditEvent

@@ -11,7 +11,8 @@ from django.urls import reverse
 from agents.liveness import is_lost
 from agents.models import BootstrapToken, Host
 from agents.selectors import hash_token
-from agents.services import gpu_model_code, seq_is_fresh
+from agents.services.heartbeat import seq_is_fresh
+from agents.services.registration import gpu_model_code
 from gpucloud.catalogue.models import Region
 from gpucloud.tenancy.models import AuditEvent
 
@@ -120,7 +121,7 @@ def test_operators_mint_a_token_in_the_admin_and_see_it_once(admin_client, clien
 
 @pytest.mark.django_db
 def test_the_expire_action_retires_unused_tokens(admin_client):
-    from agents.services import bootstrap_token_create
+    from agents.services.registration import bootstrap_token_create
 
     region = Region.objects.create(code="us-east-1", name="US East", country="US")
     token, _ = bootstrap_token_create(region=region)

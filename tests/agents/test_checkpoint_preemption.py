@@ -29,7 +29,7 @@ from test_agent_api import (  # noqa: F401 - fixtures are used by name
 
 from agents.models import ContainerLog, Host
 from agents.selectors import host_desired_containers
-from agents.services import workload_logs_request
+from agents.services.logs import workload_logs_request
 from gpucloud.catalogue.models import InstanceType
 from scheduler import snapshot
 from scheduler.choices import State

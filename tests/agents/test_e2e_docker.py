@@ -41,7 +41,8 @@ from agents.host.egress import EgressRules
 from agents.host.runtime import LABEL_INSTANCE, LABEL_MANAGED, LABEL_TENANT, container_name
 from agents.models import Gpu, Host
 from agents.selectors import host_desired_containers
-from agents.services import bootstrap_token_create, hosts_check_liveness
+from agents.services.liveness import hosts_check_liveness
+from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
 from gpucloud.catalogue.services import price_set
 from scheduler.choices import State

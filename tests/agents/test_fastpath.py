@@ -16,7 +16,9 @@ from django.utils import timezone
 from agents import fastpath
 from agents.choices import HostState
 from agents.models import Gpu, GpuSample, Host
-from agents.services import gpu_mark_healthy, hosts_mark_down, workload_logs_request
+from agents.services.host_ops import gpu_mark_healthy
+from agents.services.liveness import hosts_mark_down
+from agents.services.logs import workload_logs_request
 from agents.tasks import heartbeats_flush_task
 from gpucloud.celery import app
 from scheduler.choices import State

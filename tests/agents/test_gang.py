@@ -159,7 +159,7 @@ def test_one_part_failing_requeues_the_whole_gang_and_stops_the_other_part(agent
 
 def test_a_checkpointing_gang_under_notice_is_signalled_stopped_and_requeued_without_a_retry(
         agents, alice, region):  # noqa: F811
-    from agents.services import host_drain
+    from agents.services.host_ops import host_drain
 
     a, b = agents
     w = submit_gang(alice.tenant, region, {"GPUCLOUD_SIM_DURATION_S": "3600"}, max_retries=1)

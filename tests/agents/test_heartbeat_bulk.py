@@ -3,17 +3,22 @@
 Two hosts get the same work in the same states; the same heartbeat (containers running, jobs
 exited 0 with and without having been seen running, an exit 1, an instance that exited, one
 still running) goes through `host_heartbeat(bulk=False)` on one and `bulk=True` on the other.
-The workloads, their events, allocations and the hosts' and GPUs' books must come out equal.
+The workloads, their events, allocations and the hosts' and GPUs' books must come out equal,
+and both must be what the one container rule (scheduler.container) says.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from agents.models import Gpu, Host
 from agents.protocol import Heartbeat, ObservedContainer
 from agents.selectors import host_allocations, host_attempts
-from agents.services import host_heartbeat
+from agents.services import containers
+from agents.services.heartbeat import host_heartbeat
 from scheduler.choices import State
+from scheduler.container import container_next
 from scheduler.models import Allocation, Workload
 from scheduler.services import workload_transition
 from tests.agents.test_agent_api import place, region, triggered  # noqa: F401
@@ -79,3 +84,28 @@ def test_the_bulk_path_stores_what_the_one_by_one_path_stored(region, alice, tri
                       "instance-exited": State.FAILED, "still-running": State.RUNNING}
     assert b["work"]["sched-exit0"][5][-2:] == [(State.SCHEDULED, State.RUNNING, "container running"),
                                                (State.RUNNING, State.SUCCEEDED, "exited with code 0")]
+
+
+def test_both_paths_apply_the_one_container_rule(region, alice, triggered, monkeypatch):  # noqa: F811
+    """Neither path has a rule of its own: a container rule that words its reasons differently
+    is asked about every container, by both, and what it says is what both store."""
+    asked = []
+
+    def rule(current, report, **kw):
+        asked.append((current, report))
+        return [replace(s, reason=f"{s.reason} (the rule)") for s in container_next(current, report, **kw)]
+
+    monkeypatch.setattr(containers, "container_next", rule)
+    one, many = make_hosts(n=2)
+    hb_one, hb_many = _setup(one, alice.tenant), _setup(many, alice.tenant)
+
+    host_heartbeat(host=one, hb=hb_one, bulk=False)
+    one_by_one = list(asked)
+    host_heartbeat(host=many, hb=hb_many, bulk=True)
+
+    assert one_by_one == asked[len(one_by_one):] and len(one_by_one) == len(SCENARIO)
+    a, b = _stored(one), _stored(many)
+    assert a == b
+    moved = [(name, e) for name, row in b["work"].items() for e in row[5]
+             if e[0] != State.PENDING and e[2] != "setup"]
+    assert len(moved) == 8 and all(e[2].endswith("(the rule)") for _, e in moved), moved

@@ -35,16 +35,9 @@ from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import FINAL_TAIL_LINES
 from agents.protocol import GpuSample as GpuSampleMsg
 from agents.selectors import host_desired_containers
-from agents.services import (
-    gpu_fault,
-    gpu_mark_healthy,
-    gpu_samples_rollup,
-    host_cordon,
-    host_drain,
-    host_replace_allow,
-    host_uncordon,
-    hosts_check_liveness,
-)
+from agents.services.gpus import gpu_fault, gpu_samples_rollup
+from agents.services.host_ops import gpu_mark_healthy, host_cordon, host_drain, host_replace_allow, host_uncordon
+from agents.services.liveness import hosts_check_liveness
 from agents.tasks import heartbeats_flush_task
 from scheduler import snapshot
 from scheduler.choices import State

@@ -27,7 +27,7 @@ from agents.host.state import NONCE_FILE, STATE_FILE
 from agents.models import BootstrapToken, Host
 from agents.protocol import Heartbeat, ProtocolError, RegisterRequest
 from agents.selectors import hash_token
-from agents.services import TokenRefused, host_register
+from agents.services.registration import TokenRefused, host_register
 from gpucloud.tenancy.models import AuditEvent
 from tests.agents.test_agent_api import Clock, new_token, region, triggered  # noqa: F401 (fixtures)
 

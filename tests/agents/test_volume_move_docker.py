@@ -30,7 +30,7 @@ from test_e2e_docker import (  # noqa: F401 - fixtures, used by name
 
 from agents.host.config import AgentConfig
 from agents.host.docker import LABEL_AGENT
-from agents.services import bootstrap_token_create
+from agents.services.registration import bootstrap_token_create
 from scheduler.choices import State
 from volumes import moves
 from volumes.models import Volume, VolumeMove, VolumeMoveChunk

@@ -64,7 +64,7 @@ def _server_error_codes() -> dict[str, int | None]:
             yield sub
             yield from walk(sub)
 
-    import agents.services  # noqa: F401  (its ServiceError subclasses register on import)
+    import agents.services.registration  # noqa: F401  (its ServiceError subclasses register on import)
     for cls in [ServiceError, *walk(ServiceError)]:
         codes[cls.code] = cls.status
     for cls in walk(drf.APIException):

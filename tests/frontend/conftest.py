@@ -137,7 +137,7 @@ def celery_stack(worker) -> Iterator[subprocess.Popen]:
 def sim_host(live_server, celery_stack, catalog, settings):
     """Start simulated hosts as real agent processes; returns a function name, model, gpus → Host."""
     from agents.models import Host
-    from agents.services import bootstrap_token_create
+    from agents.services.registration import bootstrap_token_create
     from gpucloud.catalogue.models import Region
 
     settings.AGENT_HEARTBEAT_INTERVAL_S = 1  # the live server tells the agents; charts move each second

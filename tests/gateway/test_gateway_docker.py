@@ -37,7 +37,7 @@ from agents.host.config import AgentConfig
 from agents.host.daemon import Agent
 from agents.host.docker import LABEL_AGENT
 from agents.host.runtime import LABEL_TENANT
-from agents.services import bootstrap_token_create
+from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
 from gpucloud.catalogue.services import price_set
 from gpucloud.tenancy.models import AuditEvent

@@ -42,7 +42,7 @@ from agents.host.client import ControlPlaneClient
 from agents.host.sim import SimGpuBackend
 from agents.models import GpuSample
 from agents.protocol import HEARTBEAT_PATH, Heartbeat, RegisterRequest
-from agents.services import bootstrap_token_create
+from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import GpuModel, Region
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from agents.services import bootstrap_token_create
+from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import Region
 
 

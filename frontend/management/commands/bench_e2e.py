@@ -50,7 +50,7 @@ from django.test import Client, override_settings
 
 from agents.management.commands.bench_heartbeats import _free_port
 from agents.models import Gpu, Host
-from agents.services import bootstrap_token_create
+from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import GpuModel, Quota, Region
 from gpucloud.tenancy.models import Membership
 from gpucloud.tenancy.services import api_key_create, tenant_create

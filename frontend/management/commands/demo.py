@@ -29,7 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agents.host import standin
 from agents.models import BootstrapToken
-from agents.services import bootstrap_token_create
+from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import Region
 from gpucloud.lib.supervisor import Supervisor
 

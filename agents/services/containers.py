@@ -1,0 +1,212 @@
+"""A heartbeat's container report -> workload transitions: the container rule
+(`scheduler.container.container_next`, pure) applied, and the gang rule for the parts of
+multi-host jobs (`agents.gangs`).
+
+Workload states change only through `scheduler.services` (`workload_transition`,
+`workloads_transition`, `workload_requeue_or_end`, `workload_stopped`); GPU booking counters
+are the scheduler's and never written here. Two appliers of the one rule: the common moves of
+a heartbeat (containers seen running, jobs that exited 0) go in bulk, one UPDATE per group;
+every other step is its own guarded update and transaction. tests/agents/test_heartbeat_bulk.py
+checks that both store the same.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Final
+
+from django.db import transaction
+
+from agents.gangs import gang_report
+from agents.models import Host
+from agents.protocol import ObservedContainer
+from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
+from scheduler.container import END, MOVE, STOP, Report, Step, container_next
+from scheduler.cycle import notice_served
+from scheduler.hooks import cycle_wanted
+from scheduler.lifecycle import can_transition
+from scheduler.models import Workload
+from scheduler.services import (
+    workload_requeue_or_end,
+    workload_stopped,
+    workload_transition,
+    workloads_transition,
+)
+
+# What goes in bulk: the common moves (a container seen running, a job that exited 0). The
+# rest goes one by one: a created container (seen for a moment, seldom) and the ends (a
+# failure may requeue, a stop ends as the scheduler decides).
+_BULK_TO: Final = frozenset({State.RUNNING, State.SUCCEEDED})
+_PART_STATES: Final = (State.SCHEDULED, State.STARTING, State.RUNNING, State.STOPPING)
+
+
+def containers_observe(*, host: Host, containers: list[ObservedContainer], attempts: dict[str, Workload],
+                       now: datetime, bulk: bool = True) -> list[tuple[str, str]]:
+    """Move the work of `host` as its report of `containers` says; returns the transitions
+    made, as (workload id, new state).
+
+    `attempts`: what the host runs, by container instance id (read before this heartbeat's
+    exits free it); a report of anything else is an earlier attempt, or work that is no
+    longer here: the agent stops it. `bulk`: the common moves in bulk (the default; False:
+    one by one, as before).
+    """
+    mover = _Mover(host, now)
+    reported = set()
+    groups: dict[tuple[str, str, str, int | None], list[Workload]] = defaultdict(list)
+    for o in containers:
+        reported.add(o.instance_id)
+        w = attempts.get(o.instance_id)
+        if w is None:
+            continue
+        if w.nodes > 1:
+            mover.part(w, o.instance_id, o.state, o.exit_code, o.error or "")
+            continue
+        steps = _container_steps(w, o.state, exit_code=o.exit_code, error=o.error or "")
+        if not (bulk and _bulk_moves(w, steps, groups)):
+            mover.apply(w, steps)
+    if groups:
+        _apply_bulk(host, groups, now, mover.transitions)
+    # A container the report leaves out matters to stopping work alone (other work's
+    # container is the agent's to start).
+    for iid, w in attempts.items():
+        if iid not in reported and w.state == State.STOPPING:
+            if w.nodes > 1:
+                mover.part(w, iid, "gone")
+            else:
+                mover.apply(w, _container_steps(w, "gone"))
+    return mover.transitions
+
+
+def _container_steps(w: Workload, report: Report, exit_code: int | None = None, error: str = "") -> list[Step]:
+    return container_next(w.state, report, job=w.kind == WorkloadKind.JOB, on_notice=w.stop_by is not None,
+                          exit_code=exit_code, error=error)
+
+
+class _Mover:
+    """Applies the steps of one heartbeat one by one; each is a guarded update in its own
+    transaction. Collects the transitions made."""
+
+    def __init__(self, host: Host, now: datetime) -> None:
+        self.host, self.now = host, now
+        self.transitions: list[tuple[str, str]] = []
+
+    def apply(self, w: Workload, steps: list[Step]) -> None:
+        for step in steps:
+            if step.how == END:
+                self.end(w, step)
+            elif step.how == STOP:
+                self.stopped(w, step)
+            else:
+                self.to(w, step)
+
+    def to(self, w: Workload, step: Step) -> None:
+        if not can_transition(w.state, step.to):
+            return
+        # Not a state: the exit code is a fact reported alongside it.
+        facts = {} if step.exit_code is None else {"exit_code": step.exit_code}
+        if workload_transition(workload=w, to=step.to, reason=step.reason, now=self.now, **facts):
+            self.transitions.append((str(w.pk), step.to))
+
+    def end(self, w: Workload, step: Step) -> None:
+        """FAILED or PREEMPTED, requeued when a job may (scheduler.services decides: a failure
+        spends a retry, a preemption does not)."""
+        if not can_transition(w.state, step.to):
+            return
+        reason = notice_served(w.reason) if step.to == State.PREEMPTED else step.reason
+        old = w.state
+        with transaction.atomic():
+            if step.exit_code is not None:
+                Workload.objects.filter(pk=w.pk, state=old).update(exit_code=step.exit_code)
+            workload_requeue_or_end(workload=w, ended=step.to, reason=reason)
+        if w.state != old:
+            self.transitions.append((str(w.pk), step.to))
+
+    def stopped(self, w: Workload, step: Step) -> None:
+        """A STOPPING workload's container is gone; scheduler.services says what it ends as."""
+        facts = {} if step.exit_code is None else {"exit_code": step.exit_code}
+        if workload_stopped(workload=w, reason=step.reason, now=self.now, **facts):
+            self.transitions.append((str(w.pk), w.state))
+
+    def part(self, w: Workload, iid: str, state: str, exit_code: int | None = None, error: str = "") -> None:
+        """A report about one part of a multi-host job: the gang rule decides (agents.gangs)."""
+        if w.state in _PART_STATES:
+            self.transitions += gang_report(host=self.host, workload=w, attempt=iid, state=state,
+                                            exit_code=exit_code, error=error, now=self.now)
+
+
+def _bulk_moves(w: Workload, steps: list[Step], groups: dict) -> bool:
+    """Put `w`'s steps in `groups` when they are all common moves (`_BULK_TO`), to apply many
+    at once (`_apply_bulk`); False for the rest, which `_Mover` applies one by one."""
+    if not steps or any(s.how != MOVE or s.to not in _BULK_TO for s in steps):
+        return False
+    old = w.state
+    for s in steps:
+        groups[(old, s.to, s.reason, s.exit_code)].append(w)
+        old = s.to
+    return True
+
+
+def _apply_bulk(host: Host, groups: dict, now: datetime, transitions: list[tuple[str, str]]) -> None:
+    """The grouped moves: per group one guarded UPDATE, one INSERT of events, one release of
+    allocations (scheduler.services.workloads_transition), RUNNING before the ends."""
+    order = sorted(groups, key=lambda k: k[1] != State.RUNNING)
+    freed = False
+    for key in order:
+        old, to, reason, exit_code = key
+        with transaction.atomic():
+            moved = set(workloads_transition(ids=[w.pk for w in groups[key]], old=old, to=to, reason=reason,
+                                             now=now))
+            if exit_code is not None and moved:
+                # Not a state: the exit code is a fact reported alongside it.
+                Workload.objects.filter(pk__in=list(moved)).update(exit_code=exit_code)
+            freed = freed or (bool(moved) and to not in HOLDING)
+        for w in groups[key]:
+            if w.pk in moved:
+                w.state = to
+                transitions.append((str(w.pk), to))
+    if freed:
+        cycle_wanted(host.region_id)  # GPUs are free
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def containers_observed_times(*, containers: list[ObservedContainer], attempts: dict[str, Workload],
+                              transitions: list[tuple[str, str]], now: datetime) -> None:
+    """Run time as the agent saw it: a workload that started or ended in this heartbeat gets
+    the container's own start and finish (a job that ran 20 s shows 20 s, not the span
+    between two heartbeats). Trusted only between its queueing (or start) and now: a host
+    clock off by more keeps the control plane's times. `transitions`: this heartbeat's, as
+    (workload id, new state)."""
+    terminal = {str(s) for s in TERMINAL}
+    moved: dict[str, set[str]] = defaultdict(set)
+    for wid, state in transitions:
+        moved[wid].add(str(state))
+    for o in containers:
+        w = attempts.get(o.instance_id)
+        if w is None or w.nodes > 1 or str(w.pk) not in moved:
+            continue
+        states = moved[str(w.pk)]
+        row = Workload.objects.filter(pk=w.pk).values("state", "queued_at", "started_at", "ended_at").first()
+        if row is None:
+            continue
+        fields: dict[str, datetime] = {}
+        started, finished = _parse_time(o.started_at), _parse_time(o.finished_at)
+        floor = row["queued_at"]
+        if (str(State.RUNNING) in states and row["started_at"] is not None and started is not None
+                and (floor is None or started >= floor) and started <= now):
+            fields["started_at"] = started
+        begun = fields.get("started_at", row["started_at"])
+        if (str(row["state"]) in terminal and states & terminal and row["ended_at"] is not None
+                and finished is not None and begun is not None and begun <= finished <= now):
+            fields["ended_at"] = finished
+        if fields:
+            Workload.objects.filter(pk=w.pk, state=row["state"]).update(**fields)

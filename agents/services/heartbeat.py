@@ -1,0 +1,141 @@
+"""A host's heartbeat, the slow path: liveness, GPU samples, volume usage, log tails and
+container states, applied in order. Most heartbeats say "nothing changed" and are answered by
+the fast path instead (`agents.fastpath`, the same rules in Redis and one flush); any change
+comes here.
+
+Freshness: heartbeats carry a seq per agent start; one at most SEQ_REORDER_WINDOW behind the
+newest applied is a late duplicate, and gives liveness only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Final
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agents.choices import HostState
+from agents.models import Host
+from agents.protocol import Heartbeat
+from agents.selectors import host_allocations, host_attempts
+from agents.services.containers import containers_observe, containers_observed_times
+from agents.services.gpus import gpu_samples_apply, gpus_fail_work
+from agents.services.logs import container_logs_store
+from agents.services.registration import TokenRefused
+from agents.signals import volumes_reported
+from scheduler.hooks import cycle_wanted
+
+logger = logging.getLogger(__name__)
+
+# Heartbeats at most this many behind the newest applied one are late duplicates; a seq
+# further back can only be an agent that restarted (seq counts from 1 per agent start).
+SEQ_REORDER_WINDOW: Final = 16
+
+
+@dataclass
+class HeartbeatOutcome:
+    applied: bool  # False: a late, reordered heartbeat; only liveness was taken from it
+    transitions: list[tuple[str, str]] = field(default_factory=list)  # (workload id, new state)
+    # The host's active allocations as read after the last write of this heartbeat (None:
+    # something moved since; read them again for the answer).
+    allocations: list | None = None
+    # The token hash on the host row as locked here (the fast path caches a token only
+    # when it was still the host's after the cache version was read).
+    token_hash: str = ""
+    unknown_gpus: bool = False  # a sample named a GPU this host does not have
+
+
+def _async_commit() -> None:
+    """Let this transaction commit without waiting for the WAL flush (PostgreSQL).
+
+    For heartbeat telemetry only (liveness time, samples): a crash may lose the last
+    moment of them, which the next heartbeat rewrites, and a flush per heartbeat was the
+    largest cost of the path. Lifecycle transitions commit in their own, synchronous,
+    transactions; a later synchronous commit also makes every earlier one durable.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit TO OFF")
+
+
+def seq_is_fresh(seq: int, last_seq: int) -> bool:
+    """Apply heartbeat `seq` after `last_seq`? (pure)
+
+    Newer: yes. A 1, or a seq far behind: the agent restarted and counts again from 1,
+    yes. Slightly behind or equal: a late or repeated request, no.
+    """
+    return seq > last_seq or seq == 1 or seq < last_seq - SEQ_REORDER_WINDOW
+
+
+def host_heartbeat(
+    *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
+    bulk: bool = True,
+) -> HeartbeatOutcome:
+    """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
+
+    The desired set is read afterwards (`selectors.host_desired_containers`), so it
+    reflects the transitions made here. `fresh`: whether to apply it, when the caller
+    already decided that from the seq (the fast path claims seqs in Redis, see
+    agents/fastpath.py); None: decided here from `Host.last_seq`.
+    """
+    if hb.host_id != str(host.pk):
+        raise TokenRefused("This host token belongs to another host.")
+    now = now or timezone.now()
+    # Three short steps, not one long transaction: holding the host row while writing its
+    # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
+    # host) and could deadlock with a placement on this host.
+    with transaction.atomic():
+        _async_commit()
+        # Heartbeats of one host decide their order one at a time; the liveness task's
+        # DOWN update waits for this too.
+        locked = Host.objects.select_for_update().get(pk=host.pk)
+        applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
+        outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
+        fields = ["last_heartbeat_at", "agent_version"]
+        locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
+        locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
+        if locked.state == HostState.DOWN:
+            # Back as what the operator wants: a drain or cordon survives an outage.
+            locked.state, locked.down_since = locked.admin_state, None
+            fields += ["state", "down_since"]
+            logger.info("host back host=%s name=%s", locked.pk, locked.name)
+            cycle_wanted(locked.region_id)  # capacity is back
+        if outcome.applied:
+            locked.last_seq = hb.seq
+            fields.append("last_seq")
+        locked.save(update_fields=fields)
+    if not outcome.applied:
+        logger.info(
+            "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
+        )
+        return outcome
+    with transaction.atomic():
+        _async_commit()
+        samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now)
+    outcome.unknown_gpus = samples.unknown_gpus
+    if samples.failed:
+        outcome.transitions += gpus_fail_work(gpus=samples.failed)
+    if hb.volumes is not None:
+        with transaction.atomic():
+            volumes_reported.send(sender=Host, host=locked, usage={v.volume: v.used_bytes for v in hb.volumes})
+    if hb.containers is None and not hb.logs:
+        return outcome  # the agent could not list its runtime: infer nothing
+    # What this host runs, by container instance id (before this heartbeat's exits free it)
+    allocations = host_allocations(host=locked)
+    attempts = host_attempts(host=locked, allocations=allocations)
+    if hb.logs:
+        container_logs_store(host=locked, tails=hb.logs, now=now, attempts=attempts)
+    if hb.containers is None:
+        return outcome  # the agent could not list its runtime: infer nothing
+    outcome.transitions += containers_observe(host=locked, containers=hb.containers, attempts=attempts, now=now,
+                                              bulk=bulk)
+    if outcome.transitions:
+        containers_observed_times(containers=hb.containers, attempts=attempts, transitions=outcome.transitions,
+                                  now=now)
+        logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
+    elif not samples.failed:
+        outcome.allocations = allocations  # nothing moved: the answer can reuse them
+    return outcome
