@@ -9,27 +9,26 @@ finds it no longer due: each alarm is evaluated once per period however many wor
 evaluator that dies mid-way rolls back, leaving the period to the next tick.
 
 A state change writes an `AlarmHistory` row and one `AlarmAction` row per configured action in the
-same transaction; the actions run after commit (`alarm_action_task`), outside any transaction. A
-run that raises `ActionRetry` is retried with exponential backoff (30 s, 60 s, ... at most an hour,
-ALARM_ACTION_MAX_ATTEMPTS in all); `alarm_actions_due` finds the runs whose retry time has come.
+same transaction; the actions run after commit (`alarm_action_task`), outside any transaction, by
+alarms/runner.py (below this module, so that it is queued with a plain import).
 """
 from __future__ import annotations
 
 import logging
 import secrets
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from alarms import evaluate as rules
-from alarms.choices import ACTION_KEYS, ActionStatus, AlarmState
+from alarms.choices import ACTION_KEYS, AlarmState
 from alarms.models import Alarm, AlarmAction, AlarmHistory
-from alarms.registry import ActionContext, ActionRetry, action_types, sources
+from alarms.registry import action_types, sources
+from alarms.runner import alarm_action_task
 from alarms.sources import aggregate, at
 from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError
 from gpucloud.lib.secretbox import seal
@@ -38,7 +37,6 @@ from gpucloud.tenancy.models import Tenant
 
 logger = logging.getLogger(__name__)
 
-ACTION_LEASE_S = 300  # a run claimed by a worker that died is tried again after this
 CONFIG_FIELDS = ("name", "description", "target_kind", "target_id", "metric", "statistic", "period",
                  "evaluation_periods", "datapoints_to_alarm", "threshold", "comparison", "treat_missing_data",
                  "actions", "enabled")
@@ -206,8 +204,6 @@ def alarms_evaluate_due(*, now: datetime | None = None, limit: int = 1000,
     """Evaluate every due alarm once; returns the ids this call evaluated.
 
     `on_claim(alarm)` runs while this call holds the alarm's row lock (tests use it as a gate)."""
-    from alarms.tasks import alarm_action_task
-
     now = now or timezone.now()
     due = list(Alarm.objects.filter(enabled=True, next_eval_at__lte=now).order_by("next_eval_at")
                .values_list("pk", flat=True)[:limit])
@@ -225,49 +221,3 @@ def alarms_evaluate_due(*, now: datetime | None = None, limit: int = 1000,
                 transaction.on_commit(lambda run_id=run_id: alarm_action_task.delay(run_id))
         done.append(pk)
     return done
-
-
-# --- actions ---------------------------------------------------------------------------------------
-
-def backoff_s(attempts: int) -> int:
-    """Seconds before the next try after `attempts` failed ones: 30, 60, 120, ... at most an hour."""
-    return min(3600, 30 * 2 ** max(0, attempts - 1))
-
-
-def alarm_action_run(*, run_id: int, now: datetime | None = None) -> str | None:
-    """Run one action if it is due and nobody else is running it; returns its status after, or None
-    when it was not ours to run. Outside any transaction: actions do network I/O."""
-    now = now or timezone.now()
-    claimed = AlarmAction.objects.filter(pk=run_id, status=ActionStatus.PENDING, next_attempt_at__lte=now).update(
-        attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=ACTION_LEASE_S))
-    if not claimed:
-        return None
-    run = AlarmAction.objects.select_related("alarm__tenant").get(pk=run_id)
-    handler = action_types().get(run.type)
-    update: dict[str, Any]
-    try:
-        if handler is None:
-            raise LookupError(f"no action of type {run.type!r} is registered")
-        outcome = handler.run(ActionContext(alarm=run.alarm, action=run.action, payload=run.payload, run_id=run.pk))
-    except ActionRetry as exc:
-        if run.attempts >= settings.ALARM_ACTION_MAX_ATTEMPTS:
-            update = {"status": ActionStatus.FAILED, "finished_at": now}
-        else:
-            update = {"next_attempt_at": now + timedelta(seconds=backoff_s(run.attempts))}
-        update["last_error"] = str(exc)[:500]
-        logger.warning("alarm action failed run=%s alarm=%s type=%s attempt=%s: %s", run.pk, run.alarm_id, run.type,
-                       run.attempts, exc)
-    except Exception as exc:  # not retryable: a refused URL, a workload gone, a bug in a handler
-        update = {"status": ActionStatus.FAILED, "finished_at": now, "last_error": str(exc)[:500] or type(exc).__name__}
-        logger.warning("alarm action gave up run=%s alarm=%s type=%s", run.pk, run.alarm_id, run.type, exc_info=True)
-    else:
-        update = {"status": ActionStatus.DONE, "finished_at": now, "outcome": str(outcome)[:500], "last_error": ""}
-    AlarmAction.objects.filter(pk=run.pk).update(**update)
-    return update.get("status", ActionStatus.PENDING)
-
-
-def alarm_actions_due(*, now: datetime | None = None, limit: int = 1000) -> list[int]:
-    """Runs waiting for an attempt (a retry whose time has come, or one whose worker died)."""
-    now = now or timezone.now()
-    return list(AlarmAction.objects.filter(status=ActionStatus.PENDING, next_attempt_at__lte=now)
-                .order_by("next_attempt_at").values_list("pk", flat=True)[:limit])

@@ -17,6 +17,7 @@ from django.db.models import Min
 
 from agents.selectors import SERIES_METRICS, _p95, workload_series
 from alarms.registry import MetricSource, register_source
+from billing.selectors import workload_costs
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import State
 from scheduler.models import Workload
@@ -46,8 +47,6 @@ def _tenant_resolve(*, tenant: Tenant, target_id: str) -> str:
 
 
 def _tenant_sample(*, tenant: Tenant, target_id: str, metric: str, now: datetime) -> float | None:
-    from billing.selectors import workload_costs
-
     mine = Workload.objects.for_tenant(tenant).filter(deleted_at__isnull=True)
     if metric == "spend_rate":
         running = list(mine.filter(state=State.RUNNING))

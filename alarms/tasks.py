@@ -5,7 +5,7 @@ import time
 
 from celery import shared_task
 
-from alarms import services
+from alarms import runner, services
 
 logger = logging.getLogger(__name__)
 
@@ -20,16 +20,10 @@ def alarms_tick_task() -> int:
     return len(done)
 
 
-@shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
-def alarm_action_task(run_id: int) -> None:
-    """One attempt of one action (after the state change committed, or a retry whose time came)."""
-    services.alarm_action_run(run_id=run_id)
-
-
 @shared_task(ignore_result=True)
 def alarm_actions_retry_task() -> int:
     """Beat's sweep: queue the actions whose retry time has come (the claim makes a double queue harmless)."""
-    due = services.alarm_actions_due()
+    due = runner.alarm_actions_due()
     for run_id in due:
-        alarm_action_task.delay(run_id)
+        runner.alarm_action_task.delay(run_id)
     return len(due)

@@ -1,7 +1,8 @@
 """Metering: billable seconds and their prices, from a workload's transitions. Pure.
 
 No Django here: times are whole epoch seconds (UTC), money is `Decimal` (billing/pricing.py
-has the rounding rules). The services feed it `WorkloadEvent` rows and `Price` rows.
+has the rounding rules). The services feed it `WorkloadEvent` rows and `Price` rows, their
+times turned into seconds by `epoch_floor` (transitions) and `epoch_ceil` (prices), below.
 
 Rules (docs/billing.md repeats them):
 
@@ -25,12 +26,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from billing.pricing import micro_of_price_seconds
 
 RUNNING = "running"
 DAY = 86400
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND = timedelta(seconds=1)
+
+
+def epoch_floor(dt: datetime) -> int:
+    """Whole seconds since 1970 (UTC), rounded down (rule 2): exact integer arithmetic, no float."""
+    return (dt - EPOCH) // _SECOND
+
+
+def epoch_ceil(dt: datetime) -> int:
+    """Whole seconds since 1970 (UTC), rounded up: where a price starts to count (rule 3)."""
+    return -((EPOCH - dt) // _SECOND)
+
+
+def from_epoch(t: int) -> datetime:
+    return EPOCH + timedelta(seconds=t)
 
 
 class MeteringError(Exception):

@@ -15,8 +15,9 @@ from django.utils import timezone
 
 from billing import pricing
 from billing.choices import EntryKind, UsageGroup
+from billing.metering import epoch_floor
 from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter
-from billing.services import epoch_floor, month_spend
+from billing.services import month_spend
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
 from gpucloud.tenancy.models import Tenant

@@ -21,8 +21,11 @@ from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from agents.models import Gpu
-from billing import metering, notify, pricing
+from billing import metering, pricing
+from billing.accounts import account_for, launch_blocks_refresh, ledger_post
+from billing.alerts import budget_alert_deliver_task, low_balance_notify_task
 from billing.choices import EntryKind, InvoiceStatus
+from billing.metering import epoch_ceil, epoch_floor, from_epoch
 from billing.models import (
     Account,
     Budget,
@@ -35,10 +38,10 @@ from billing.models import (
     SpotFloor,
 )
 from billing.payments import get_provider
+from billing.storage import storage_metering_run
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import InstanceType, Price
 from gpucloud.lib.errors import InvalidInput
-from gpucloud.lib.outbound import OutboundRefused
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import Billing, State
@@ -46,23 +49,6 @@ from scheduler.models import RegionSchedulerSettings, Workload, WorkloadEvent
 from scheduler.services import Notice, workload_stop, workloads_notice
 
 logger = logging.getLogger(__name__)
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_SECOND = timedelta(seconds=1)
-
-
-def epoch_floor(dt: datetime) -> int:
-    """Whole seconds since 1970 (UTC), rounded down: exact integer arithmetic, no float."""
-    return (dt - EPOCH) // _SECOND
-
-
-def epoch_ceil(dt: datetime) -> int:
-    return -((EPOCH - dt) // _SECOND)
-
-
-def from_epoch(t: int) -> datetime:
-    return EPOCH + timedelta(seconds=t)
-
 
 def month_start(d: date | datetime) -> date:
     return date(d.year, d.month, 1)
@@ -84,59 +70,11 @@ def month_began(at: datetime) -> datetime:
 # ---------------------------------------------------------------- accounts and the ledger
 
 
-def account_for(*, tenant_id: Any) -> Account:
-    account, created = Account.objects.get_or_create(tenant_id=tenant_id,
-                                                     defaults={"currency": settings.BILLING_CURRENCY})
-    if created:
-        launch_blocks_refresh(tenant_ids=[tenant_id])  # an account opened at zero admits nothing yet
-    return account
-
-
 def _post(*, tenant_id: Any, kind: str, amount: Decimal, memo: str = "", **usage: Any) -> LedgerEntry:
     """Append one entry and move the balance by it. Call inside atomic()."""
     [entry] = ledger_post(tenant_id=tenant_id, entries=[
         LedgerEntry(tenant_id=tenant_id, kind=kind, amount=amount, memo=memo[:300], **usage)])
     return entry
-
-
-def ledger_post(*, tenant_id: Any, entries: list[LedgerEntry]) -> list[LedgerEntry]:
-    """Append one tenant's entries, move its balance by their sum, and push what the new
-    balance means for launches down to the scheduler (`launch_blocks_refresh`), all in the
-    caller's transaction: the one way the ledger changes (grants, payments, metering of
-    workloads and volumes). Call inside atomic()."""
-    account_for(tenant_id=tenant_id)
-    LedgerEntry.objects.bulk_create(entries)
-    total = sum((e.amount for e in entries), Decimal(0))
-    Account.objects.filter(tenant_id=tenant_id).update(balance=F("balance") + total)
-    launch_blocks_refresh(tenant_ids=[tenant_id])
-    return entries
-
-
-def launch_block(*, balance: Decimal, budget_blocked: bool) -> str:
-    """The one admission rule of billing: why nothing new of the tenant may launch ("" if it may).
-
-    No credit left, or a hard-stop budget spent this month (`Account.budget_blocked`, kept by
-    `budgets_check` and the budget services). The codes are the API's 402 error codes.
-    """
-    if balance <= 0:
-        return "insufficient_credit"
-    if budget_blocked:
-        return "budget_exceeded"
-    return ""
-
-
-def launch_blocks_refresh(*, tenant_ids: Any) -> None:
-    """Push the rule's verdict down to `Tenant.launch_blocked` (the row the launch service and
-    the scheduler read), for these tenants. Writes only the rows whose verdict changed.
-
-    A tenant without an account was made outside `tenant_create` (fixtures, benchmarks, or
-    before billing existed): nothing is metered for it yet, so nothing gates it.
-    """
-    for tenant_id, balance, budget_blocked in Account.objects.filter(tenant_id__in=list(tenant_ids)).values_list(
-            "tenant_id", "balance", "budget_blocked"):
-        reason = launch_block(balance=balance, budget_blocked=budget_blocked)
-        (Tenant.objects.filter(pk=tenant_id).exclude(launch_blocked=bool(reason), launch_blocked_reason=reason)
-         .update(launch_blocked=bool(reason), launch_blocked_reason=reason))
 
 
 @transaction.atomic
@@ -209,7 +147,7 @@ def meters_discover(*, cutoff: datetime) -> int:
     that can have been RUNNING.
     """
     with transaction.atomic():
-        cursor, _ = MeteringCursor.objects.get_or_create(name="default", defaults={"events_until": EPOCH})
+        cursor, _ = MeteringCursor.objects.get_or_create(name="default", defaults={"events_until": metering.EPOCH})
         cursor = MeteringCursor.objects.select_for_update().get(pk=cursor.pk)
         if cursor.events_until >= cutoff:
             return 0
@@ -297,8 +235,6 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
         stats.metered += 1
         stats.entries += n
         stats.amount += amount
-    from billing.storage import storage_metering_run
-
     _n, stored, stored_amount = storage_metering_run(cutoff=cutoff)  # volumes: GiB-seconds
     stats.entries += stored
     stats.amount += stored_amount
@@ -322,8 +258,6 @@ def balances_enforce(*, now: datetime) -> list[str]:
 
     Returns the ids of the workloads it stopped.
     """
-    from billing.tasks import low_balance_notify_task
-
     low = settings.BILLING_LOW_BALANCE
     with transaction.atomic():
         Account.objects.filter(balance__gt=0, exhausted_since__isnull=False).update(exhausted_since=None)
@@ -355,8 +289,6 @@ def balances_enforce(*, now: datetime) -> list[str]:
 def budgets_check(*, now: datetime) -> int:
     """Record each threshold a budget crossed this month (once) and deliver its alert after
     commit; flag tenants whose hard-stop budget is spent. Returns the alerts created."""
-    from billing.tasks import budget_alert_deliver_task
-
     month = month_start(now)
     created = 0
     with transaction.atomic():
@@ -429,48 +361,6 @@ def budget_delete(*, budget: Budget) -> None:
     audit_record(tenant=budget.tenant, action="budget.delete", obj=budget)
     budget.delete()
     _budget_block_refresh(tenant_id=budget.tenant_id)
-
-
-def budget_alert_deliver(*, alert_id: int) -> None:
-    """Email and webhook for one alert. Runs in a task, outside any transaction.
-
-    Each channel is marked done once it succeeded, so a retry repeats only what failed.
-    Raises `notify.DeliveryError` when the webhook failed (the task retries). A webhook URL the
-    outbound guard refuses now is recorded in `last_error` and not sent, nor retried.
-    """
-    alert = BudgetAlert.objects.select_related("budget__tenant").get(pk=alert_id)
-    budget = alert.budget
-    if budget.notify_email and alert.email_sent_at is None:
-        notify.email_tenant_admins(
-            tenant=budget.tenant,
-            subject=f"[gpucloud] {budget.tenant.name}: budget {budget.name!r} at {alert.threshold} %",
-            body=(f"Spend this month ({alert.month:%B %Y}) reached {alert.spend} {settings.BILLING_CURRENCY}, "
-                  f"{alert.threshold} % of the budget {budget.name!r} ({budget.monthly_amount})."
-                  + (" New launches are refused until next month." if budget.hard_stop
-                     and alert.threshold >= 100 else "")),
-        )
-        BudgetAlert.objects.filter(pk=alert.pk).update(email_sent_at=timezone.now())
-    if budget.webhook_url and alert.webhook_delivered_at is None:
-        payload = {
-            "type": "budget.threshold", "alert_id": alert.pk, "tenant": str(budget.tenant_id),
-            "budget": str(budget.pk), "budget_name": budget.name, "month": alert.month.isoformat(),
-            "threshold": alert.threshold, "spend": str(alert.spend), "monthly_amount": str(budget.monthly_amount),
-            "currency": settings.BILLING_CURRENCY, "hard_stop": budget.hard_stop,
-        }
-        BudgetAlert.objects.filter(pk=alert.pk).update(webhook_attempts=F("webhook_attempts") + 1)
-        try:
-            notify.webhook_post(url=budget.webhook_url, secret=budget.webhook_secret, payload=payload)
-        except OutboundRefused as exc:
-            # Checked at save and again here: DNS (or the operator's setting) may have changed
-            # since. Nothing was sent; a retry would be refused the same way.
-            logger.warning("webhook refused alert=%s budget=%s tenant=%s: %s", alert.pk, budget.pk,
-                           budget.tenant_id, exc)
-            BudgetAlert.objects.filter(pk=alert.pk).update(last_error=f"refused: {exc}"[:500])
-            return
-        except notify.DeliveryError as exc:
-            BudgetAlert.objects.filter(pk=alert.pk).update(last_error=str(exc)[:500])
-            raise
-        BudgetAlert.objects.filter(pk=alert.pk).update(webhook_delivered_at=timezone.now(), last_error="")
 
 
 # ---------------------------------------------------------------- spot prices

@@ -21,7 +21,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing import metering
+from billing.accounts import ledger_post
 from billing.choices import EntryKind
+from billing.metering import epoch_ceil, epoch_floor, from_epoch
 from billing.models import LedgerEntry, VolumeMeter
 from volumes.models import StoragePrice, Volume, VolumeSize
 
@@ -30,32 +32,18 @@ logger = logging.getLogger(__name__)
 EXISTS = "running"  # the metering module's word for a billable second
 
 
-def _epoch_floor(dt: datetime) -> int:
-    from billing.services import epoch_floor
-
-    return epoch_floor(dt)
-
-
 def storage_meters_discover() -> int:
     """A meter for every volume that has none, from its creation (second, floored)."""
-    new = [VolumeMeter(volume_id=pk, tenant_id=tenant_id, metered_until=_from_epoch(_epoch_floor(created)))
+    new = [VolumeMeter(volume_id=pk, tenant_id=tenant_id, metered_until=from_epoch(epoch_floor(created)))
            for pk, tenant_id, created in Volume.objects.filter(meter__isnull=True)
            .values_list("id", "tenant_id", "created_at")]
     VolumeMeter.objects.bulk_create(new, ignore_conflicts=True)
     return len(new)
 
 
-def _from_epoch(t: int) -> datetime:
-    from billing.services import from_epoch
-
-    return from_epoch(t)
-
-
 def volume_rates(*, volume_id: UUID, region_id: int) -> list[tuple[int, Decimal, int]]:
     """(second, per_hour, GiB) from each change of size or price on: per_hour = GiB × price."""
-    from billing.services import epoch_ceil
-
-    sizes = [(_epoch_floor(t), g) for t, g in VolumeSize.objects.filter(volume_id=volume_id)
+    sizes = [(epoch_floor(t), g) for t, g in VolumeSize.objects.filter(volume_id=volume_id)
              .order_by("effective_from", "id").values_list("effective_from", "size_gib")]
     prices = [(epoch_ceil(t), p) for t, p in StoragePrice.objects.filter(region_id=region_id)
               .order_by("effective_from").values_list("effective_from", "per_gib_hour")]
@@ -76,11 +64,11 @@ def meter_volume(*, volume_id: UUID, cutoff: datetime) -> tuple[int, Decimal]:
         if meter is None or meter.metered_until >= cutoff:
             return 0, Decimal(0)
         v = Volume.objects.filter(pk=volume_id).values("tenant_id", "region_id", "created_at", "deleted_at").get()
-        events = [(_epoch_floor(v["created_at"]), EXISTS)]
+        events = [(epoch_floor(v["created_at"]), EXISTS)]
         if v["deleted_at"] is not None:
-            events.append((_epoch_floor(v["deleted_at"]), "deleted"))
+            events.append((epoch_floor(v["deleted_at"]), "deleted"))
         rates = volume_rates(volume_id=volume_id, region_id=v["region_id"])
-        start, end = _epoch_floor(meter.metered_until), _epoch_floor(cutoff)
+        start, end = epoch_floor(meter.metered_until), epoch_floor(cutoff)
         try:
             parts = metering.slices(events=events, prices=[(t, p) for t, p, _ in rates], start=start, end=end)
         except metering.MeteringError:
@@ -95,15 +83,13 @@ def meter_volume(*, volume_id: UUID, cutoff: datetime) -> tuple[int, Decimal]:
             entries.append(LedgerEntry(
                 tenant_id=v["tenant_id"], kind=EntryKind.STORAGE, amount=-amount, volume_id=volume_id,
                 region_id=v["region_id"], per_hour=part.per_hour, gib=gib,
-                period_start=_from_epoch(part.start), period_end=_from_epoch(part.end), seconds=part.seconds,
+                period_start=from_epoch(part.start), period_end=from_epoch(part.end), seconds=part.seconds,
                 price_seconds=ps, memo=f"volume: {gib} GiB for {part.seconds} s at {part.per_hour}/h",
             ))
         total = sum((a for _, a in money), Decimal(0))
         if entries:
-            from billing.services import ledger_post
-
             ledger_post(tenant_id=v["tenant_id"], entries=entries)
-        done = v["deleted_at"] is not None and _epoch_floor(v["deleted_at"]) <= end
+        done = v["deleted_at"] is not None and epoch_floor(v["deleted_at"]) <= end
         VolumeMeter.objects.filter(pk=volume_id).update(
             metered_until=cutoff, price_seconds=F("price_seconds") + sum((ps for ps, _ in money), Decimal(0)),
             amount=F("amount") + total, gib_seconds=F("gib_seconds") + gib_seconds, done=done,

@@ -1,4 +1,5 @@
-"""Billing's periodic and after-commit tasks. Each loads ids and calls one service."""
+"""Billing's periodic tasks. Each calls one service. The tasks the services queue after commit
+(the low-balance email, budget alerts) are in billing/alerts.py, below the services."""
 from __future__ import annotations
 
 import logging
@@ -6,7 +7,7 @@ from datetime import datetime
 
 from celery import shared_task
 
-from billing import notify, services
+from billing import services
 
 logger = logging.getLogger(__name__)
 
@@ -26,25 +27,3 @@ def spot_prices_task() -> int:
 @shared_task(soft_time_limit=600, time_limit=660, ignore_result=True)
 def invoices_task() -> dict:
     return services.invoices_close()
-
-
-@shared_task(bind=True, ignore_result=True, max_retries=6, autoretry_for=(notify.DeliveryError,),
-             retry_backoff=30, retry_backoff_max=3600, retry_jitter=True, soft_time_limit=60, time_limit=90)
-def budget_alert_deliver_task(self, alert_id: int) -> None:
-    services.budget_alert_deliver(alert_id=alert_id)
-
-
-@shared_task(ignore_result=True)
-def low_balance_notify_task(tenant_id: str) -> None:
-    from django.conf import settings
-
-    from billing.models import Account
-
-    account = Account.objects.select_related("tenant").get(pk=tenant_id)
-    notify.email_tenant_admins(
-        tenant=account.tenant,
-        subject=f"[gpucloud] {account.tenant.name}: low balance",
-        body=(f"The balance of {account.tenant.name} is {services.pricing.cents(account.balance)} "
-              f"{settings.BILLING_CURRENCY}. At zero new launches are refused, spot work stops at once "
-              f"and on-demand work after {settings.BILLING_GRACE_S // 60} minutes. Add credit to keep going."),
-    )

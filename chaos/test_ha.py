@@ -203,7 +203,7 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
 
     from agents.models import Host
     from agents.services.registration import bootstrap_token_create
-    from billing import metering, pricing, services
+    from billing import metering, pricing
     from billing.models import LedgerEntry, Meter
     from gpucloud.catalogue.models import Region
     from gpucloud.celery import app
@@ -402,11 +402,11 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
     # Every RUNNING second billed once: the ledger equals the transition log up to each meter's watermark.
     billed = 0
     for w in Workload.objects.filter(meter__isnull=False).select_related("meter", "instance_type"):
-        end = services.epoch_floor(w.meter.metered_until)
-        events = [(services.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
-        prices = [(services.epoch_ceil(p.effective_from), p.per_hour) for p in
+        end = metering.epoch_floor(w.meter.metered_until)
+        events = [(metering.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
+        prices = [(metering.epoch_ceil(p.effective_from), p.per_hour) for p in
                   w.instance_type.prices.filter(region=w.region, kind="on_demand").order_by("effective_from")]
-        parts = metering.slices(events=events, prices=prices, start=services.epoch_floor(w.created_at), end=end)
+        parts = metering.slices(events=events, prices=prices, start=metering.epoch_floor(w.created_at), end=end)
         posted = LedgerEntry.objects.filter(workload=w)
         seconds = sum(e.seconds for e in posted)
         assert seconds == metering.running_seconds(events, start=0, end=end), w.name

@@ -18,6 +18,7 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -61,10 +62,12 @@ from gpucloud.tenancy import services as tenancy_services
 from gpucloud.tenancy.api import serializers as tenancy_s
 from gpucloud.tenancy.audit import Actor, acting_as
 from gpucloud.tenancy.selectors import membership_list_for_user
+from scheduler import arrays as scheduler_arrays
 from scheduler import selectors as workload_selectors
 from scheduler import services as workload_services
 from scheduler.api import serializers as workload_s
 from scheduler.choices import ACTIVE, HOLDING, TERMINAL, Billing, State, WorkloadKind
+from scheduler.feasibility import launch_unsatisfiable
 from volumes import selectors as volume_selectors
 
 # Live parts refresh at this pace (htmx `every Ns`); the GPU chart shows this window.
@@ -126,8 +129,6 @@ def home(request):
 
 def favicon(request):
     """What browsers ask for without a <link rel="icon"> (the API's pages): the console's icon."""
-    from django.templatetags.static import static
-
     return redirect(static("frontend/favicon.svg"), permanent=True)
 
 
@@ -299,8 +300,6 @@ def _launch_price(instance_type: str, region: str, tenant, free: dict[str, int] 
     reg = region_list().filter(code=region).first()
     out: dict = {"type": it, "region": reg, "on_demand": None, "spot": None}
     if it and reg:
-        from scheduler.feasibility import launch_unsatisfiable
-
         now = timezone.now()
         for kind in (Billing.ON_DEMAND, Billing.SPOT):
             price = price_at(instance_type=it, region=reg, kind=kind, at=now)
@@ -428,8 +427,6 @@ def workload_list(request, kind: str):
 def _job_arrays(request, show: str) -> tuple:
     """(the array named by `?array=`, or None; the tenant's arrays with their task counts, active
     ones only when `show` is "active"). Another tenant's array is a 404."""
-    from scheduler.arrays import array_state, task_counts
-
     tenant = request.console.tenant
     wanted = request.GET.get("array")
     if wanted:
@@ -439,26 +436,24 @@ def _job_arrays(request, show: str) -> tuple:
             array = None
         if array is None:
             raise Http404("No such job array in this tenant.")
-        counts = task_counts(array_ids=[array.pk])[array.pk]
-        array.counts, array.state = sorted(counts.items()), array_state(counts)
+        counts = scheduler_arrays.task_counts(array_ids=[array.pk])[array.pk]
+        array.counts, array.state = sorted(counts.items()), scheduler_arrays.array_state(counts)
         return array, []
-    arrays = list(workload_selectors.job_array_list(tenant=tenant)[:200])
-    counts = task_counts(array_ids=[a.pk for a in arrays])
-    for a in arrays:
-        a.counts, a.state = sorted(counts[a.pk].items()), array_state(counts[a.pk])
+    listed = list(workload_selectors.job_array_list(tenant=tenant)[:200])
+    counts = scheduler_arrays.task_counts(array_ids=[a.pk for a in listed])
+    for a in listed:
+        a.counts, a.state = sorted(counts[a.pk].items()), scheduler_arrays.array_state(counts[a.pk])
     if show == "active":
-        arrays = [a for a in arrays if a.state in ("pending", "running")]
-    return None, arrays
+        listed = [a for a in listed if a.state in ("pending", "running")]
+    return None, listed
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
 def job_array_stop(request, pk):
-    from scheduler.arrays import job_array_stop as stop
-
     array = workload_selectors.job_array_list(tenant=request.console.tenant).filter(pk=pk).first()
     if array is None:
         raise Http404("No such job array in this tenant.")
-    n = stop(array=array)
+    n = scheduler_arrays.job_array_stop(array=array)
     messages.success(request, f"Stopping {n} tasks of {array.name}.")
     return redirect(f"{reverse('console:jobs')}?array={array.pk}")
 

@@ -8,10 +8,13 @@ import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any, TypeVar
 
-from django.contrib.auth import get_user_model
+from django.conf import settings
+from django.contrib.auth import get_user, get_user_model
 from django.db import close_old_connections, connections, transaction
+from django.http import HttpRequest
 from django.utils import timezone
 
 from agents.selectors import host_by_token, workload_attempt
@@ -117,12 +120,6 @@ def _grant(workload: Workload, *, user_id: int | None, key_fingerprint: str) -> 
 def _session_user(session_key: str) -> Any:
     """The signed-in user of a console session (Django's own checks: the session exists and
     its password hash still matches), or None."""
-    from importlib import import_module
-
-    from django.conf import settings
-    from django.contrib.auth import get_user
-    from django.http import HttpRequest
-
     request = HttpRequest()
     request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     user = get_user(request)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import socket
@@ -38,9 +39,12 @@ import time
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import asyncssh
 import django
+from django.db import connection, connections
 
 
 def _source_server(size: int) -> tuple[int, threading.Thread]:
@@ -133,15 +137,11 @@ class _Running:
         self.attempt = attempt
 
     def list(self) -> list[Any]:
-        from types import SimpleNamespace
-
         return [SimpleNamespace(instance_id=self.attempt, state="running")]
 
 
 async def _ssh_sessions(port: int, user: str, key: Any, seconds: float, concurrency: int,
                         reuse: bool) -> dict[str, Any]:
-    import asyncssh
-
     done = errors = 0
     end = time.monotonic() + seconds
     latencies: list[float] = []
@@ -179,8 +179,6 @@ async def _ssh_sessions(port: int, user: str, key: Any, seconds: float, concurre
 
 
 async def _forward_bytes(port: int, user: str, key: Any, target_port: int) -> dict[str, Any]:
-    import asyncssh
-
     async with asyncssh.connect("127.0.0.1", port, username=user, client_keys=[key], known_hosts=None) as conn:
         reader, writer = await conn.open_connection("127.0.0.1", target_port, encoding=None)
         t0 = time.monotonic()
@@ -193,8 +191,6 @@ async def _forward_bytes(port: int, user: str, key: Any, target_port: int) -> di
 
 
 def _http_bytes(http_port: int, path: str, api_key: str) -> dict[str, Any]:
-    import http.client
-
     c = http.client.HTTPConnection("127.0.0.1", http_port, timeout=60)
     t0 = time.monotonic()
     c.request("GET", path, headers={"Authorization": f"Bearer {api_key}"})
@@ -208,8 +204,6 @@ def _http_bytes(http_port: int, path: str, api_key: str) -> dict[str, Any]:
 
 
 def _http_requests(http_port: int, path: str, api_key: str, seconds: float, concurrency: int) -> dict[str, Any]:
-    import http.client
-
     counts = [0] * concurrency
     errors = [0] * concurrency
     end = time.monotonic() + seconds
@@ -272,8 +266,6 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpucloud.settings")
     django.setup()
-    import asyncssh
-    from django.db import connection
 
     from agents.host.tunnel import AgentTunnel, SimConnector
     from gateway.server import Gateway, GatewayConfig
@@ -340,7 +332,6 @@ def main(argv: list[str] | None = None) -> None:
         if stop_gw is not None:
             gw_loop.call_soon_threadsafe(stop_gw.set)
         time.sleep(0.5)  # the gateway's shutdown closes its database connections
-        from django.db import connections
 
         connections.close_all()
         connection.creation.destroy_test_db(old_name, verbosity=0)

@@ -35,6 +35,7 @@ from urllib.parse import parse_qs
 import h11
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from websockets.datastructures import Headers
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request as WsRequest
 from websockets.server import ServerProtocol
@@ -485,8 +486,6 @@ def _downstream_headers(headers: Sequence[tuple[bytes, bytes]], *, upgrade: bool
 
 
 def _ws_headers(headers: list[tuple[bytes, bytes]]) -> Any:
-    from websockets.datastructures import Headers
-
     h = Headers()
     for k, v in headers:
         h[k.decode("latin-1")] = v.decode("latin-1")

@@ -24,11 +24,13 @@ from typing import Any
 
 import asyncssh
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from agents.host import mux as m
 from gateway import access, relay
+from gateway.proxy import HttpProxy
 from gateway.routes import Routes
 
 logger = logging.getLogger(__name__)
@@ -111,8 +113,6 @@ class Gateway:
         if config.relay_secret:
             secret = config.relay_secret
         else:
-            from django.conf import settings
-
             secret = relay.derive_secret(getattr(settings, "GATEWAY_RELAY_SECRET", ""), settings.SECRET_KEY)
         self.relay = relay.RelayServer(secret, self.open_local)
         self.relay_port = config.relay_port
@@ -135,8 +135,6 @@ class Gateway:
             self.tunnel_port = ws.sockets[0].getsockname()[1]
             http = None
             if self.config.http_port is not None:
-                from gateway.proxy import HttpProxy
-
                 self.proxy = HttpProxy(self)
                 http = await asyncio.start_server(self.proxy.handle, self.config.bind, self.config.http_port)
                 self.http_port = http.sockets[0].getsockname()[1]

@@ -40,7 +40,7 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
         # Heartbeats answered from Redis (agents/fastpath.py): samples and liveness -> PostgreSQL.
         "heartbeats-flush": {"task": "agents.tasks.heartbeats_flush_task", "schedule": 1.0,
                              "options": {"expires": 10}},
-        # Autoscaling groups and batch pools: scheduled actions, policies, health (autoscaling/services.py).
+        # Autoscaling groups and batch pools: scheduled actions, policies, health (autoscaling/reconcile.py).
         "autoscaling-reconcile": {"task": "autoscaling.tasks.autoscaling_reconcile_task",
                                   "schedule": float(settings.AUTOSCALING_TICK_S),
                                   "options": {"expires": 60}},

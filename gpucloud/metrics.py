@@ -32,14 +32,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from agents.models import Gpu, Host
+from billing.models import MeteringCursor
+from gpucloud.catalogue.models import GpuModel
 from gpucloud.lib import promstore
+from gpucloud.tenancy.models import Tenant
+from scheduler.models import Allocation, Workload
 
 
 class FleetCollector:
     def collect(self):
-        from agents.models import Gpu, Host
-        from scheduler.models import Workload
-
         workloads = GaugeMetricFamily("gpucloud_workloads", "Workloads by kind, state and priority class",
                                       labels=["kind", "state", "priority"])
         for row in (Workload.objects.filter(deleted_at__isnull=True)
@@ -79,8 +81,6 @@ class FleetCollector:
             oldest.add_metric(labels, max(0.0, (now - row["first"]).total_seconds()))
         yield waiting
         yield oldest
-
-        from billing.models import MeteringCursor
 
         lag = GaugeMetricFamily("gpucloud_metering_lag_seconds",
                                 "How far behind now the metering run has scanned the transition log")
@@ -122,11 +122,6 @@ def dcgm_sql() -> str:
     the values (utilisation as a fraction, memory used and free, temperature, power, the
     unhealthy reason for the XID, the ECC count). Writing the labels in SQL spares the web
     process five columns to load and a string per GPU to build."""
-    from agents.models import Gpu, Host
-    from gpucloud.catalogue.models import GpuModel
-    from gpucloud.tenancy.models import Tenant
-    from scheduler.models import Allocation, Workload
-
     pg = connection.vendor == "postgresql"
     # (no DISTINCT: a workload holds a GPU once; a tenant twice on one GPU is deduplicated in Python)
     agg = (lambda col: f"string_agg({col}, ',')") if pg else (lambda col: f"group_concat({col})")

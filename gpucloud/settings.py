@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "volumes",
     "frontend",
     "autoscaling",
+    "gateway",  # no models: its AppConfig gives the instances' resource its connect hints
 ]
 
 MIDDLEWARE = [

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from django.db import connection, transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from gpucloud.lib.errors import InvalidInput
@@ -141,8 +142,6 @@ def _insert_tasks(template: Workload, count: int, *, actor: str) -> None:
 
 def task_counts(*, array_ids: list) -> dict:
     """Array id -> Counter of its (not deleted) tasks' states. One query."""
-    from django.db.models import Count
-
     out: dict = {pk: Counter() for pk in array_ids}
     for pk, state, n in (Workload.objects.filter(array_id__in=array_ids, deleted_at__isnull=True)
                          .values("array_id", "state").annotate(n=Count("id")).values_list("array_id", "state", "n")):

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from agents.choices import AdminState, HostState
@@ -214,8 +214,6 @@ def mark_failed(*, move_id: Any, host: Host, error: str) -> VolumeMove:
 def pick_target(volume: Volume) -> Host | None:
     """Where to move a volume when the operator names no host: a ready host of its region
     other than its own, the one holding the fewest volumes (then by name)."""
-    from django.db.models import Count, Q
-
     return (Host.objects.filter(region_id=volume.region_id, admin_state=AdminState.READY, state=HostState.READY)
             .exclude(pk=volume.host_id)
             .annotate(n=Count("volumes", filter=Q(volumes__purged_at__isnull=True))).order_by("n", "name").first())

@@ -1,7 +1,9 @@
-"""Tenant-facing shapes of what agents report: GPU metrics and container log tails.
+"""What agents report to tenants: the queries of GPU metrics and log tails, and the series.
 
-Served on the workloads' own endpoints (`/api/v1/instances/{id}/metrics`, `.../logs`,
-and the same under `/jobs/`), so tenancy is the workload viewset's (404 across tenants).
+The metrics and logs are served on the workloads' own endpoints (`/api/v1/instances/{id}/metrics`,
+`.../logs`, and the same under `/jobs/`), so tenancy is the workload viewset's (404 across
+tenants); their answers' shapes are the scheduler's (scheduler/api/serializers.py), filled by
+agents/api/workloads.py. The series (`/api/v1/metrics`) is agents' own endpoint.
 """
 
 from __future__ import annotations
@@ -38,47 +40,9 @@ class MetricsQuerySerializer(StrictQuerySerializer):
         return data
 
 
-class MetricPointSerializer(serializers.Serializer):
-    t = serializers.DateTimeField(help_text="start of the step")
-    gpu_util = serializers.FloatField(allow_null=True, help_text="percent")
-    mem_util = serializers.FloatField(allow_null=True, help_text="percent, memory controller busy")
-    mem_used_mib = serializers.FloatField(allow_null=True)
-    temperature_c = serializers.FloatField(allow_null=True)
-    power_w = serializers.FloatField(allow_null=True)
-
-
-class AveragePointSerializer(MetricPointSerializer):
-    gpus = serializers.IntegerField(help_text="GPUs that reported in this step")
-
-
-class GpuSeriesSerializer(serializers.Serializer):
-    uuid = serializers.CharField()
-    index = serializers.IntegerField()
-    points = MetricPointSerializer(many=True)
-
-
-class MetricsSerializer(serializers.Serializer):
-    since = serializers.DateTimeField()
-    until = serializers.DateTimeField()
-    step = serializers.IntegerField()
-    source = serializers.ChoiceField(choices=["raw", "minute"])
-    gpus = GpuSeriesSerializer(many=True)
-    average = AveragePointSerializer(many=True, help_text="the mean over the workload's GPUs")
-
-
 class LogsQuerySerializer(StrictQuerySerializer):
     tail = serializers.IntegerField(required=False, default=100, min_value=1,
                                     max_value=LOG_TAIL_MAX_LINES)
-
-
-class LogsSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, help_text="the last lines stored")
-    captured_at = serializers.DateTimeField(allow_null=True, help_text="when the agent read them")
-    pending = serializers.BooleanField(
-        help_text="it runs and no tail answered the last request yet (none at all, or an earlier "
-                  "request is still unanswered): ask again after the host's next heartbeat; false once "
-                  "text arrived (each call still asks the agent for a fresher tail)"
-    )
 
 
 class SeriesQuerySerializer(StrictQuerySerializer):

@@ -11,6 +11,7 @@ from types import FrameType
 from agents.host.config import AgentConfig, ConfigError, parse_args
 from agents.host.daemon import Agent
 from agents.host.egress import EgressRules
+from agents.host.fleet import Fleet
 from agents.host.gpu import GpuBackend
 from agents.host.logs import setup_logging
 from agents.host.runtime import Runtime
@@ -132,9 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_fleet(cfg: AgentConfig) -> int:
     """``--sim-fleet N``: N simulated hosts in this process (agents/host/fleet.py)."""
-    from agents.host.fleet import Fleet
-
-    fleet = Fleet(cfg)
+    fleet = Fleet(cfg, build)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         logger.info("signal received; stopping the fleet", extra={"signal": signum})

@@ -13,10 +13,15 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 from agents.host.config import AgentConfig
 from agents.host.daemon import Agent
+from agents.host.gpu import GpuBackend
+from agents.host.runtime import Runtime
+
+Build = Callable[[AgentConfig], tuple[GpuBackend, Runtime, tuple[int, int] | None]]
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +47,9 @@ def fleet_configs(cfg: AgentConfig) -> list[AgentConfig]:
 
 
 class Fleet:
-    def __init__(self, cfg: AgentConfig) -> None:
-        from agents.host.__main__ import build
-
+    def __init__(self, cfg: AgentConfig, build: Build) -> None:
+        """`build`: each host's backend and runtime from its config (`agents.host.__main__.build`,
+        passed in by `run_fleet`, which imports this module)."""
         self.agents: list[Agent] = []
         self._rng = random.Random(cfg.sim_seed)
         for c in fleet_configs(cfg):

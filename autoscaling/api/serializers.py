@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from autoscaling.choices import AdjustmentType, PolicyKind, PolicyMetric
+from autoscaling.core import cron_next_fire
 from autoscaling.models import MAX_GROUP_SIZE, Activity, AutoscalingGroup, GroupMember, ScalingPolicy, ScheduledAction
 from gpucloud.api.serializers import StrictSerializer
 from scheduler.api.serializers import WorkloadCreateSerializer
@@ -162,15 +164,7 @@ class ScheduledActionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_next_run_at(self, obj) -> str:
-        from autoscaling.core import cron_next_fire
-
-        return cron_next_fire(obj.cron, obj.timezone, self.context.get("now") or _now()).isoformat()
-
-
-def _now():
-    from django.utils import timezone
-
-    return timezone.now()
+        return cron_next_fire(obj.cron, obj.timezone, self.context.get("now") or timezone.now()).isoformat()
 
 
 class ScheduledWriteSerializer(StrictSerializer):

@@ -6,6 +6,8 @@ import io
 from datetime import datetime
 
 import django_filters
+from django.conf import settings
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, renderers, status, viewsets
 from rest_framework.response import Response
@@ -162,16 +164,12 @@ class UsageApi(TenantMixin, ApiView):
         responses=s.UsageSerializer, operation_id="usage_retrieve",
     )
     def get(self, request):
-        from django.utils import timezone
-
         q = s.UsageQuerySerializer(data=request.query_params.dict())
         q.is_valid(raise_exception=True)
         now = timezone.now()
         start = q.validated_data.get("from") or services.month_began(now)
         end = q.validated_data.get("to") or now
         rows = selectors.usage(tenant=self.tenant, start=start, end=end, group_by=q.validated_data["group_by"])
-        from django.conf import settings
-
         body = {"from": start, "to": end, "group_by": q.validated_data["group_by"],
                 "currency": settings.BILLING_CURRENCY, "rows": rows, "total": sum(r.amount for r in rows)}
         return Response(s.UsageSerializer(body).data)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.core.exceptions import BadRequest
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
+from django.views import csrf, defaults
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -101,9 +103,7 @@ def _is_api(request) -> bool:
 def handler404(request, exception=None):
     if _is_api(request):
         return JsonResponse(error_body("not_found", "Not found."), status=404)
-    from django.views.defaults import page_not_found
-
-    return page_not_found(request, exception)
+    return defaults.page_not_found(request, exception)
 
 
 @csrf_exempt  # it changes nothing; a POST to an unknown path is a 404, not a CSRF refusal
@@ -118,20 +118,14 @@ def handler500(request):
             error_body("server_error", "Something went wrong on our side; it has been logged."),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
-    from django.views.defaults import server_error
-
-    return server_error(request)
+    return defaults.server_error(request)
 
 
 def handler400(request, exception=None):
     if _is_api(request):
-        from django.core.exceptions import BadRequest
-
         said = str(exception) if isinstance(exception, BadRequest) else ""
         return JsonResponse(error_body("bad_request", said or "Bad request."), status=400)
-    from django.views.defaults import bad_request
-
-    return bad_request(request, exception)
+    return defaults.bad_request(request, exception)
 
 
 def csrf_failure(request, reason=""):
@@ -139,14 +133,10 @@ def csrf_failure(request, reason=""):
     if _is_api(request):
         message = f"CSRF check failed: {reason} Send an API key (Authorization: Bearer) or the CSRF token."
         return JsonResponse(error_body("permission_denied", message), status=403)
-    from django.views.csrf import csrf_failure as page
-
-    return page(request, reason)
+    return csrf.csrf_failure(request, reason)
 
 
 def handler403(request, exception=None):
     if _is_api(request):
         return JsonResponse(error_body("permission_denied", "Permission denied."), status=403)
-    from django.views.defaults import permission_denied
-
-    return permission_denied(request, exception)
+    return defaults.permission_denied(request, exception)

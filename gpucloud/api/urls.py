@@ -5,6 +5,7 @@ from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
 from agents.api.availability import AvailabilityApi
+from agents.api.workloads import SeriesApi
 from alarms.api import views as alarms
 from autoscaling.api import views as autoscaling
 from billing.api import views as billing
@@ -54,7 +55,7 @@ urlpatterns = [
     path("quotas", catalogue.QuotaApi.as_view(), name="quotas"),
     path("balance", billing.BalanceApi.as_view(), name="balance"),
     path("usage", billing.UsageApi.as_view(), name="usage"),
-    path("metrics", scheduler.SeriesApi.as_view(), name="metrics"),
+    path("metrics", SeriesApi.as_view(), name="metrics"),
     path("availability", AvailabilityApi.as_view(), name="availability"),
     *router.urls,
     # Unknown API paths answer in the API's error shape, also with DEBUG on.

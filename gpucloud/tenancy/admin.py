@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import Count, F
 
 from gpucloud.catalogue.models import Quota
 from gpucloud.lib.errors import ServiceError
@@ -141,8 +142,6 @@ class TenantAdmin(OperatorAdmin):
     actions = ["suspend", "reactivate"]  # billing adds "grant_credit" (billing/admin.py)
 
     def get_queryset(self, request):
-        from django.db.models import Count, F
-
         return (
             super()
             .get_queryset(request)

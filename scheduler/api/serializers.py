@@ -7,12 +7,12 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents.protocol import CHECKPOINT_GRACE_MAX_S, CHECKPOINT_SIGNALS
-from billing.selectors import workload_costs
-from gateway.public import connect_hints
 from gpucloud.api.serializers import StrictSerializer
+from scheduler.api import contributors
 from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
 from scheduler.models import JobArray, Workload, WorkloadEvent
+from scheduler.selectors import workload_last_allocations
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # name[:tag][@digest], with an optional registry host; what `docker pull` accepts, roughly.
@@ -175,11 +175,12 @@ class EventSerializer(serializers.ModelSerializer):
 
 
 class CostedListSerializer(serializers.ListSerializer):
-    """Prices a whole page of workloads in a fixed number of queries before rendering it."""
+    """Prices a whole page of workloads in a fixed number of queries before rendering it (billing's
+    contributor, scheduler/api/contributors.py)."""
 
     def to_representation(self, data):
         items = list(data.all() if hasattr(data, "all") else data)
-        self.child._costs = workload_costs(workloads=items)
+        self.child._costs = contributors.costs(workloads=items)
         return super().to_representation(items)
 
 
@@ -212,7 +213,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
         # A list fills `_costs` for its whole page at once (CostedListSerializer): no N+1.
         costs = getattr(self, "_costs", None)
         if costs is None or obj.pk not in costs:
-            costs = self._costs = {**(costs or {}), **workload_costs(workloads=[obj])}  # once, not per field
+            costs = self._costs = {**(costs or {}), **contributors.costs(workloads=[obj])}  # once, not per field
         return costs[obj.pk]
 
     @extend_schema_field(serializers.DecimalField(max_digits=14, decimal_places=4, allow_null=True))
@@ -258,8 +259,6 @@ class WorkloadDetailSerializer(WorkloadSerializer):
     def get_ran_on(self, obj) -> dict | None:
         if obj.active_allocations or getattr(obj, "never_ran", False):  # a launch's 201: nothing to read
             return None
-        from scheduler.selectors import workload_last_allocations
-
         last = workload_last_allocations(workload=obj)
         if not last:
             return None
@@ -291,7 +290,49 @@ class InstanceDetailSerializer(WorkloadDetailSerializer):
 
     @extend_schema_field(ConnectSerializer)
     def get_connect(self, obj) -> dict:
-        return connect_hints(obj)
+        return contributors.connect_hints(obj)
+
+
+# The instance's and job's GPU metrics and log tail (`.../metrics`, `.../logs`): the agents fill
+# them (scheduler/api/contributors.py); their shapes are the resource's own.
+
+
+class MetricPointSerializer(serializers.Serializer):
+    t = serializers.DateTimeField(help_text="start of the step")
+    gpu_util = serializers.FloatField(allow_null=True, help_text="percent")
+    mem_util = serializers.FloatField(allow_null=True, help_text="percent, memory controller busy")
+    mem_used_mib = serializers.FloatField(allow_null=True)
+    temperature_c = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+
+
+class AveragePointSerializer(MetricPointSerializer):
+    gpus = serializers.IntegerField(help_text="GPUs that reported in this step")
+
+
+class GpuSeriesSerializer(serializers.Serializer):
+    uuid = serializers.CharField()
+    index = serializers.IntegerField()
+    points = MetricPointSerializer(many=True)
+
+
+class MetricsSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    step = serializers.IntegerField()
+    source = serializers.ChoiceField(choices=["raw", "minute"])
+    gpus = GpuSeriesSerializer(many=True)
+    average = AveragePointSerializer(many=True, help_text="the mean over the workload's GPUs")
+
+
+class LogsSerializer(serializers.Serializer):
+    text = serializers.CharField(allow_blank=True, help_text="the last lines stored")
+    captured_at = serializers.DateTimeField(allow_null=True, help_text="when the agent read them")
+    pending = serializers.BooleanField(
+        help_text="it runs and no tail answered the last request yet (none at all, or an earlier "
+                  "request is still unanswered): ask again after the host's next heartbeat; false once "
+                  "text arrived (each call still asks the agent for a fresher tail)"
+    )
 
 
 _JOB_FIELDS = ["queue", "nodes", "max_retries", "retries", "timeout_s", "exit_code", "array", "array_index",

@@ -3,20 +3,16 @@ from __future__ import annotations
 
 import django_filters
 from django.db import transaction
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from agents import selectors as agent_selectors
-from agents.api import serializers as agent_s
-from agents.services.logs import workload_logs_request
-from billing.selectors import launched_cost
 from gpucloud.api.serializers import rendered, validated
-from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
+from gpucloud.api.views import TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from scheduler import arrays, selectors, services
+from scheduler.api import contributors
 from scheduler.api import serializers as s
 from scheduler.choices import PriorityClass, State, WorkloadKind
 from scheduler.models import JobArray, Workload
@@ -77,7 +73,7 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         workload.active_allocations = []  # PENDING holds nothing
         workload.never_ran = True  # nor held anything before: no "ran on" to read
         workload._prefetched_objects_cache = {"events": [workload.launch_event]}
-        costs = {workload.pk: launched_cost(workload=workload, per_hour=workload.launch_price)}
+        costs = {workload.pk: contributors.launch_cost(workload=workload, per_hour=workload.launch_price)}
         return Response(rendered(self.detail_serializer, workload, _costs=costs), status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None)
@@ -95,30 +91,26 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
             OpenApiParameter("since", str, description="ISO 8601; default: an hour ago"),
             OpenApiParameter("step", int, description="seconds per point (5..86400, default 60)"),
         ],
-        responses=agent_s.MetricsSerializer,
+        responses=s.MetricsSerializer,
     )
     @action(detail=True, methods=["get"])
     def metrics(self, request, *args, **kwargs):
         """GPU utilisation, memory, temperature and power of its GPUs, per step, and their mean."""
         workload = self.get_object()
-        q = agent_s.MetricsQuerySerializer(data=request.query_params.dict())
-        q.is_valid(raise_exception=True)
-        data = agent_selectors.workload_metrics(workload=workload, **q.validated_data)
-        return Response(agent_s.MetricsSerializer(data).data)
+        data = contributors.gpu_metrics(workload=workload, query=request.query_params.dict())
+        return Response(s.MetricsSerializer(data).data)
 
     @extend_schema(
         parameters=[OpenApiParameter("tail", int, description="lines (1..10000, default 100)")],
-        responses=agent_s.LogsSerializer,
+        responses=s.LogsSerializer,
     )
     @action(detail=True, methods=["get"])
     def logs(self, request, *args, **kwargs):
         """The latest stored tail of its container's log. While it runs, each call also asks
         the host's agent for a fresh tail, stored after its next heartbeat (`pending`)."""
         workload = self.get_object()
-        q = agent_s.LogsQuerySerializer(data=request.query_params.dict())
-        q.is_valid(raise_exception=True)
-        tail = workload_logs_request(workload=workload, tail=q.validated_data["tail"])
-        return Response(agent_s.LogsSerializer(tail).data)
+        tail = contributors.logs(workload=workload, query=request.query_params.dict())
+        return Response(s.LogsSerializer(tail).data)
 
     def destroy(self, request, *args, **kwargs):
         """Terminate: stop it if needed and remove it from your lists (billing keeps its history)."""
@@ -232,34 +224,3 @@ class JobArrayViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantVi
         arr = self.get_object()
         arrays.job_array_stop(array=arr)
         return Response(array_data(arr, detail=True))
-
-
-class SeriesApi(TenantMixin, ApiView):
-    """One metric of one of your workloads over time, for charts (the console's, yours)."""
-
-    permission_map = {"get": perms.WORKLOADS_READ}
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("workload", OpenApiTypes.UUID, required=True,
-                             description="the id of one of your instances or jobs"),
-            OpenApiParameter("metric", str, required=True,
-                             enum=["gpu_util", "gpu_mem_used", "gpu_temp", "power", "cost_rate"]),
-            OpenApiParameter("stat", str, enum=["avg", "max", "min", "p95"],
-                             description="per step over its GPUs' samples (default avg); not for cost_rate"),
-            OpenApiParameter("from", OpenApiTypes.DATETIME,
-                             description="ISO 8601; default: an hour before `to`"),
-            OpenApiParameter("to", OpenApiTypes.DATETIME, description="ISO 8601; default: now"),
-            OpenApiParameter("step", int, description="seconds per point, 5..86400 (default 60); "
-                             "at most 1440 points"),
-        ],
-        responses=agent_s.SeriesSerializer, operation_id="metrics_retrieve",
-    )
-    def get(self, request):
-        q = agent_s.SeriesQuerySerializer(data=request.query_params.dict())
-        q.is_valid(raise_exception=True)
-        d = q.validated_data
-        workload = selectors.workload_get(tenant=self.tenant, pk=d["workload"])
-        data = agent_selectors.workload_series(workload=workload, metric=d["metric"], stat=d["stat"],
-                                               start=d["from"], end=d["to"], step=d["step"])
-        return Response(agent_s.SeriesSerializer(data).data)

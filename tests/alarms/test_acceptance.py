@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agents import fastpath
 from agents.models import GpuSample, Host
-from alarms import services
+from alarms import runner, services
 from alarms.choices import ActionStatus
 from alarms.models import AlarmAction
 from billing import notify
@@ -107,12 +107,12 @@ def test_gpu_utilisation_alarm_goes_alarm_with_one_signed_webhook_then_ok(make_s
     # the webhook: its first attempt meets a 500, the retry after the backoff is delivered
     [run] = AlarmAction.objects.all()
     assert got == []  # the eager after-commit attempt ran at real time, before the test clock's due time
-    assert services.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=136)) == ActionStatus.PENDING
+    assert runner.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=136)) == ActionStatus.PENDING
     assert [code for _, _, code in got] == [500]
-    assert services.alarm_actions_due(now=t0 + timedelta(seconds=150)) == []  # backing off
-    assert services.alarm_actions_due(now=t0 + timedelta(seconds=166)) == [run.pk]
-    assert services.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=166)) == ActionStatus.DONE
-    assert services.alarm_actions_due(now=t0 + timedelta(days=1)) == []
+    assert runner.alarm_actions_due(now=t0 + timedelta(seconds=150)) == []  # backing off
+    assert runner.alarm_actions_due(now=t0 + timedelta(seconds=166)) == [run.pk]
+    assert runner.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=166)) == ActionStatus.DONE
+    assert runner.alarm_actions_due(now=t0 + timedelta(days=1)) == []
     assert [code for _, _, code in got] == [500, 204]  # one delivered
     headers, body, _ = got[-1]
     assert notify.verify(secret=secret, header=headers[notify.SIGNATURE_HEADER], body=body)

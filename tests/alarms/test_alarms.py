@@ -10,7 +10,7 @@ from django.core import mail
 from django.db import connection
 
 from agents.models import GpuSample
-from alarms import services
+from alarms import runner, services
 from alarms.choices import ActionStatus
 from alarms.models import Alarm, AlarmAction, AlarmHistory
 from alarms.registry import ActionType, action_types, register_action
@@ -214,8 +214,8 @@ def test_email_and_stop_actions_run_once_after_the_change(alice, bob, instance, 
         services.alarms_evaluate_due(now=at(20))
     assert len(queued) == 2 and not mail.outbox  # nothing runs inside the evaluator's transaction
     for run_id in AlarmAction.objects.values_list("pk", flat=True):
-        assert services.alarm_action_run(run_id=run_id, now=at(21)) == ActionStatus.DONE
-        assert services.alarm_action_run(run_id=run_id, now=at(22)) is None  # once
+        assert runner.alarm_action_run(run_id=run_id, now=at(21)) == ActionStatus.DONE
+        assert runner.alarm_action_run(run_id=run_id, now=at(22)) is None  # once
     [message] = mail.outbox
     assert message.to == ["bob@acme.test"] and "ALARM" in message.subject and alarm.name in message.subject
     instance.refresh_from_db()
@@ -245,7 +245,7 @@ def test_another_app_registers_an_action_type(alice, instance):
         feed(instance, [(-50, 99.0)])
         services.alarms_evaluate_due(now=at(20))
         [run_row] = AlarmAction.objects.all()
-        assert services.alarm_action_run(run_id=run_row.pk, now=at(21)) == ActionStatus.DONE
+        assert runner.alarm_action_run(run_id=run_row.pk, now=at(21)) == ActionStatus.DONE
         assert calls == [(alarm.pk, "p-1", "ALARM")]
         assert AlarmAction.objects.get().outcome == "scaled 2 -> 4"
     finally:
@@ -258,7 +258,7 @@ def test_another_app_registers_an_action_type(alice, instance):
 def test_a_failing_webhook_backs_off_then_gives_up_and_a_refused_url_is_never_retried(alice, instance, settings):
     settings.WEBHOOK_ALLOW_PRIVATE = True
     settings.ALARM_ACTION_MAX_ATTEMPTS = 2
-    assert [services.backoff_s(n) for n in range(1, 10)] == [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]
+    assert [runner.backoff_s(n) for n in range(1, 10)] == [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]
     services.alarm_create(tenant=alice.tenant, name="hot", target_kind="workload", target_id=str(instance.pk),
                           metric="gpu_util", threshold=80, comparison="gt",
                           actions={"alarm": [{"type": "webhook", "url": "http://127.0.0.1:9/nobody-listens"}],
@@ -266,17 +266,17 @@ def test_a_failing_webhook_backs_off_then_gives_up_and_a_refused_url_is_never_re
     feed(instance, [(-50, 99.0), (10, 5.0)])
     services.alarms_evaluate_due(now=at(20))
     [run] = AlarmAction.objects.all()
-    assert services.alarm_action_run(run_id=run.pk, now=at(21)) == ActionStatus.PENDING
+    assert runner.alarm_action_run(run_id=run.pk, now=at(21)) == ActionStatus.PENDING
     run.refresh_from_db()
     assert run.attempts == 1 and run.next_attempt_at == at(51) and run.last_error
-    assert services.alarm_action_run(run_id=run.pk, now=at(51)) == ActionStatus.FAILED
+    assert runner.alarm_action_run(run_id=run.pk, now=at(51)) == ActionStatus.FAILED
     run.refresh_from_db()
-    assert run.attempts == 2 and services.alarm_actions_due(now=at(10_000)) == []
+    assert run.attempts == 2 and runner.alarm_actions_due(now=at(10_000)) == []
     # the operator no longer allows private addresses: the OK webhook is refused, once, without retries
     settings.WEBHOOK_ALLOW_PRIVATE = False
     services.alarms_evaluate_due(now=at(80))
     ok_run = AlarmAction.objects.get(history__new_state="OK")
-    assert services.alarm_action_run(run_id=ok_run.pk, now=at(81)) == ActionStatus.FAILED
+    assert runner.alarm_action_run(run_id=ok_run.pk, now=at(81)) == ActionStatus.FAILED
     ok_run.refresh_from_db()
     assert ok_run.attempts == 1 and "https" in ok_run.last_error
 

@@ -9,7 +9,7 @@ import pytest
 from gpucloud_sdk.cli import main
 
 from autoscaling.models import AutoscalingGroup, ScalingPolicy
-from autoscaling.services import reconcile_group
+from autoscaling.reconcile import reconcile_group
 from tests.agents.test_agent_api import region, triggered  # noqa: F401 (fixtures)
 from tests.autoscaling.test_groups import prices  # noqa: F401 (fixture)
 

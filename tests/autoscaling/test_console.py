@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from autoscaling import services
+from autoscaling import reconcile, services
 from autoscaling.models import AutoscalingGroup, GroupMember, ScalingPolicy, ScheduledAction
 from tests.agents.test_agent_api import region, triggered  # noqa: F401 (fixtures)
 from tests.autoscaling.test_groups import prices  # noqa: F401 (fixture)
@@ -41,7 +41,7 @@ def test_create_a_group_then_see_its_members_activity_and_change_it(alice, no_qu
     assert resp.status_code == 302 and resp["Location"] == f"/console/groups/{group.pk}/"
     assert group.env == {"MODE": "serve", "GPUCLOUD_SIM_GPU_UTIL": "70"} and group.on_demand_percent == 0
     assert ScalingPolicy.objects.get(group=group).target == 60
-    services.reconcile_group(group.pk)  # what the beat or the queued evaluation does
+    reconcile.reconcile_group(group.pk)  # what the beat or the queued evaluation does
     page = client.get(f"/console/groups/{group.pk}/").content.decode()
     members = list(GroupMember.objects.filter(group=group).select_related("workload"))
     assert len(members) == 2 and all(m.workload.name in page for m in members)
@@ -99,7 +99,7 @@ def test_operators_see_every_autoscaling_model_in_the_admin(admin_client, alice,
 
     group = services.group_create(tenant=alice.tenant, name="g", instance_type="h100.1x", region="us-east-1",
                                   image="busybox", max_size=2, desired=1)
-    services.reconcile_group(group.pk)
+    reconcile.reconcile_group(group.pk)
     for model in apps.get_app_config("autoscaling").get_models():
         assert model in admin.site._registry, model.__name__
         url = reverse(f"admin:autoscaling_{model._meta.model_name}_changelist")

@@ -18,7 +18,7 @@ from agents import fastpath
 from agents.choices import HostState
 from agents.models import GpuSample, Host
 from agents.tasks import hosts_liveness_task
-from autoscaling import services
+from autoscaling import reconcile, services
 from autoscaling.models import Activity, AutoscalingGroup, GroupMember
 from gpucloud.catalogue.models import InstanceType, Price
 from scheduler.choices import State
@@ -89,7 +89,7 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
     group = make_group(alice, env={"GPUCLOUD_SIM_GPU_UTIL": "90"})
     services.policy_create(group=group, name="util", kind="target_tracking", metric="gpu_util", target=50)
     t0 = timezone.now()
-    services.reconcile_group(group.pk, now=t0)
+    reconcile.reconcile_group(group.pk, now=t0)
     converge(fleet, region)
     members = live(group)
     assert [w.state for w in members] == [State.RUNNING] * 2
@@ -97,12 +97,12 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
                for w in members)
     # The agents report the env's 90 %: but the members are warming up, so nothing happens yet.
     assert GpuSample.objects.filter(gpu_util__gte=85).exists()
-    services.reconcile_group(group.pk, now=timezone.now())
+    reconcile.reconcile_group(group.pk, now=timezone.now())
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 2
     # Past the warm-up, at 90 % against a target of 50 %: ceil(2 * 90 / 50) = 4.
     t1 = max(w.started_at for w in members) + timedelta(seconds=200)
     inject(members, 90, t1)
-    services.reconcile_group(group.pk, now=t1)
+    reconcile.reconcile_group(group.pk, now=t1)
     group.refresh_from_db()
     assert group.desired == 4 and len(live(group)) == 4
     assert any(c.startswith("scaled 2 → 4: avg GPU util 90 % > target 50 % for 3 min") for c in causes(group))
@@ -112,12 +112,12 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
     # The new members still warm up, the old ones stay at 90 %: ceil(4 * 90 / 50) = 8, bounded by max 5.
     t2 = t1 + timedelta(seconds=90)
     inject(members, 90, t2)
-    services.reconcile_group(group.pk, now=t2)
+    reconcile.reconcile_group(group.pk, now=t2)
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 5
     converge(fleet, region)
     t3 = max(w.started_at for w in live(group)) + timedelta(seconds=300)
     inject(live(group), 95, t3)
-    services.reconcile_group(group.pk, now=t3)
+    reconcile.reconcile_group(group.pk, now=t3)
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 5 and len(live(group)) == 5  # stops at max
 
     # Load drops to 10 %; protect the newest member.
@@ -125,11 +125,11 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
     services.member_protect(group=group, instance_id=protected.pk, protected=True)
     t4 = t3 + timedelta(seconds=120)
     inject(live(group), 10, t4)
-    services.reconcile_group(group.pk, now=t4)  # 120 s after the last scale-out < 300 s cooldown
+    reconcile.reconcile_group(group.pk, now=t4)  # 120 s after the last scale-out < 300 s cooldown
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 5
     t5 = t3 + timedelta(seconds=400)
     inject(live(group), 10, t5)
-    services.reconcile_group(group.pk, now=t5)
+    reconcile.reconcile_group(group.pk, now=t5)
     group.refresh_from_db()
     assert group.desired == 1  # ceil(5 * 10 / 50) = 1 = min
     assert [w.pk for w in live(group)] == [protected.pk]  # the protected one is what stays
@@ -137,7 +137,7 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
     stopped = Workload.objects.filter(group_member__group=group).exclude(pk=protected.pk)
     assert {w.state for w in stopped} == {State.STOPPING} and all("scale-in" in w.reason for w in stopped)
     # min 1 reached: further low load removes nothing
-    services.reconcile_group(group.pk, now=t5 + timedelta(seconds=600))
+    reconcile.reconcile_group(group.pk, now=t5 + timedelta(seconds=600))
     assert [w.pk for w in live(group)] == [protected.pk]
 
 
@@ -165,7 +165,7 @@ def test_a_member_whose_host_agent_is_killed_is_replaced_on_the_other_host(agent
     scheduler places the replacement on the surviving host. Every wait is a condition with a
     deadline; the ticks run here in a loop as the beat would run them."""
     group = make_group(alice, min_size=1, max_size=2, desired=1)
-    services.reconcile_group(group.pk)
+    reconcile.reconcile_group(group.pk)
     [member] = live(group)
 
     def member_placed() -> bool:
@@ -196,7 +196,7 @@ def test_a_member_whose_host_agent_is_killed_is_replaced_on_the_other_host(agent
 
     # The group's tick replaces it.
     def replaced() -> bool:
-        services.reconcile_all(min_interval_s=0)
+        reconcile.reconcile_all(min_interval_s=0)
         return len(live(group)) == 1 and live(group)[0].pk != member.pk
 
     wait_for(replaced, "the lost member replaced", alive, timeout=10)
@@ -219,13 +219,13 @@ def test_a_spot_interruption_is_replaced_on_demand(fleet, region, alice):
     from scheduler.services import workload_transition
 
     group = make_group(alice, min_size=1, desired=1, on_demand_percent=0)
-    services.reconcile_group(group.pk)
+    reconcile.reconcile_group(group.pk)
     converge(fleet, region)
     [spot] = live(group)
     assert spot.billing == "spot" and spot.state == State.RUNNING
     # the scheduler ends a spot instance whose notice ran out (scheduler/cycle.py) like this
     assert workload_transition(workload=spot, to=State.PREEMPTED, reason="preempted: spot capacity reclaimed")
-    services.reconcile_group(group.pk)
+    reconcile.reconcile_group(group.pk)
     [replacement] = live(group)
     assert replacement.billing == "on_demand"
     assert any("spot interruption" in c for c in causes(group))

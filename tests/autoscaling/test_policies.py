@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from autoscaling import services
+from autoscaling import reconcile, services
 from autoscaling.models import AutoscalingGroup
 from scheduler.models import Workload
 from tests.agents.test_agent_api import region, registered, triggered  # noqa: F401 (fixtures)
@@ -34,15 +34,15 @@ def test_a_scheduled_action_changes_desired_at_its_time(prices, a_host, alice):
                               desired=3, now=created)
     berlin_9 = (created + timedelta(days=1)).astimezone(zoneinfo.ZoneInfo("Europe/Berlin")) \
         .replace(hour=9, minute=0, second=0, microsecond=0)
-    services.reconcile_group(group.pk, now=berlin_9 - timedelta(minutes=1))
+    reconcile.reconcile_group(group.pk, now=berlin_9 - timedelta(minutes=1))
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 0 and live(group) == []
-    services.reconcile_group(group.pk, now=berlin_9 + timedelta(seconds=20))
+    reconcile.reconcile_group(group.pk, now=berlin_9 + timedelta(seconds=20))
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3 and len(live(group)) == 3
     assert any("scheduled action morning (0 9 * * * Europe/Berlin" in c and "desired 0 → 3" in c
                for c in causes(group))
     # once per time: set it back by hand, the same 09:00 does not fire again
     services.group_update(group=group, desired=1)
-    services.reconcile_group(group.pk, now=berlin_9 + timedelta(minutes=30))
+    reconcile.reconcile_group(group.pk, now=berlin_9 + timedelta(minutes=30))
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 1
 
 
@@ -58,21 +58,21 @@ def test_a_job_queue_grows_its_pool_and_drains_it_to_zero(prices, a_host, alice)
             queue="render")) for i in range(n)]
 
     t = timezone.now()
-    services.reconcile_group(group.pk, now=t)
+    reconcile.reconcile_group(group.pk, now=t)
     assert live(group) == []
     jobs = submit(3)  # 3 GPUs ÷ 2 per instance → 2
-    services.reconcile_group(group.pk, now=t + timedelta(seconds=30))
+    reconcile.reconcile_group(group.pk, now=t + timedelta(seconds=30))
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 2 and len(live(group)) == 2
     jobs += submit(4)  # 7 GPUs → 4, bounded by max 3
-    services.reconcile_group(group.pk, now=t + timedelta(seconds=60))
+    reconcile.reconcile_group(group.pk, now=t + timedelta(seconds=60))
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3
     assert any("batch pool render: 7 GPUs of pending and running jobs ÷ 2 GPUs per instance" in c
                for c in causes(group))
     for j in jobs:  # drained
         workload_stop(workload=j)
-    services.reconcile_group(group.pk, now=t + timedelta(seconds=90))  # within the cooldown
+    reconcile.reconcile_group(group.pk, now=t + timedelta(seconds=90))  # within the cooldown
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3
-    services.reconcile_group(group.pk, now=t + timedelta(seconds=400))
+    reconcile.reconcile_group(group.pk, now=t + timedelta(seconds=400))
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 0 and live(group) == []
 
 
@@ -100,9 +100,9 @@ def test_the_reconciliation_is_in_the_beat_schedule_and_skips_a_group_evaluated_
     assert entry["task"] == "autoscaling.tasks.autoscaling_reconcile_task"
     group = make_group(alice, desired=1)
     t = timezone.now()
-    assert services.reconcile_all(now=t) == 1
-    assert services.reconcile_all(now=t + timedelta(seconds=5)) == 0  # a second worker's tick
-    assert services.reconcile_all(now=t + timedelta(seconds=20)) == 1
+    assert reconcile.reconcile_all(now=t) == 1
+    assert reconcile.reconcile_all(now=t + timedelta(seconds=5)) == 0  # a second worker's tick
+    assert reconcile.reconcile_all(now=t + timedelta(seconds=20)) == 1
     assert len(live(group)) == 1
 
 
@@ -110,6 +110,7 @@ def test_an_alarm_runs_a_step_policy_and_refuses_another_tenants(prices, alice, 
     """The wiring of the two apps: `scaling_policy` is an alarm action (autoscaling.alarm_actions),
     validated against the tenant's own step policies and run when the alarm goes ALARM."""
     from agents.models import GpuSample, Host
+    from alarms import runner
     from alarms import services as alarms
     from alarms.models import AlarmAction
     from gpucloud.lib.errors import InvalidInput
@@ -134,6 +135,6 @@ def test_an_alarm_runs_a_step_policy_and_refuses_another_tenants(prices, alice, 
     GpuSample.objects.create(gpu_id=w.allocations.get().gpu_id, time=t0 + timedelta(seconds=10), gpu_util=97.0)
     alarms.alarms_evaluate_due(now=t0 + timedelta(seconds=80))
     [run] = AlarmAction.objects.filter(type="scaling_policy")
-    assert alarms.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=81)) == "done"
+    assert runner.alarm_action_run(run_id=run.pk, now=t0 + timedelta(seconds=81)) == "done"
     assert AlarmAction.objects.get(pk=run.pk).outcome.startswith("scaled 1 → 3: step policy up")
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 3

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from django.core import mail
 
-from billing import notify, services
+from billing import alerts, notify, services
 from billing.models import Budget, BudgetAlert
 from gpucloud.celery import app
 from gpucloud.lib import outbound
@@ -94,7 +94,7 @@ def test_a_failing_webhook_is_recorded_and_retried(alice, catalog, allow_private
                                     webhook_url="http://127.0.0.1:9/nothing-listens", notify_email=False)
     alert = BudgetAlert.objects.create(budget=budget, month=at(2025, 3, 1).date(), threshold=1, spend=Decimal("1"))
     with pytest.raises(notify.DeliveryError):
-        services.budget_alert_deliver(alert_id=alert.pk)
+        alerts.budget_alert_deliver(alert_id=alert.pk)
     alert.refresh_from_db()
     assert alert.webhook_attempts == 1 and alert.last_error and alert.webhook_delivered_at is None
 
@@ -111,7 +111,7 @@ def test_a_url_refused_at_delivery_is_recorded_and_never_sent(alice, catalog, re
     assert resp.status_code == 201, resp.json()
     settings.WEBHOOK_ALLOW_PRIVATE = False  # ...and no longer
     alert = _alert(Budget.objects.get(pk=resp.json()["id"]))
-    services.budget_alert_deliver(alert_id=alert.pk)  # no DeliveryError: a retry would be refused too
+    alerts.budget_alert_deliver(alert_id=alert.pk)  # no DeliveryError: a retry would be refused too
     alert.refresh_from_db()
     assert got == []
     assert alert.webhook_delivered_at is None and alert.webhook_attempts == 1
@@ -131,7 +131,7 @@ def test_a_name_that_resolves_elsewhere_at_delivery_is_refused(alice, catalog, r
     assert resp.status_code == 201, resp.json()
     monkeypatch.setattr(outbound, "resolve", lambda host, p: ["127.0.0.1"])
     alert = _alert(Budget.objects.get(pk=resp.json()["id"]))
-    services.budget_alert_deliver(alert_id=alert.pk)
+    alerts.budget_alert_deliver(alert_id=alert.pk)
     alert.refresh_from_db()
     assert got == [] and alert.webhook_delivered_at is None
     assert "hooks.example.test resolves to 127.0.0.1" in alert.last_error
@@ -143,7 +143,7 @@ def test_a_webhook_redirect_is_not_followed(alice, catalog, receiver, allow_priv
                                     webhook_url=url.replace("/hook", "/redirect"), notify_email=False)
     alert = _alert(budget)
     with pytest.raises(notify.DeliveryError, match="302"):
-        services.budget_alert_deliver(alert_id=alert.pk)
+        alerts.budget_alert_deliver(alert_id=alert.pk)
     assert [h["path"] for h, _ in got] == ["/redirect"]  # /elsewhere got nothing
     alert.refresh_from_db()
     assert alert.webhook_delivered_at is None and "redirects are not followed" in alert.last_error

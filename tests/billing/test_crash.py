@@ -96,9 +96,9 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
     # check of its ledger entries), so the run cannot get past the gate before the kill.
     # Whether that COMMIT then lands is PostgreSQL's affair: a backend waiting on a lock
     # does not notice its client is gone, so it commits, whole, once the gate opens.
-    end = services.epoch_floor(cutoff)
+    end = metering.epoch_floor(cutoff)
     billable = {w.pk for w in workloads if metering.running_seconds(
-        [(services.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")],
+        [(metering.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")],
         start=0, end=end) > 0}
     # Meters exist before the first kill: discovery inserts them, and its foreign-key
     # checks would wait on the gate too.
@@ -157,10 +157,10 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
     services.metering_run(now=now)  # ...and once more: nothing changes
 
     for w in workloads:
-        events = [(services.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
-        prices = [(services.epoch_ceil(p.effective_from), p.per_hour) for p in
+        events = [(metering.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
+        prices = [(metering.epoch_ceil(p.effective_from), p.per_hour) for p in
                   w.instance_type.prices.filter(region=w.region, kind="on_demand").order_by("effective_from")]
-        parts = metering.slices(events=events, prices=prices, start=services.epoch_floor(w.created_at), end=end)
+        parts = metering.slices(events=events, prices=prices, start=metering.epoch_floor(w.created_at), end=end)
         posted = LedgerEntry.objects.filter(workload=w)
         assert sum(e.seconds for e in posted) == metering.running_seconds(events, start=0, end=end), w.name
         exact = sum((p.price_seconds() for p in parts), Decimal(0))

@@ -109,12 +109,12 @@ def test_a_crash_inside_the_run_loses_and_doubles_nothing(alice, charlie, catalo
     monkeypatch.setattr(LedgerEntry.objects, "bulk_create", real)
     services.metering_run(now=now)
     services.metering_run(now=now)
-    cutoff = services.epoch_floor(services.metering_cutoff(now))
+    cutoff = metering.epoch_floor(services.metering_cutoff(now))
     for w in workloads:
-        events = [(services.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
-        prices = [(services.epoch_ceil(p.effective_from), p.per_hour) for p in
+        events = [(metering.epoch_floor(e.created_at), e.to_state) for e in w.events.order_by("created_at", "id")]
+        prices = [(metering.epoch_ceil(p.effective_from), p.per_hour) for p in
                   w.instance_type.prices.filter(region=w.region, kind="on_demand").order_by("effective_from")]
-        parts = metering.slices(events=events, prices=prices, start=services.epoch_floor(w.created_at), end=cutoff)
+        parts = metering.slices(events=events, prices=prices, start=metering.epoch_floor(w.created_at), end=cutoff)
         posted = LedgerEntry.objects.filter(workload=w)
         assert sum(e.seconds for e in posted) == metering.running_seconds(events, start=0, end=cutoff)
         exact = sum((p.price_seconds() for p in parts), Decimal(0))

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from django.db.models import Sum
 
-from billing import pricing, services
+from billing import metering, pricing, services
 from billing.choices import EntryKind
 from billing.models import Account, LedgerEntry
 from tests.billing.helpers import at, make_volume, set_storage_price, volume_exact
@@ -30,7 +30,7 @@ def test_volumes_are_billed_per_gib_second_exactly_once_across_windows(alice, ca
         t += timedelta(seconds=1301)
         services.metering_run(now=min(t, now))
         services.metering_run(now=min(t, now))
-    end = services.epoch_floor(services.metering_cutoff(now))
+    end = metering.epoch_floor(services.metering_cutoff(now))
     for v in (grown, gone):
         gib_s, exact = volume_exact(v, end=end)
         posted = LedgerEntry.objects.filter(volume=v, kind=EntryKind.STORAGE)

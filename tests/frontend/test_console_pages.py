@@ -38,7 +38,8 @@ def acme(alice, victor, catalog):
     ssh_key_add(membership=alice.membership, name="laptop",
                 public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0cmFpbmluZ2tleWZvcnRlc3RzIGxvbmc alice@laptop")
     invoice = invoice_refresh(tenant_id=alice.tenant.pk, month=timezone.now().date())
-    from autoscaling.services import group_create, reconcile_group, scheduled_create
+    from autoscaling.reconcile import reconcile_group
+    from autoscaling.services import group_create, scheduled_create
 
     group = group_create(tenant=alice.tenant, user=alice.user, name="inference-servers-with-a-long-name",
                          instance_type="h100.1x", region="us-east-1", image="vllm/vllm-openai:latest",

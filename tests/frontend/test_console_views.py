@@ -152,8 +152,8 @@ def test_bad_launch_input_says_why_and_creates_nothing(alice, catalog):
 
 
 def test_launch_without_credit_says_so_in_plain_words(alice, catalog, fleet):
+    from billing.accounts import launch_blocks_refresh
     from billing.models import Account
-    from billing.services import launch_blocks_refresh
 
     Account.objects.filter(tenant=alice.tenant).update(balance=0)
     launch_blocks_refresh(tenant_ids=[alice.tenant.pk])  # as the ledger services do after a posting

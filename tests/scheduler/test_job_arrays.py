@@ -5,8 +5,8 @@ import pytest
 
 from agents.models import Gpu, Host
 from agents.selectors import host_desired_containers
+from billing.accounts import launch_blocks_refresh
 from billing.models import Account
-from billing.services import launch_blocks_refresh
 from gpucloud.catalogue.models import Quota
 from gpucloud.tenancy.models import AuditEvent
 from scheduler.choices import State

@@ -31,14 +31,19 @@ import subprocess
 import sys
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 
+from agents.fastpath import heartbeats_flush
 from agents.host.client import ControlPlaneClient
 from agents.host.sim import SimGpuBackend
+from agents.models import GpuSample
 from agents.protocol import HEARTBEAT_PATH, Heartbeat, RegisterRequest
+from agents.services.registration import bootstrap_token_create
+from gpucloud.catalogue.models import GpuModel, Region
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -122,10 +127,6 @@ class Command(BaseCommand):
 
 def _prepare(n: int) -> list[str]:
     """A region, the H100 model and one bootstrap token per host, in the test database."""
-    from decimal import Decimal
-
-    from agents.services.registration import bootstrap_token_create
-    from gpucloud.catalogue.models import GpuModel, Region
 
     region = Region.objects.create(code="bench-1", name="Bench", country="US")
     GpuModel.objects.create(code="H100", name="H100", vendor="nvidia", memory_gib=80,
@@ -143,8 +144,6 @@ class _Flusher(threading.Thread):
         self.flushed = 0
 
     def run(self) -> None:
-        from agents.fastpath import heartbeats_flush
-
         try:
             while not self.halt.wait(1.0):
                 t0 = time.perf_counter()
@@ -158,9 +157,6 @@ class _Flusher(threading.Thread):
         self.join()
 
     def stats(self) -> dict:
-        from agents.fastpath import heartbeats_flush
-        from agents.models import GpuSample
-
         self.flushed += heartbeats_flush().heartbeats
         return {
             "flushes": len(self.ms),

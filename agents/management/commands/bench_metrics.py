@@ -28,6 +28,11 @@ from django.db import connection, connections
 from django.test import Client
 from django.test.utils import override_settings
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from agents.models import Gpu, GpuSample
+from gpucloud import metrics
+from scheduler.management.commands.bench_scheduler import _populate
 
 
 def _ms(runs: list[float]) -> dict[str, float]:
@@ -51,8 +56,6 @@ def _backend_cpu() -> float | None:
 
 def _explain() -> float:
     """The DCGM query's execution time inside PostgreSQL (EXPLAIN ANALYZE), in ms."""
-    from gpucloud import metrics
-
     sql = metrics.dcgm_sql()
     with connection.cursor() as cur:
         cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
@@ -93,9 +96,6 @@ class Command(BaseCommand):
     def _populate_fleet(self, gpus: int, history_s: int) -> int:
         """bench_scheduler's fleet, every GPU's last measurement set and `history_s` of raw
         samples per GPU; the number of raw samples."""
-        from agents.models import Gpu, GpuSample
-        from scheduler.management.commands.bench_scheduler import _populate
-
         _populate(gpus, 1000, 0)
         now = timezone.now()
         step = max(1, int(settings.AGENT_HEARTBEAT_INTERVAL_S))
@@ -117,11 +117,6 @@ class Command(BaseCommand):
         return GpuSample.objects.count()
 
     def _bench(self, gpus: int, history_s: int, scrapes: int) -> dict:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        from agents.models import Gpu
-        from gpucloud import metrics
-
         t0 = time.perf_counter()
         samples = self._populate_fleet(gpus, history_s)
         populate_s = time.perf_counter() - t0

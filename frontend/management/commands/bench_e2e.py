@@ -24,12 +24,16 @@ job was not RUNNING (booked but idle). No assertion on speed: it prints figures.
 """
 from __future__ import annotations
 
+import cProfile
 import http.client
+import io
 import json
 import os
+import pstats
 import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,8 +42,20 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
+from django.test import Client, override_settings
+
+from agents.management.commands.bench_heartbeats import _free_port
+from agents.models import Gpu, Host
+from agents.services.registration import bootstrap_token_create
+from gpucloud.catalogue.models import GpuModel, Quota, Region
+from gpucloud.tenancy.models import Membership
+from gpucloud.tenancy.services import api_key_create, tenant_create
+from scheduler.choices import TERMINAL, State
+from scheduler.models import Workload, WorkloadEvent
 
 REPO = Path(__file__).resolve().parents[3]
 REGION = "us-east-1"
@@ -200,14 +216,6 @@ class Command(BaseCommand):
 
 
 def _prepare(o) -> tuple[list[str], list[str]]:
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
-
-    from agents.services.registration import bootstrap_token_create
-    from gpucloud.catalogue.models import Quota, Region
-    from gpucloud.tenancy.models import Membership
-    from gpucloud.tenancy.services import api_key_create, tenant_create
-
     call_command("seed_catalog", stdout=open(os.devnull, "w"))
     region = Region.objects.get(code=REGION)
     user = get_user_model().objects.create_user(username="bench@e2e.test", email="bench@e2e.test",
@@ -227,12 +235,6 @@ def _profile_creates(key: str, n: int, err) -> dict:
     (middleware, auth, throttle, view, services, the 201 body), under cProfile: CPU ms per
     create (median) and the functions where it goes (to stderr). The workloads are deleted
     afterwards, so the run starts from an empty queue."""
-
-    from django.test import Client, override_settings
-
-    from agents.models import Gpu, Host
-    from gpucloud.catalogue.models import GpuModel, Region
-    from scheduler.models import Workload
 
     # A launch no host could ever run is refused (409 unsatisfiable), and the profile runs
     # before the fleet registers: one host as a registered agent leaves it, removed afterwards.
@@ -258,18 +260,12 @@ def _profile_creates(key: str, n: int, err) -> dict:
 
 def _profile_one(client, kind: str, body, n: int, err) -> dict:
     """CPU per create measured on n creates without the profiler, then n more under it."""
-    import cProfile
-    import io
-    import pstats
-
     path = f"/api/v1/{kind}s"
 
     def post(i: int) -> None:
         resp = client.post(path, json.dumps(body(i)), content_type="application/json", secure=True)
         if resp.status_code != 201:
             raise CommandError(f"profile: {path} answered {resp.status_code}: {resp.content[:300]!r}")
-
-    from django.db import connection
 
     for i in range(5):  # warm: imports, caches, connections
         post(i)
@@ -304,8 +300,6 @@ def _profile_one(client, kind: str, body, n: int, err) -> dict:
 
 
 def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
-    from agents.management.commands.bench_heartbeats import _free_port
-
     db = connection.settings_dict
     port = _free_port()
     threads = o["web_threads"] or max(8, o["hosts"] // o["web_workers"] + 8)
@@ -346,8 +340,6 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
 
 
 def _wait_port(procs: _Procs, port: int) -> None:
-    import socket
-
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         procs.check()
@@ -416,8 +408,6 @@ def _job(i: int, duration: float, gpus: int = 1, nodes: int = 1) -> dict:
 
 
 def _run(o, procs: _Procs, keys: list[str]) -> dict:
-    from agents.models import Gpu, Host
-
     n_gpus = o["hosts"] * 8
     # registered, and heartbeating since (a registration's answer lost to a client timeout
     # would leave a host the agent cannot use: its token was spent)
@@ -526,17 +516,11 @@ def _submit(port: int, keys: list[str], bodies: list[dict], *, array: bool) -> d
 
 
 def _done(t0: float) -> int:
-    from scheduler.choices import TERMINAL
-    from scheduler.models import Workload
-
     return Workload.objects.filter(state__in=TERMINAL).count()
 
 
 def _timeline(t0: float, n: int) -> dict:
     """Per job, from its events: created, first SCHEDULED, first RUNNING, end."""
-    from scheduler.choices import TERMINAL, State
-    from scheduler.models import Workload, WorkloadEvent
-
     first: dict[tuple[str, str], float] = {}
     for wid, to, at in WorkloadEvent.objects.order_by("created_at").values_list(
             "workload_id", "to_state", "created_at"):
@@ -578,9 +562,6 @@ def _timeline(t0: float, n: int) -> dict:
 
 def _idle(procs: _Procs, key: str, o) -> dict:
     """Jobs one at a time on the idle fleet: create→SCHEDULED and create→RUNNING."""
-    from scheduler.choices import State
-    from scheduler.models import Workload
-
     api = _Api(procs.port, key)  # type: ignore[attr-defined]
     c2r, c2s = [], []
     for i in range(o["idle_samples"]):

@@ -27,6 +27,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from agents.host import standin
+from agents.models import BootstrapToken
+from agents.services.registration import bootstrap_token_create
+from gpucloud.catalogue.models import Region
 from gpucloud.lib.supervisor import Supervisor
 
 # Simulated hosts: (host name, GPU model, GPU count), all in one region.
@@ -44,8 +48,6 @@ def choose_runtime(wanted: str = "auto") -> tuple[str, str, str]:
         return "sim", "", "simulated (GPUCLOUD_DEMO_RUNTIME=sim): containers are simulated, nothing runs"
     import docker
 
-    from agents.host.standin import busybox_image
-
     try:
         client = docker.from_env(timeout=20)
         version = client.version().get("Version", "?")
@@ -54,7 +56,7 @@ def choose_runtime(wanted: str = "auto") -> tuple[str, str, str]:
             raise CommandError(f"GPUCLOUD_DEMO_RUNTIME=docker, but no Docker engine answered: {e}") from e
         return "sim", "", f"simulated: no Docker engine answered ({e}); containers are simulated, nothing runs"
     try:
-        image = busybox_image(client)
+        image = standin.busybox_image(client)
     except Exception as e:  # noqa: BLE001 - no busybox here, an engine that refuses the import
         if wanted == "docker":
             raise CommandError(f"GPUCLOUD_DEMO_RUNTIME=docker, but the stand-in image cannot be built: {e}") from e
@@ -73,10 +75,6 @@ def _sim_hosts(port: int, runtime: str = "sim", image: str = "") -> list[tuple[s
     uses it, and one whose database was reset registers again with it. Unused tokens of
     earlier starts are deleted so the admin's list stays short.
     """
-    from agents.models import BootstrapToken
-    from agents.services.registration import bootstrap_token_create
-    from gpucloud.catalogue.models import Region
-
     region = Region.objects.get(code=SIM_REGION)
     out = []
     for seed, (name, model, count) in enumerate(SIM_HOSTS):

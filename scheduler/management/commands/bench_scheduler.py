@@ -20,9 +20,16 @@ from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
+from django.test.utils import override_settings
 from django.utils import timezone
 
+from agents.models import Gpu, Host
+from gpucloud.catalogue.models import GpuModel, InstanceType, Region
+from gpucloud.tenancy.models import Tenant
+from scheduler.choices import State
 from scheduler.core import bench
+from scheduler.cycle import run_cycle
+from scheduler.models import Allocation, Workload
 
 
 def _rss_mib() -> float:
@@ -61,8 +68,6 @@ class Command(BaseCommand):
                 self.stdout.write(f"{key:>26}: {value}")
 
     def _db_bench(self, gpus: int, pending: int, seed: int, policy: str) -> dict:
-        from django.test.utils import override_settings
-
         creation = connection.creation
         old_name = connection.settings_dict["NAME"]
         creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
@@ -79,8 +84,6 @@ class Command(BaseCommand):
 
 
 def _cycles(region_ids: list[int]) -> dict:
-    from scheduler.cycle import run_cycle
-
     placed = cycles = 0
     busy_s = 0.0  # wall time of the cycles that placed something
     spent = {"load": 0.0, "plan": 0.0, "apply": 0.0}
@@ -111,12 +114,6 @@ def _cycles(region_ids: list[int]) -> dict:
 
 def _populate(gpus: int, pending: int, seed: int) -> list[int]:
     """Write the synthetic fleet, its running work and the queue as rows."""
-    from agents.models import Gpu, Host
-    from gpucloud.catalogue.models import GpuModel, InstanceType, Region
-    from gpucloud.tenancy.models import Tenant
-    from scheduler.choices import State
-    from scheduler.models import Allocation, Workload
-
     snap = bench.synthetic_fleet(gpus, seed)
     queue = bench.synthetic_queue(pending, seed)
     now = timezone.now()

@@ -7,6 +7,8 @@ A thin wrapper over ``scheduler.sim.cli`` (also ``python -m scheduler.sim``).
 
 from __future__ import annotations
 
+import argparse
+
 from django.core.management.base import BaseCommand, CommandError
 
 from scheduler.sim.cli import add_arguments, run
@@ -20,8 +22,6 @@ class Command(BaseCommand):
         add_arguments(parser)
 
     def handle(self, *args, **opts):
-        import argparse
-
         try:
             run(argparse.Namespace(**opts), out=self.stdout)
         except TraceError as e:

@@ -2,6 +2,8 @@
 volume to another host through the agents (docs/volumes.md "Moving a volume")."""
 from __future__ import annotations
 
+import uuid
+
 from django.core.management.base import BaseCommand, CommandError
 
 from agents.models import Host
@@ -41,8 +43,6 @@ class Command(BaseCommand):
 
 
 def _uuid(s: str) -> bool:
-    import uuid
-
     try:
         uuid.UUID(s)
     except ValueError:

@@ -1,0 +1,65 @@
+"""Accounts and the one admission rule of billing, below the services and the storage metering.
+
+Every posting opens the tenant's account first (`account_for`) and pushes the rule's verdict
+down to the tenant row the scheduler reads (`launch_blocks_refresh`). The services post
+usage, credits and invoices; billing/storage.py posts the volumes' GiB-seconds: both build on
+this module, so neither needs the other.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F
+
+from billing.models import Account, LedgerEntry
+from gpucloud.tenancy.models import Tenant
+
+
+def account_for(*, tenant_id: Any) -> Account:
+    account, created = Account.objects.get_or_create(tenant_id=tenant_id,
+                                                     defaults={"currency": settings.BILLING_CURRENCY})
+    if created:
+        launch_blocks_refresh(tenant_ids=[tenant_id])  # an account opened at zero admits nothing yet
+    return account
+
+
+def ledger_post(*, tenant_id: Any, entries: list[LedgerEntry]) -> list[LedgerEntry]:
+    """Append one tenant's entries, move its balance by their sum, and push what the new
+    balance means for launches down to the scheduler (`launch_blocks_refresh`), all in the
+    caller's transaction: the one way the ledger changes (grants, payments, metering of
+    workloads and volumes). Call inside atomic()."""
+    account_for(tenant_id=tenant_id)
+    LedgerEntry.objects.bulk_create(entries)
+    total = sum((e.amount for e in entries), Decimal(0))
+    Account.objects.filter(tenant_id=tenant_id).update(balance=F("balance") + total)
+    launch_blocks_refresh(tenant_ids=[tenant_id])
+    return entries
+
+
+def launch_block(*, balance: Decimal, budget_blocked: bool) -> str:
+    """The one admission rule of billing: why nothing new of the tenant may launch ("" if it may).
+
+    No credit left, or a hard-stop budget spent this month (`Account.budget_blocked`, kept by
+    `budgets_check` and the budget services). The codes are the API's 402 error codes.
+    """
+    if balance <= 0:
+        return "insufficient_credit"
+    if budget_blocked:
+        return "budget_exceeded"
+    return ""
+
+
+def launch_blocks_refresh(*, tenant_ids: Any) -> None:
+    """Push the rule's verdict down to `Tenant.launch_blocked` (the row the launch service and
+    the scheduler read), for these tenants. Writes only the rows whose verdict changed.
+
+    A tenant without an account was made outside `tenant_create` (fixtures, benchmarks, or
+    before billing existed): nothing is metered for it yet, so nothing gates it.
+    """
+    for tenant_id, balance, budget_blocked in Account.objects.filter(tenant_id__in=list(tenant_ids)).values_list(
+            "tenant_id", "balance", "budget_blocked"):
+        reason = launch_block(balance=balance, budget_blocked=budget_blocked)
+        (Tenant.objects.filter(pk=tenant_id).exclude(launch_blocked=bool(reason), launch_blocked_reason=reason)
+         .update(launch_blocked=bool(reason), launch_blocked_reason=reason))
