@@ -3,7 +3,7 @@
 A launch (or a start) that no host of the region could ever hold is refused at once
 with `409 unsatisfiable` and the reason, instead of a `201` and a workload that waits
 forever or is rejected by the scheduler seconds later. The words are the scheduler
-core's own (`scheduler.core.planner._Planner.never_fits`), and so is what counts: every
+core's own (`scheduler.core.planner.admission.never_fits`), and so is what counts: every
 host of the region in any state (a host that is down now may come back), and its GPUs
 that are healthy or still booked (a broken, empty GPU takes no new work).
 

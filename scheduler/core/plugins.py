@@ -348,16 +348,6 @@ class FragModel:
         w = self.whole
         return w[host.free - g] - w[host.free]
 
-    def delta_share(self, host: HostState, i: int, m: int) -> float:
-        frac = self.frac
-        f = WHOLE - host.milli[i]
-        f2 = f - m
-        # a fresh GPU turns its leftover into a shared fragment; a shared GPU shrinks
-        if f == WHOLE:
-            w = self.whole
-            return frac[f2] - frac[f] + self.p_whole * f2 + w[host.free - 1] - w[host.free]
-        return frac[f2] - frac[f] - self.p_whole * m
-
     def best_share(self, host: HostState, m: int, tenant: str) -> tuple[int, float] | None:
         """The GPU open to ``tenant`` whose share of ``m`` raises fragmentation least
         (ties: less free room, lower index), with that delta. Memoised on the host
@@ -371,7 +361,9 @@ class FragModel:
         return got
 
     def _best_share(self, host: HostState, m: int, tenant: str) -> tuple[int, float] | None:
-        # delta_share inlined: this loop runs for every candidate of every share
+        # The delta of a share of m on GPU i with f free, inlined (this loop runs for
+        # every candidate of every share): a fresh GPU turns its leftover into a shared
+        # fragment (and the host has one free GPU fewer); a shared GPU's fragment shrinks.
         frac = self.frac
         milli = host.milli
         whole = host.whole

@@ -63,7 +63,7 @@ from scheduler.core import (
 )
 from scheduler.core.framework import PLACEMENTS
 from scheduler.core.gcpause import gc_paused
-from scheduler.core.planner import ALL_HOSTS
+from scheduler.core.planner import ALL_HOSTS, refusal
 from scheduler.core.queue import fair_orders, las_level, las_promote_at, order_key
 
 from .trace import Job, Node
@@ -318,6 +318,31 @@ class _Agg:
         self.mem = self.mem or mem
 
 
+class _WholeFleet:
+    """The whole simulated fleet as the core's ``refusal`` reads it (``FleetLimits``):
+    the core plans over a view of it, and a job is refused only if no host of the
+    fleet could ever hold it. Fixed for the replay."""
+
+    __slots__ = ("max_gpus", "max_vcpus", "max_mem", "_sizes", "_hosts_with")
+
+    def __init__(
+        self, by_size: dict[tuple[str, str | None], list[_Host]], max_vcpus: int, max_mem: int
+    ) -> None:
+        #: (model, region or None) -> GPUs per host, largest first
+        self._sizes = {key: [h.total for h in hosts] for key, hosts in by_size.items() if hosts}
+        self.max_gpus = {key: sizes[0] for key, sizes in self._sizes.items()}
+        self.max_vcpus = max_vcpus
+        self.max_mem = max_mem
+        self._hosts_with: dict[tuple[str, str | None, int], int] = {}
+
+    def hosts_with(self, model: str, region: str | None, c: int) -> int:
+        key = (model, region, c)
+        n = self._hosts_with.get(key)
+        if n is None:
+            n = self._hosts_with[key] = sum(1 for s in self._sizes.get((model, region), ()) if s >= c)
+        return n
+
+
 class Simulator:
     """One replay. ``guarantees`` (tenant -> GPUs) turns on lending: work inside a
     tenant's guarantee runs as ``standard``, work beyond it borrows idle capacity
@@ -428,29 +453,23 @@ class Simulator:
         self.max_mem = max((h.mem for h in self.hosts.values()), default=0)
         self.big_cpu = max(self.hosts.values(), key=lambda h: (h.vcpus, h.host_id)).host_id
         self.big_mem = max(self.hosts.values(), key=lambda h: (h.mem, h.host_id)).host_id
-        self._sizes: dict[tuple[str, str | None], list[int]] = {}
+        self.whole_fleet = _WholeFleet(self.by_size, self.max_vcpus, self.max_mem)
 
-    def _never_fits(self, j: Job) -> str:
-        """The core's admission check against the whole fleet (the view is smaller)."""
-        key = (j.gpu_model, j.region)
-        sizes = self._sizes.get(key)
-        if sizes is None:
-            # largest first, like by_size; fixed for the replay
-            sizes = self._sizes[key] = [h.total for h in self.by_size.get(key, ())]
-        where = f" in {j.region}" if j.region else ""
-        if not sizes:
-            return f"the fleet has no {j.gpu_model} GPUs{where}"
-        if j.gpus_per_node == 0 and not 0 <= j.gpu_milli < WHOLE:
-            return "a fractional share must be between 1 and 999 milli-GPUs"
-        if j.gpus_per_node > sizes[0]:
-            return f"asks for {j.gpus_per_node} GPUs on one host; the largest{where} has {sizes[0]}"
-        if j.nodes > 1 and j.nodes > sum(1 for s in sizes if s >= max(j.gpus_per_node, 1)):
-            return (
-                f"asks for {j.nodes} hosts with {j.gpus_per_node} GPUs; the fleet{where} has fewer"
-            )
-        if j.vcpus > self.max_vcpus or j.memory_mib > self.max_mem:
-            return "asks for more vCPUs or memory than any host has"
-        return ""
+    def _refusal(self, j: Job) -> str:
+        """The core's rule for "reject outright" (``refusal``), asked against the
+        whole fleet when the job arrives: the view the core plans over is smaller."""
+        req = PlacementRequest(
+            request_id=j.job_id,
+            tenant_id=j.tenant,
+            gpu_model=j.gpu_model,
+            gpus_per_node=j.gpus_per_node,
+            gpu_milli=j.gpu_milli,
+            nodes=j.nodes,
+            region=j.region,
+            vcpus=j.vcpus,
+            memory_mib=j.memory_mib,
+        )
+        return refusal(req, self.whole_fleet)
 
     def _reindex(self, h: _Host) -> None:
         h.view = None
@@ -578,7 +597,7 @@ class Simulator:
                 js = JobState(j, j.duration, checkpoint=self._checkpoints(j.job_id))
                 self.state[j.job_id] = js
                 arrived += j.gpus * WHOLE
-                why = self._never_fits(j)
+                why = self._refusal(j)
                 if why:
                     js.rejected = why
                     skipped += 1
