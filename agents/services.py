@@ -60,6 +60,7 @@ from agents.protocol import (
 from agents.protocol import GpuSample as GpuSampleMsg
 from agents.selectors import hash_token, host_allocations, host_attempts, workload_attempt
 from gpucloud.catalogue.models import GpuModel, Region
+from gpucloud.lib.db import model_columns, model_from_row, pg_cursor
 from gpucloud.lib.errors import Conflict, InvalidInput, ServiceError
 from gpucloud.tenancy.audit import audit_record
 from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
@@ -563,7 +564,7 @@ def _apply_samples(
     """
     if not samples:
         return []
-    rows = {g.uuid: g for g in Gpu.objects.filter(host=host)}
+    rows = {g.uuid: g for g in _host_gpus(host)}
     changed, failed, history = [], [], []
     for s in samples:
         g = rows.get(s.uuid)
@@ -603,8 +604,44 @@ def _apply_samples(
             )
         )
     _write_measurements(changed)
-    GpuSample.objects.bulk_create(history)
+    _insert_samples(history)
     return failed
+
+
+def _host_gpus(host: Host) -> list[Gpu]:
+    """`Gpu.objects.filter(host=host)`, in written SQL on PostgreSQL: every heartbeat that
+    changes something reads them, and building the ORM's query cost more than running it."""
+    if connection.vendor != "postgresql":
+        return list(Gpu.objects.filter(host=host))
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {model_columns(Gpu, 'g')} FROM {Gpu._meta.db_table} g WHERE g.host_id = %s",
+                    [host.pk])
+        return [model_from_row(Gpu, row)[0] for row in cur.fetchall()]
+
+
+def _insert_samples(history: list[GpuSample]) -> None:
+    """The samples in one INSERT from arrays on PostgreSQL (bulk_create built a row of
+    placeholders per sample)."""
+    if not history:
+        return
+    if connection.vendor != "postgresql":
+        GpuSample.objects.bulk_create(history)
+        return
+    cols = ("gpu_id", "time", "gpu_util", "mem_util", "mem_used_mib", "temperature_c", "power_w")
+    types = ("text", "timestamptz", "float8", "float8", "int8", "float8", "float8")
+    with pg_cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {GpuSample._meta.db_table} ({', '.join(cols)}) "
+            f"SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in types)})",
+            [[_as(t, getattr(h, c)) for h in history] for c, t in zip(cols, types, strict=True)],
+        )
+
+
+def _as(pg_type: str, v):
+    """One array element as its column's type (an agent may send 7 or 7.0 for a float)."""
+    if v is None or pg_type in ("text", "timestamptz"):
+        return v
+    return float(v) if pg_type == "float8" else int(v)
 
 
 _MEASURED: Final = (
@@ -787,19 +824,25 @@ def _observed_times(containers: list[ObservedContainer], attempts: dict[str, Wor
     """Run time as the agent saw it: a workload that started or ended in this heartbeat gets
     the container's own start and finish (a job that ran 20 s shows 20 s, not the span
     between two heartbeats). Trusted only between its queueing (or start) and now: a host
-    clock off by more keeps the control plane's times."""
+    clock off by more keeps the control plane's times.
+
+    In bulk, whatever the number of containers: one read of the moved workloads, and one
+    guarded UPDATE per set of columns written (it was a read and an update per workload)."""
     terminal = {str(s) for s in TERMINAL}
     moved: dict[str, set[str]] = defaultdict(set)
     for wid, state in outcome.transitions:
         moved[wid].add(str(state))
+    seen = {}
     for o in containers:
         w = attempts.get(o.instance_id)
-        if w is None or w.nodes > 1 or str(w.pk) not in moved:
-            continue
-        states = moved[str(w.pk)]
-        row = Workload.objects.filter(pk=w.pk).values("state", "queued_at", "started_at", "ended_at").first()
-        if row is None:
-            continue
+        if w is not None and w.nodes == 1 and str(w.pk) in moved:
+            seen[w.pk] = o
+    if not seen:
+        return
+    rows = Workload.objects.filter(pk__in=list(seen)).values("pk", "state", "queued_at", "started_at", "ended_at")
+    updates: dict[tuple[str, ...], list[tuple]] = defaultdict(list)
+    for row in rows:
+        o, states = seen[row["pk"]], moved[str(row["pk"])]
         fields: dict[str, datetime] = {}
         started, finished = _parse_time(o.started_at), _parse_time(o.finished_at)
         floor = row["queued_at"]
@@ -811,7 +854,28 @@ def _observed_times(containers: list[ObservedContainer], attempts: dict[str, Wor
                 and finished is not None and begun is not None and begun <= finished <= now):
             fields["ended_at"] = finished
         if fields:
-            Workload.objects.filter(pk=w.pk, state=row["state"]).update(**fields)
+            cols = tuple(sorted(fields))
+            updates[cols].append((row["pk"], row["state"], *(fields[c] for c in cols)))
+    for cols, values in updates.items():
+        _set_times(cols, values)
+
+
+def _set_times(cols: tuple[str, ...], values: list[tuple]) -> None:
+    """`cols` of each (workload id, state it was read in, *values), guarded on that state."""
+    if connection.vendor != "postgresql":
+        for pk, state, *times in values:
+            Workload.objects.filter(pk=pk, state=state).update(**dict(zip(cols, times, strict=True)))
+        return
+    sets = ", ".join(f"{c} = v.{c}" for c in cols)
+    arrays = ", ".join("%s::timestamptz[]" for _ in cols)
+    with pg_cursor() as cur:
+        cur.execute(
+            f"UPDATE {Workload._meta.db_table} AS w SET {sets} "
+            f"FROM unnest(%s::uuid[], %s::text[], {arrays}) AS v(id, state, {', '.join(cols)}) "
+            "WHERE w.id = v.id AND w.state = v.state",
+            [[v[0] for v in values], [str(v[1]) for v in values],
+             *([v[2 + i] for v in values] for i in range(len(cols)))],
+        )
 
 
 def _bulk_moves(host: Host, w: Workload, o: ObservedContainer, groups: dict) -> bool:
