@@ -377,8 +377,16 @@ class Agent:
                 return
             except ControlPlaneError:
                 continue  # the next heartbeat says whether the control plane is back
-            if resp.changed:
+            if resp.changed and not self._answered_since(version):
                 self.wake()
+
+    def _answered_since(self, version: str) -> bool:
+        """Whether a heartbeat answer newer than ``version`` came while its poll waited:
+        most often the change that ended the poll was this host's own report (a container
+        running, a job done), and that answer, read after it, carries it already. The poll
+        for the newer answer (next in the loop) returns at once if anything moved since."""
+        with self._poll_cond:
+            return self._desired_version is not None and self._desired_version != version
 
     def _answered(self, version: str | None) -> None:
         with self._poll_cond:
