@@ -156,6 +156,10 @@ class Command(BaseCommand):
                             help="count the web's requests per job and their CPU, by kind (_webcpu.py)")
         parser.add_argument("--web-profile", action="store_true",
                             help="with --web-cpu: cProfile every web request, listing on stderr")
+        parser.add_argument("--log-level", default="WARNING",
+                            help="of the worker and beat (INFO: each task and how long it took)")
+        parser.add_argument("--keep-logs", default="", metavar="DIR",
+                            help="copy the processes' logs (web, worker, beat, fleet) into DIR")
         parser.add_argument("--timeout-s", type=float, default=900.0)
         parser.add_argument("--json", action="store_true")
 
@@ -195,6 +199,12 @@ class Command(BaseCommand):
         finally:
             if procs is not None:
                 procs.stop()
+                if o["keep_logs"]:
+                    import shutil
+
+                    Path(o["keep_logs"]).mkdir(parents=True, exist_ok=True)
+                    for name in procs.procs:
+                        shutil.copy(Path(tmp.name) / f"{name}.log", Path(o["keep_logs"]) / f"{name}.log")
             connections.close_all()
             connection.creation.destroy_test_db(old_name, verbosity=0)
             tmp.cleanup()
@@ -347,8 +357,8 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
                         "--worker-tmp-dir", "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp),
                         *web_cpu])
     procs.start("worker", [py, "-m", "celery", "-A", "gpucloud", "worker", "--concurrency", "2",
-                           "--without-gossip", "--without-mingle", "--loglevel", "WARNING"])
-    procs.start("beat", [py, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel", "WARNING",
+                           "--without-gossip", "--without-mingle", "--loglevel", o["log_level"]])
+    procs.start("beat", [py, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel", o["log_level"],
                          "--schedule", str(tmp / "beat-schedule")])
     _wait_port(procs, port)
     procs.start("fleet", [py, "-m", "agents.host", "--sim-fleet", str(o["hosts"]),

@@ -413,8 +413,8 @@ class PollClient:
 
 def test_a_poll_woken_by_the_hosts_own_report_does_not_heartbeat_again(tmp_path: Path) -> None:
     """The change that ends a poll is most often the host's own report, whose answer (read
-    after it) came while the poll waited: no second heartbeat for it, and the next poll is
-    for the newer version. A change nobody answered yet still wakes the agent."""
+    after it) came while the poll waited, or is in flight: no second heartbeat for it, and the
+    next poll is for the newer version. A change nobody answered yet still wakes the agent."""
     agent = make_agent("http://127.0.0.1:9", tmp_path)
     client = PollClient()
     agent.client = client  # type: ignore[assignment]
@@ -426,6 +426,23 @@ def test_a_poll_woken_by_the_hosts_own_report_does_not_heartbeat_again(tmp_path:
         agent._answered("2")  # the host's own report moved the version, and was answered
         client.answers.put(WaitResponse(changed=True))
         assert client.polled.get(timeout=10) == "2"
+        assert not agent._wake.is_set()
+
+        decided: queue.Queue[bool] = queue.Queue()
+        coming = agent._answer_coming
+
+        def spy(version: str) -> bool:
+            got = coming(version)
+            decided.put(got)
+            return got
+
+        agent._answer_coming = spy  # type: ignore[method-assign]
+        agent._beating = True  # the report's answer is on its way: it starts the next poll
+        client.answers.put(WaitResponse(changed=True))
+        assert decided.get(timeout=10) is True
+        agent._beating = False
+        agent._answered("3")
+        assert client.polled.get(timeout=10) == "3"
         assert not agent._wake.is_set()
 
         client.answers.put(WaitResponse(changed=True))  # a placement: nobody answered it yet
