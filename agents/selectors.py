@@ -62,6 +62,16 @@ def host_by_token(*, raw: str) -> Host | None:
     return host
 
 
+def host_by_pk(pk: UUID | str) -> Host | None:
+    """`Host.objects.filter(pk=pk).first()` in written SQL: the agent API reads it for every
+    heartbeat and long poll that Redis authenticated but the fast path cannot answer."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {model_columns(Host, 'h')} FROM {Host._meta.db_table} h WHERE h.id = %s",
+                    [Host._meta.pk.get_db_prep_value(pk, connection)])
+        row = cur.fetchone()
+    return None if row is None else model_from_row(Host, row)[0]
+
+
 def attempt_id(workload_id: UUID | str, allocation_id: int) -> str:
     return f"{workload_id}.{allocation_id}"
 

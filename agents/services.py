@@ -515,6 +515,32 @@ class HeartbeatOutcome:
     unknown_gpus: bool = False  # a sample named a GPU this host does not have
 
 
+def _host_for_update(pk) -> Host:
+    """`Host.objects.select_for_update().get(pk=pk)`; in written SQL on PostgreSQL, where every
+    heartbeat that changes something takes it and building the ORM's query cost more CPU than
+    running it."""
+    if connection.vendor != "postgresql":
+        return Host.objects.select_for_update().get(pk=pk)
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {model_columns(Host, 'h')} FROM {Host._meta.db_table} h WHERE h.id = %s FOR UPDATE",
+                    [pk])
+        row = cur.fetchone()
+    if row is None:
+        raise Host.DoesNotExist
+    return model_from_row(Host, row)[0]
+
+
+def _host_save(host: Host, fields: list[str]) -> None:
+    """`host.save(update_fields=fields)`, in written SQL on PostgreSQL (as `_host_for_update`)."""
+    if connection.vendor != "postgresql":
+        host.save(update_fields=fields)
+        return
+    cols = [Host._meta.get_field(f) for f in fields]
+    with connection.cursor() as cur:
+        cur.execute(f"UPDATE {Host._meta.db_table} SET {', '.join(f'{c.column} = %s' for c in cols)} WHERE id = %s",
+                    [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
+
+
 def _async_commit() -> None:
     """Let this transaction commit without waiting for the WAL flush (PostgreSQL).
 
@@ -629,9 +655,9 @@ def _insert_samples(history: list[GpuSample]) -> None:
         return
     cols = ("gpu_id", "time", "gpu_util", "mem_util", "mem_used_mib", "temperature_c", "power_w")
     types = ("text", "timestamptz", "float8", "float8", "int8", "float8", "float8")
-    with pg_cursor() as cur:
+    with connection.cursor() as cur:
         cur.execute(
-            f"INSERT INTO {GpuSample._meta.db_table} ({', '.join(cols)}) "
+            f"INSERT INTO {connection.ops.quote_name(GpuSample._meta.db_table)} ({', '.join(cols)}) "
             f"SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in types)})",
             [[_as(t, getattr(h, c)) for h in history] for c, t in zip(cols, types, strict=True)],
         )
@@ -940,7 +966,7 @@ def host_heartbeat(
         _async_commit()
         # Heartbeats of one host decide their order one at a time; the liveness task's
         # DOWN update waits for this too.
-        locked = Host.objects.select_for_update().get(pk=host.pk)
+        locked = _host_for_update(host.pk)
         applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
         outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
         fields = ["last_heartbeat_at", "agent_version"]
@@ -955,7 +981,7 @@ def host_heartbeat(
         if outcome.applied:
             locked.last_seq = hb.seq
             fields.append("last_seq")
-        locked.save(update_fields=fields)
+        _host_save(locked, fields)
     if not outcome.applied:
         logger.info(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq

@@ -41,7 +41,7 @@ from agents.protocol import (
     WaitRequest,
     WaitResponse,
 )
-from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
+from agents.selectors import host_by_pk, host_by_token, host_desired_containers, host_logs_requests
 from agents.services import host_heartbeat, host_register
 from agents.signals import move_orders, removals
 from gpucloud.api.parsers import AgentJSONParser
@@ -59,7 +59,7 @@ class HostTokenAuthentication(BaseAuthentication):
         claim = _claim(request)
         if claim is not None and claim.host_id:
             # The fast path's script found the token current (or it was checked just now).
-            host = claim.host or Host.objects.filter(pk=claim.host_id).first()
+            host = claim.host or host_by_pk(claim.host_id)
             if host is not None:
                 return AnonymousUser(), host
         parts = get_authorization_header(request).split()
