@@ -8,7 +8,8 @@ state the heartbeat moved), `POST /agent/v1/wait`, `POST /api/v1/jobs`, ... Each
 writes its counters to `$BENCH_WEB_CPU_DIR/web-<pid>.json` every half second, with the
 worker's whole CPU (request threads, the long-poll listener, gunicorn's own loop), so the
 benchmark can take the difference over the burst. With `BENCH_WEB_PROFILE=1` each request
-also runs under a per-thread cProfile (CPU timer), dumped at the worker's exit.
+also runs under a per-thread cProfile (CPU timer), dumped at the worker's exit. With
+`BENCH_SWITCH_INTERVAL_S` the workers run with that GIL switch interval.
 
 Benchmark code only: nothing of the platform imports it.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import cProfile
 import json
 import os
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -110,6 +112,10 @@ def _writer() -> None:
 
 
 def post_worker_init(worker) -> None:
+    if os.environ.get("BENCH_SWITCH_INTERVAL_S"):
+        # the GIL's switch interval (default 5 ms): what a request waits, per turn, for a
+        # thread running Python to hand the interpreter over
+        sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL_S"]))
     _heartbeat_kind()
     worker.wsgi = _wrap(worker.wsgi)
     if _DIR:
