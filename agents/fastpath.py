@@ -339,6 +339,21 @@ def beat(parsed: Parsed | None, *, host_id: str = "", seq: int | None = None,
     return _script(settings.REDIS_URL)(args=args)
 
 
+def authenticate(*, raw_token: str) -> tuple[int, str]:
+    """The host of a host token known to Redis and still current, for requests other than
+    heartbeats (the long poll), with the request counted against the host's rate limit, as
+    the heartbeat's: (SLOW, host id), or (THROTTLED, "") or (MISS, "") when only the
+    database can say (the caller then takes the synchronous view, which answers properly)."""
+    limit, window = _rate()
+    token_hash = hashlib.sha256(raw_token.encode()).hexdigest()
+    reply = _script(settings.REDIS_URL)(args=[
+        _prefix(), token_hash, "", "", "", b"", int(time.time() * 1000), limit, window,
+        secrets.token_hex(8), _cfg(), b"", 16, SEQ_TTL_S, "",
+    ])
+    kind = int(reply[0])
+    return (kind, reply[1].decode()) if kind == SLOW else (kind, "")
+
+
 def claim_of(reply: list, parsed: Parsed | None) -> Claim:
     kind = int(reply[0])
     if kind == THROTTLED:

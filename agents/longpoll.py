@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 import redis
 from django.conf import settings
@@ -78,8 +79,9 @@ class _Listener:
                 except (redis.RedisError, OSError):
                     pass
 
-    def wait(self, *, host_id: str, since: str, timeout_s: float) -> bool:
-        """Whether the desired state of `host_id` moved past version `since` within `timeout_s`."""
+    def wait(self, *, host_id: str, since: str, timeout_s: float, on_park: Callable[[], None] | None = None) -> bool:
+        """Whether the desired state of `host_id` moved past version `since` within `timeout_s`.
+        `on_park` runs once it is known that the request waits (not when it is answered at once)."""
         if not self._slots.acquire(blocking=False):
             return False  # every slot held: the agent polls again after its next heartbeat
         ev = threading.Event()
@@ -91,6 +93,8 @@ class _Listener:
             try:
                 if fastpath.version(host_id=host_id) != since:
                     return True
+                if on_park is not None:
+                    on_park()
                 return ev.wait(timeout_s) and fastpath.version(host_id=host_id) != since
             finally:
                 with self._lock:
@@ -107,9 +111,9 @@ _listener: _Listener | None = None
 _listener_lock = threading.Lock()
 
 
-def wait(*, host_id: str, since: str, timeout_s: float) -> bool:
+def wait(*, host_id: str, since: str, timeout_s: float, on_park: Callable[[], None] | None = None) -> bool:
     global _listener
     with _listener_lock:
         if _listener is None:
             _listener = _Listener()
-    return _listener.wait(host_id=host_id, since=since, timeout_s=timeout_s)
+    return _listener.wait(host_id=host_id, since=since, timeout_s=timeout_s, on_park=on_park)

@@ -13,6 +13,7 @@ import hmac
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -26,9 +27,9 @@ from agents.choices import HostState
 from agents.instance_env import platform_env
 from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest, Mount
-from gpucloud.catalogue.models import Price, Region
+from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.catalogue.selectors import prices_in_force
-from gpucloud.lib.db import Epoch
+from gpucloud.lib.db import Epoch, model_columns, model_from_row
 from scheduler import core, snapshot
 from scheduler.choices import State
 from scheduler.cycle import policy_for
@@ -65,6 +66,16 @@ def host_by_token(*, raw: str) -> Host | None:
     return host
 
 
+def host_by_pk(pk: UUID | str) -> Host | None:
+    """`Host.objects.filter(pk=pk).first()` in written SQL: the agent API reads it for every
+    heartbeat and long poll that Redis authenticated but the fast path cannot answer."""
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {model_columns(Host, 'h')} FROM {Host._meta.db_table} h WHERE h.id = %s",
+                    [Host._meta.pk.get_db_prep_value(pk, connection)])
+        row = cur.fetchone()
+    return None if row is None else model_from_row(Host, row)[0]
+
+
 def attempt_id(workload_id: UUID | str, allocation_id: int) -> str:
     return f"{workload_id}.{allocation_id}"
 
@@ -77,11 +88,34 @@ def tenant_network(tenant_id: UUID | str) -> str:
 def host_allocations(*, host: Host) -> list[Allocation]:
     """The active allocations on `host` with their workloads, instance types and GPUs: what
     both `host_attempts` and `host_desired_containers` read, so a heartbeat that changes
-    nothing reads them once."""
-    return list(
-        Allocation.objects.filter(host=host, active=True)
-        .select_related("workload__instance_type", "gpu")
-        .order_by("id")
+    nothing reads them once.
+
+    Written SQL that loads the instances as the ORM's `select_related("workload__instance_type",
+    "gpu")` would: read once or twice by every heartbeat that changes something, where building
+    the ORM's query cost more CPU than running it (docs/benchmarks.md)."""
+    with connection.cursor() as cur:
+        cur.execute(_host_allocations_sql(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        rows = cur.fetchall()
+    out = []
+    for row in rows:
+        a, at = model_from_row(Allocation, row)
+        a.workload, at = model_from_row(Workload, row, at)
+        a.workload.instance_type, at = model_from_row(InstanceType, row, at)
+        a.gpu, _ = model_from_row(Gpu, row, at)
+        out.append(a)
+    return out
+
+
+@cache
+def _host_allocations_sql() -> str:
+    return (
+        f"SELECT {model_columns(Allocation, 'a')}, {model_columns(Workload, 'w')}, "
+        f"{model_columns(InstanceType, 'it')}, {model_columns(Gpu, 'g')} "
+        f"FROM {Allocation._meta.db_table} a "
+        f"JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
+        f"JOIN {InstanceType._meta.db_table} it ON it.id = w.instance_type_id "
+        f"JOIN {Gpu._meta.db_table} g ON g.uuid = a.gpu_id "
+        "WHERE a.host_id = %s AND a.active ORDER BY a.id"
     )
 
 
@@ -209,11 +243,13 @@ def workload_attempt(*, workload: Workload) -> tuple[UUID, str] | None:
 
 def host_logs_requests(*, host: Host) -> list[LogsRequest]:
     """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query."""
-    rows = (
-        ContainerLog.objects.filter(host=host, requested_at__isnull=False)
-        .order_by("requested_at")  # oldest first: a tail that did not fit last time goes first
-        .values_list("attempt_id", "requested_tail")
-    )
+    # oldest first: a tail that did not fit last time goes first (written SQL: every answer
+    # that is not cached asks, and the ORM's query cost more to build than to run)
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT attempt_id, requested_tail FROM {ContainerLog._meta.db_table} "
+                    "WHERE host_id = %s AND requested_at IS NOT NULL ORDER BY requested_at",
+                    [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        rows = cur.fetchall()
     return [LogsRequest(iid, max(1, min(tail, LOG_TAIL_MAX_LINES))) for iid, tail in rows]
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.urls import path
 
-from agents.api.views import HostRegisterApi, HostWaitApi, host_heartbeat_view
+from agents.api.views import HostRegisterApi, host_heartbeat_view, host_wait_view
 
 urlpatterns = [
     path("register", HostRegisterApi.as_view(), name="agent-register"),
     path("heartbeat", host_heartbeat_view, name="agent-heartbeat"),
-    path("wait", HostWaitApi.as_view(), name="agent-wait"),
+    path("wait", host_wait_view, name="agent-wait"),
 ]

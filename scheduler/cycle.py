@@ -101,7 +101,7 @@ def run_cycle(*, region_id: int, now: datetime | None = None) -> CycleStats:
             return CycleStats(region_id=region_id, ran=False)
         # the load and apply build as many objects as the plan: no cyclic GC for all of it
         with gc_paused():
-            return _cycle(region_id, now or timezone.now())
+            return _cycle(region_id, now or timezone.now(), placed_now=now is None)
 
 
 def _enforce_deadlines(region_id: int, now: datetime, stats: CycleStats) -> None:
@@ -166,7 +166,12 @@ def _record_metrics(stats: CycleStats, cycle: snapshot.CycleInput, plan: core.Pl
     batch.send()
 
 
-def _cycle(region_id: int, now: datetime) -> CycleStats:
+def _cycle(region_id: int, now: datetime, *, placed_now: bool = False) -> CycleStats:
+    """One cycle at `now`. With `placed_now` (a cycle on the wall clock) what the apply writes
+    (allocations, SCHEDULED events, notices) is stamped when the apply begins, not when the
+    cycle did: the GPUs are booked from then, and a GPU another heartbeat released while
+    this cycle loaded and planned must not read as held twice (its release comes after the
+    cycle's start, before the new booking)."""
     stats = CycleStats(region_id=region_id, ran=True)
     t0 = time.perf_counter()
     with transaction.atomic():
@@ -183,7 +188,7 @@ def _cycle(region_id: int, now: datetime) -> CycleStats:
         plan = core.plan(cycle.snapshot, cycle.queue, policy_for(region_id), now=now.timestamp())
         t2 = time.perf_counter()
         stats.plan_s = t2 - t1
-        stats.apply = _apply_retrying(plan, cycle, now, stats)
+        stats.apply = _apply_retrying(plan, cycle, timezone.now() if placed_now else now, stats)
         stats.apply_s = time.perf_counter() - t2
     _record_metrics(stats, cycle, plan, now)
     logger.info(

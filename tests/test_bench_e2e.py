@@ -31,7 +31,7 @@ def test_bench_e2e_runs_a_small_configuration_and_leaves_nothing_behind():
            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
     proc = subprocess.run(
         [sys.executable, "manage.py", "bench_e2e", "--hosts", "2", "--jobs", "12", "--clients", "2",
-         "--idle-samples", "2", "--idle-seconds", "1", "--web-workers", "1", "--json"],
+         "--idle-samples", "2", "--idle-seconds", "1", "--web-workers", "1", "--web-cpu", "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,3 +46,25 @@ def test_bench_e2e_runs_a_small_configuration_and_leaves_nothing_behind():
     assert set(out["cpu_ms_per_job"]) == {"web", "worker", "beat", "fleet", "postgres"}
     assert len(out["process_groups"]) == 4
     assert not [g for g in out["process_groups"] if _group_alive(g)]
+    # --web-cpu: the web's requests per job by kind, the create one per job
+    assert out["web_requests_per_job"]["POST /api/v1/jobs"][0] == 1.0
+    assert any(k.startswith("POST /agent/v1/heartbeat") for k in out["web_requests_per_job"])
+
+
+def test_bench_heartbeats_changed_reports_each_phase_with_its_transitions():
+    """`bench_heartbeats --changed K`: K jobs per host placed by a cycle, then a heartbeat per
+    host picking them up, reporting them running, exited, removed."""
+    db = settings.DATABASES["default"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.settings", "SECRET_KEY": "bench-test",
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "bench_heartbeats", "--hosts", "2", "--changed", "4", "--workers", "1",
+         "--threads", "2", "--concurrency", "2", "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {p: out[p]["transitions_per_heartbeat"] for p in ("pickup", "running", "exited", "removed")} == {
+        "pickup": 0, "running": 4, "exited": 4, "removed": 0}
+    assert all(out[p]["errors"] == 0 and out[p]["server_cpu_ms_per_heartbeat"] >= 0
+               for p in ("pickup", "running", "exited", "removed"))

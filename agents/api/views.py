@@ -41,7 +41,7 @@ from agents.protocol import (
     WaitRequest,
     WaitResponse,
 )
-from agents.selectors import host_by_token, host_desired_containers, host_logs_requests
+from agents.selectors import host_by_pk, host_by_token, host_desired_containers, host_logs_requests
 from agents.services.heartbeat import host_heartbeat
 from agents.services.registration import host_register
 from agents.signals import move_orders, removals
@@ -60,7 +60,7 @@ class HostTokenAuthentication(BaseAuthentication):
         claim = _claim(request)
         if claim is not None and claim.host_id:
             # The fast path's script found the token current (or it was checked just now).
-            host = claim.host or Host.objects.filter(pk=claim.host_id).first()
+            host = claim.host or host_by_pk(claim.host_id)
             if host is not None:
                 return AnonymousUser(), host
         parts = get_authorization_header(request).split()
@@ -214,12 +214,41 @@ class HostWaitApi(_AgentApi):
             raise exceptions.AuthenticationFailed("This token belongs to another host.")
         changed = False
         if longpoll.enabled():
-            # A parked long poll holds no database connection (the agent API has no atomic
-            # requests): with DB_CONN_MAX_AGE each thread would otherwise keep one, and a fleet
-            # of waits would take PostgreSQL's max_connections from everything else.
-            connection.close()
-            changed = longpoll.wait(host_id=str(host.pk), since=req.version, timeout_s=req.timeout_s)
+            changed = longpoll.wait(host_id=str(host.pk), since=req.version, timeout_s=req.timeout_s,
+                                    on_park=connection.close)
         return Response(WaitResponse(changed=changed).to_dict())
+
+
+_wait_api = HostWaitApi.as_view()
+
+
+@csrf_exempt
+def host_wait_view(request):
+    """POST /agent/v1/wait: with the host token known to Redis (the heartbeat fast path's
+    cache) the long poll is answered here, without DRF and without the database: one Redis
+    script authenticates and counts it, as a fast heartbeat. Everything else (an unknown or
+    replaced token, throttled, malformed, long polls off) goes to the DRF view, which
+    answers it in the one error shape.
+
+    A parked long poll holds no database connection (`on_park`; the agent API has no atomic
+    requests): with DB_CONN_MAX_AGE each thread would otherwise keep one, and a fleet of waits
+    would take PostgreSQL's max_connections from everything else. One answered at once keeps
+    it, so the thread's next request does not connect again."""
+    if request.method != "POST" or not longpoll.enabled():
+        return _wait_api(request)
+    parts = request.META.get("HTTP_AUTHORIZATION", "").split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return _wait_api(request)
+    try:
+        req = WaitRequest.from_dict(orjson.loads(request.body))
+    except (orjson.JSONDecodeError, ProtocolError):
+        return _wait_api(request)
+    kind, host_id = fastpath.authenticate(raw_token=parts[1])
+    if kind != fastpath.SLOW or host_id != req.host_id:
+        return _wait_api(request)
+    changed = longpoll.wait(host_id=host_id, since=req.version, timeout_s=req.timeout_s,
+                            on_park=connection.close)
+    return HttpResponse(orjson.dumps(WaitResponse(changed=changed).to_dict()), content_type="application/json")
 
 
 def _claim(request) -> fastpath.Claim | None:

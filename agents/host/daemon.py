@@ -264,6 +264,7 @@ class Agent:
         self._poll_cond = threading.Condition()
         self._desired_version: str | None = None
         self._answers = 0
+        self._beating = False  # a heartbeat is in flight (its answer starts the next poll)
         self._acted = False  # the last iteration started or stopped a container
         # checkpoint-aware preemption: instance id -> when (self.clock) its signal was sent;
         # it is stopped checkpoint_grace_s later if the control plane still wants it
@@ -377,8 +378,17 @@ class Agent:
                 return
             except ControlPlaneError:
                 continue  # the next heartbeat says whether the control plane is back
-            if resp.changed:
+            if resp.changed and not self._answer_coming(version):
                 self.wake()
+
+    def _answer_coming(self, version: str) -> bool:
+        """Whether the change that ended the poll for ``version`` is, or will be, in a
+        heartbeat answer without another heartbeat: one came since the poll began, or one is
+        in flight. Most often the change was this host's own report (a container running, a
+        job done), published before that report's answer is even sent. Whatever that answer
+        missed, the poll for its version (next in the loop) returns at once."""
+        with self._poll_cond:
+            return self._beating or (self._desired_version is not None and self._desired_version != version)
 
     def _answered(self, version: str | None) -> None:
         with self._poll_cond:
@@ -492,7 +502,13 @@ class Agent:
                 logs=self._logs(),
                 volumes=self._volume_usage(started),
             )
-            resp = self.client.heartbeat(self.state.host_token, hb)
+            with self._poll_cond:
+                self._beating = True
+            try:
+                resp = self.client.heartbeat(self.state.host_token, hb)
+            finally:
+                with self._poll_cond:
+                    self._beating = False
         except Unauthorized as e:
             if self.state is not None:
                 logger.error(

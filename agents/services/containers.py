@@ -16,11 +16,12 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Final
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from agents.gangs import gang_report
 from agents.models import Host
 from agents.protocol import ObservedContainer
+from gpucloud.lib.db import pg_cursor
 from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
 from scheduler.container import END, MOVE, STOP, Report, Step, container_next
 from scheduler.hooks import cycle_wanted
@@ -190,14 +191,17 @@ def containers_observed_times(*, containers: list[ObservedContainer], attempts: 
     moved: dict[str, set[str]] = defaultdict(set)
     for wid, state in transitions:
         moved[wid].add(str(state))
+    seen: dict[object, ObservedContainer] = {}
     for o in containers:
         w = attempts.get(o.instance_id)
-        if w is None or w.nodes > 1 or str(w.pk) not in moved:
-            continue
-        states = moved[str(w.pk)]
-        row = Workload.objects.filter(pk=w.pk).values("state", "queued_at", "started_at", "ended_at").first()
-        if row is None:
-            continue
+        if w is not None and w.nodes == 1 and str(w.pk) in moved:
+            seen[w.pk] = o
+    if not seen:
+        return
+    rows = Workload.objects.filter(pk__in=list(seen)).values("pk", "state", "queued_at", "started_at", "ended_at")
+    updates: dict[tuple[str, ...], list[tuple[object, ...]]] = defaultdict(list)
+    for row in rows:
+        o, states = seen[row["pk"]], moved[str(row["pk"])]
         fields: dict[str, datetime] = {}
         started, finished = _parse_time(o.started_at), _parse_time(o.finished_at)
         floor = row["queued_at"]
@@ -209,4 +213,25 @@ def containers_observed_times(*, containers: list[ObservedContainer], attempts: 
                 and finished is not None and begun is not None and begun <= finished <= now):
             fields["ended_at"] = finished
         if fields:
-            Workload.objects.filter(pk=w.pk, state=row["state"]).update(**fields)
+            cols = tuple(sorted(fields))
+            updates[cols].append((row["pk"], row["state"], *(fields[c] for c in cols)))
+    for cols, values in updates.items():
+        _set_times(cols, values)
+
+
+def _set_times(cols: tuple[str, ...], values: list[tuple[object, ...]]) -> None:
+    """`cols` of each (workload id, state it was read in, *values), guarded on that state."""
+    if connection.vendor != "postgresql":
+        for pk, state, *times in values:
+            Workload.objects.filter(pk=pk, state=state).update(**dict(zip(cols, times, strict=True)))
+        return
+    sets = ", ".join(f"{c} = v.{c}" for c in cols)
+    arrays = ", ".join("%s::timestamptz[]" for _ in cols)
+    with pg_cursor() as cur:
+        cur.execute(
+            f"UPDATE {Workload._meta.db_table} AS w SET {sets} "
+            f"FROM unnest(%s::uuid[], %s::text[], {arrays}) AS v(id, state, {', '.join(cols)}) "
+            "WHERE w.id = v.id AND w.state = v.state",
+            [[v[0] for v in values], [str(v[1]) for v in values],
+             *([v[2 + i] for v in values] for i in range(len(cols)))],
+        )

@@ -25,6 +25,7 @@ from agents.services.gpus import gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
 from agents.services.registration import TokenRefused
 from agents.signals import volumes_reported
+from gpucloud.lib.db import model_columns, model_from_row
 from scheduler.hooks import cycle_wanted
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,33 @@ def seq_is_fresh(seq: int, last_seq: int) -> bool:
     return seq > last_seq or seq == 1 or seq < last_seq - SEQ_REORDER_WINDOW
 
 
+
+def _host_for_update(pk: object) -> Host:
+    """`Host.objects.select_for_update().get(pk=pk)`; in written SQL on PostgreSQL, where every
+    heartbeat that changes something takes it and building the ORM's query cost more CPU than
+    running it."""
+    if connection.vendor != "postgresql":
+        return Host.objects.select_for_update().get(pk=pk)
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {model_columns(Host, 'h')} FROM {Host._meta.db_table} h WHERE h.id = %s FOR UPDATE",
+                    [pk])
+        row = cur.fetchone()
+    if row is None:
+        raise Host.DoesNotExist
+    return model_from_row(Host, row)[0]
+
+
+def _host_save(host: Host, fields: list[str]) -> None:
+    """`host.save(update_fields=fields)`, in written SQL on PostgreSQL (as `_host_for_update`)."""
+    if connection.vendor != "postgresql":
+        host.save(update_fields=fields)
+        return
+    cols = [Host._meta.get_field(f) for f in fields]
+    with connection.cursor() as cur:
+        cur.execute(f"UPDATE {Host._meta.db_table} SET {', '.join(f'{c.column} = %s' for c in cols)} WHERE id = %s",
+                    [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
+
+
 def host_heartbeat(
     *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
     bulk: bool = True,
@@ -85,7 +113,7 @@ def host_heartbeat(
         _async_commit()
         # Heartbeats of one host decide their order one at a time; the liveness task's
         # DOWN update waits for this too.
-        locked = Host.objects.select_for_update().get(pk=host.pk)
+        locked = _host_for_update(host.pk)
         applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
         outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
         fields = ["last_heartbeat_at", "agent_version"]
@@ -100,7 +128,7 @@ def host_heartbeat(
         if outcome.applied:
             locked.last_seq = hb.seq
             fields.append("last_seq")
-        locked.save(update_fields=fields)
+        _host_save(locked, fields)
     if not outcome.applied:
         logger.info(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq

@@ -378,3 +378,27 @@ def test_the_fast_and_the_slow_path_store_the_same_outcome(client, registered, r
     fast = run(resp.json()["host_id"], resp.json()["host_token"])
     assert fast == slow
     assert slow[0] == 6 and slow[2][0][3] is not None and slow[2][1][3] is None  # GPU 0 idle, GPU 1 not
+
+
+def test_a_long_poll_with_a_cached_token_is_answered_without_sql(
+        client, registered, region, settings, django_assert_num_queries):  # noqa: F811
+    """The wait's own fast path: the token the heartbeat cached authenticates it in Redis; a
+    version that moved answers at once, with no SQL. A replaced token, or a token of another
+    host, still gets the synchronous view's 401."""
+    settings.AGENT_LONGPOLL_SLOTS = 2
+    host_id, token = registered
+    beat(client, host_id, token, 1)
+    answer = beat(client, host_id, token, 2)  # the token is in Redis now
+    wait = {"protocol_version": 1, "host_id": host_id, "version": "stale", "timeout_s": 1}
+    with django_assert_num_queries(0):
+        resp = post(client, "/agent/v1/wait", wait, token=token)
+    assert resp.status_code == 200 and resp.json()["changed"] is True
+    assert answer["desired_version"] != "stale"
+
+    other = post(client, "/agent/v1/register", register_body(new_token(region), hostname="h2")).json()
+    assert_error(post(client, "/agent/v1/wait", {**wait, "host_id": other["host_id"]}, token=token),
+                 401, "authentication_failed")
+    again = {**register_body(new_token(region)), "previous_host_token": token}
+    rotated = post(client, "/agent/v1/register", again).json()["host_token"]
+    assert_error(post(client, "/agent/v1/wait", wait, token=token), 401, "authentication_failed")
+    assert post(client, "/agent/v1/wait", wait, token=rotated).json()["changed"] is True

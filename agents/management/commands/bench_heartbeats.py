@@ -34,6 +34,8 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 
@@ -43,7 +45,11 @@ from agents.host.sim import SimGpuBackend
 from agents.models import GpuSample
 from agents.protocol import HEARTBEAT_PATH, Heartbeat, RegisterRequest
 from agents.services.registration import bootstrap_token_create
-from gpucloud.catalogue.models import GpuModel, Region
+from gpucloud.catalogue.models import GpuModel, Quota, Region
+from gpucloud.tenancy.services import tenant_create
+from scheduler.cycle import run_cycle
+from scheduler.models import Workload, WorkloadEvent
+from scheduler.services import WorkloadSpec, workload_launch
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -72,9 +78,19 @@ class Command(BaseCommand):
                             help="gunicorn worker processes (default: one per CPU)")
         parser.add_argument("--threads", type=int, default=4,
                             help="threads per worker (gthread); 1: the sync worker")
+        parser.add_argument("--changed", type=int, default=0, metavar="K",
+                            help="instead: heartbeats that report K container transitions each "
+                                 "(K in 1, 2, 4, 8: each host runs K jobs of 8/K GPUs)")
+        parser.add_argument("--profile-dir", default="",
+                            help="with --changed: cProfile every request, web-<pid>.prof files here")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args, hosts, seconds, concurrency, workers, threads, **options):
+        if options["changed"]:
+            if options["changed"] not in (1, 2, 4, 8):
+                raise CommandError("--changed must be 1, 2, 4 or 8")
+            return self._changed(hosts, options["changed"], concurrency, workers, threads, options["json"],
+                                 options["profile_dir"])
         if hosts < 1 or seconds <= 0 or concurrency < 1 or workers < 1:
             raise CommandError("--hosts, --seconds, --concurrency and --workers must be positive")
         if connection.vendor != "postgresql":
@@ -123,6 +139,134 @@ class Command(BaseCommand):
         else:
             for key, value in out.items():
                 self.stdout.write(f"{key:>20}: {value}")
+
+
+    def _changed(self, hosts: int, k: int, concurrency: int, workers: int, threads: int, as_json: bool,
+                 profile_dir: str):
+        """Heartbeats that change something: each host gets K jobs placed by a real scheduling
+        cycle, then (one phase at a time, every host in it) a heartbeat that picks the
+        placements up (containers `[]`, the answer is new), one that reports all K running,
+        one that reports all K exited 0, and one with the containers removed. Server CPU
+        per heartbeat of each phase, and the transitions it made."""
+        if connection.vendor != "postgresql":
+            raise CommandError("the benchmark needs PostgreSQL (set DATABASE_URL)")
+        creation = connection.creation
+        old_name = connection.settings_dict["NAME"]
+        creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+        server = None
+        try:
+            tokens, tenant, region = _prepare_changed(hosts)
+            db = connection.settings_dict
+            port = _free_port()
+            server = _start_server(db, port, workers, threads, profile_dir)
+            registered = _register(f"http://127.0.0.1:{port}", tokens)
+            _blast_phase(port, registered, concurrency, lambda i: [])  # a first, untimed beat each
+            _place(tenant, region, hosts, k)
+            connections.close_all()
+            out = _changed_phases(port, registered, concurrency, k, server.pid)
+            out.update(hosts=hosts, containers_per_heartbeat=k, workers=workers, threads=threads,
+                       concurrency=concurrency, loadavg_1m=round(os.getloadavg()[0], 2))
+        finally:
+            if server is not None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+            connections.close_all()
+            creation.destroy_test_db(old_name, verbosity=0)
+        if as_json:
+            self.stdout.write(json.dumps(out))
+        else:
+            for key, value in out.items():
+                self.stdout.write(f"{key:>20}: {value}")
+
+
+def _prepare_changed(n: int):
+    """The catalogue (seed_catalog), a tenant free to run n*8 GPUs, one token per host."""
+    call_command("seed_catalog", stdout=open(os.devnull, "w"))
+    region = Region.objects.get(code="us-east-1")
+    user = get_user_model().objects.create_user(username="bench@hb.test", email="bench@hb.test",
+                                                password=secrets.token_urlsafe(16))
+    tenant = tenant_create(name="Bench", owner=user)
+    Quota.objects.update_or_create(tenant=tenant, gpu_model=None, region=None,
+                                   defaults={"max_gpus": 1_000_000, "max_instances": 1_000_000})
+    return [bootstrap_token_create(region=region)[1] for _ in range(n)], tenant, region
+
+
+def _place(tenant, region, hosts: int, k: int) -> None:
+    """hosts*k jobs of 8/k GPUs, placed by scheduling cycles (k per host: they fill it)."""
+    for i in range(hosts * k):
+        workload_launch(tenant=tenant, spec=WorkloadSpec(
+            kind="job", name=f"hb-{i}", instance_type=f"h100.{8 // k}x", region=region.code,
+            image="busybox", command=["true"]))
+    for _ in range(20):
+        run_cycle(region_id=region.pk)
+        if not Workload.objects.filter(state="pending").exists():
+            return
+    raise CommandError("the scheduler did not place every job")
+
+
+def _blast_phase(port: int, hosts: list[tuple[str, bytes, bytes]], concurrency: int, containers,
+                 seq: int = 1) -> tuple[list, int]:
+    """One heartbeat per host with `containers(i)` as its container report, C threads;
+    returns each host's answer (its `desired`) and the errors."""
+    answers: list = [None] * len(hosts)
+    errors = [0]
+
+    def client(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for i in range(k, len(hosts), concurrency):
+            token, head, tail = hosts[i]
+            body = json.loads(head + b'"seq": %d' % seq + tail)
+            body["containers"] = containers(i)
+            try:
+                conn.request("POST", HEARTBEAT_PATH, body=json.dumps(body).encode(), headers={
+                    "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                errors[0] += 1
+                continue
+            if resp.status != 200:
+                errors[0] += 1
+            else:
+                answers[i] = json.loads(data).get("desired", [])
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers, errors[0]
+
+
+def _changed_phases(port: int, hosts: list, concurrency: int, k: int, server_pid: int) -> dict:
+    out: dict = {}
+    desired: list = [[]] * len(hosts)
+
+    def running(i: int) -> list:
+        return [{"instance_id": d["instance_id"], "state": "running"} for d in desired[i]]
+
+    def exited(i: int) -> list:
+        return [{"instance_id": d["instance_id"], "state": "exited", "exit_code": 0} for d in desired[i]]
+
+    phases = [("pickup", lambda i: []), ("running", running), ("exited", exited), ("removed", lambda i: [])]
+    for n, (name, containers) in enumerate(phases, start=2):
+        ev0, cpu0, t0 = WorkloadEvent.objects.count(), _cpu_s(server_pid), time.perf_counter()
+        answers, errors = _blast_phase(port, hosts, concurrency, containers, seq=n)
+        cpu, dt = _cpu_s(server_pid) - cpu0, time.perf_counter() - t0
+        if name == "pickup":
+            desired = [a or [] for a in answers]
+            got = sum(len(d) for d in desired)
+            if got != len(hosts) * k:
+                raise CommandError(f"the answers carried {got} placements, not {len(hosts) * k}")
+        out[name] = {"server_cpu_ms_per_heartbeat": round(cpu * 1000 / len(hosts), 2),
+                     "transitions_per_heartbeat": round((WorkloadEvent.objects.count() - ev0) / len(hosts), 2),
+                     "heartbeats_per_s": round(len(hosts) / dt, 1), "errors": errors}
+    return out
 
 
 def _prepare(n: int) -> list[str]:
@@ -182,7 +326,7 @@ def _cpu_s(master: int) -> float:
     return total
 
 
-def _start_server(db: dict, port: int, workers: int, threads: int) -> subprocess.Popen:
+def _start_server(db: dict, port: int, workers: int, threads: int, profile_dir: str = "") -> subprocess.Popen:
     user = db.get("USER") or ""
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
     env = {
@@ -203,6 +347,10 @@ def _start_server(db: dict, port: int, workers: int, threads: int) -> subprocess
         # The workers touch a file per loop turn to say they are alive; on an overlay
         # or disk /tmp that costs more than a fast-path heartbeat (gunicorn's docs).
         cmd += ["--worker-tmp-dir", "/dev/shm"]
+    if profile_dir:
+        # bench_e2e's request accounting, with a cProfile of every request (dumped at exit)
+        env.update(BENCH_WEB_CPU_DIR=profile_dir, BENCH_WEB_PROFILE="1")
+        cmd += ["-c", str(REPO / "frontend" / "management" / "commands" / "_webcpu.py")]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

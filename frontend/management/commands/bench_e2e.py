@@ -32,6 +32,7 @@ import os
 import pstats
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -168,6 +169,14 @@ class Command(BaseCommand):
         parser.add_argument("--profile", type=int, default=0, metavar="N",
                             help="first profile N job and N instance creates in this process")
         parser.add_argument("--profile-only", action="store_true", help="only the profile")
+        parser.add_argument("--web-cpu", action="store_true",
+                            help="count the web's requests per job and their CPU, by kind (_webcpu.py)")
+        parser.add_argument("--web-profile", action="store_true",
+                            help="with --web-cpu: cProfile every web request, listing on stderr")
+        parser.add_argument("--log-level", default="WARNING",
+                            help="of the worker and beat (INFO: each task and how long it took)")
+        parser.add_argument("--keep-logs", default="", metavar="DIR",
+                            help="copy the processes' logs (web, worker, beat, fleet) into DIR")
         parser.add_argument("--timeout-s", type=float, default=900.0)
         parser.add_argument("--json", action="store_true")
 
@@ -201,9 +210,16 @@ class Command(BaseCommand):
                 connections.close_all()
                 procs = _start(o, Path(tmp.name), tokens)
                 out = {**_run(o, procs, keys), **profile}
+                if o["web_profile"]:
+                    procs.stop()
+                    _print_web_profile(Path(tmp.name) / "webcpu", self.stderr)
         finally:
             if procs is not None:
                 procs.stop()
+                if o["keep_logs"]:
+                    Path(o["keep_logs"]).mkdir(parents=True, exist_ok=True)
+                    for name in procs.procs:
+                        shutil.copy(Path(tmp.name) / f"{name}.log", Path(o["keep_logs"]) / f"{name}.log")
             connections.close_all()
             connection.creation.destroy_test_db(old_name, verbosity=0)
             tmp.cleanup()
@@ -318,6 +334,12 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     }
     if o["api_rate_limit"]:
         env["API_RATE_LIMIT"] = o["api_rate_limit"]
+    web_cpu = []
+    if o["web_cpu"] or o["web_profile"]:
+        (tmp / "webcpu").mkdir()
+        env["BENCH_WEB_CPU_DIR"] = str(tmp / "webcpu")
+        env["BENCH_WEB_PROFILE"] = "1" if o["web_profile"] else "0"
+        web_cpu = ["-c", str(Path(__file__).with_name("_webcpu.py"))]
     procs = _Procs(env, tmp)
     procs.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     procs.port = port  # type: ignore[attr-defined]
@@ -325,10 +347,11 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     procs.start("web", [py, "-m", "gunicorn", "gpucloud.wsgi", "--bind", f"127.0.0.1:{port}",
                         "--workers", str(o["web_workers"]), "--worker-class", "gthread",
                         "--threads", str(threads), "--log-level", "warning", "--backlog", "2048",
-                        "--worker-tmp-dir", "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp)])
+                        "--worker-tmp-dir", "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp),
+                        *web_cpu])
     procs.start("worker", [py, "-m", "celery", "-A", "gpucloud", "worker", "--concurrency", "2",
-                           "--without-gossip", "--without-mingle", "--loglevel", "WARNING"])
-    procs.start("beat", [py, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel", "WARNING",
+                           "--without-gossip", "--without-mingle", "--loglevel", o["log_level"]])
+    procs.start("beat", [py, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel", o["log_level"],
                          "--schedule", str(tmp / "beat-schedule")])
     _wait_port(procs, port)
     procs.start("fleet", [py, "-m", "agents.host", "--sim-fleet", str(o["hosts"]),
@@ -417,6 +440,8 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
     out: dict = {"hosts": o["hosts"], "gpus": n_gpus, "jobs": o["jobs"], "clients": o["clients"],
                  "array": o["array"], "mix": o["mix"], "loadavg_1m_start": round(os.getloadavg()[0], 2)}
     cpu0, pg0 = procs.cpu(), _pg_backend_cpu(connection.settings_dict["NAME"])
+    webdir = procs.logdir / "webcpu"
+    web0 = _web_cpu(webdir)
     t0 = time.time()
     if o["mix"]:
         bodies = _mix_bodies(o)
@@ -431,6 +456,9 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
     _wait(lambda: _done(t0) >= expected, procs, o["timeout_s"], "every job to end", poll_s=0.5)
     t_end = time.time()
     cpu1, pg1 = procs.cpu(), _pg_backend_cpu(connection.settings_dict["NAME"])
+    if webdir.is_dir():
+        time.sleep(0.6)  # the workers write their counters every half second
+        out["web_requests_per_job"] = _web_cpu_per_job(web0, _web_cpu(webdir), expected)
     out.update(_timeline(t0, expected))
     per = {name: round((cpu1[name] - cpu0.get(name, 0.0)) * 1000 / expected, 2) for name in cpu1}
     per["postgres"] = round(sum(v - pg0.get(pid, 0.0) for pid, v in pg1.items()) * 1000 / expected, 2)
@@ -446,12 +474,61 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
             out["idle_error"] = str(e)[:300]
     if o["idle_seconds"] > 0:
         # the platform with nothing to do: beat's ticks, the fleet's heartbeats, the flushes
-        c0, w0 = procs.cpu(), time.monotonic()
+        c0, w0, i0 = procs.cpu(), time.monotonic(), _web_cpu(webdir)
         time.sleep(o["idle_seconds"])
         c1, dt = procs.cpu(), time.monotonic() - w0
         out["idle_cpu_share_of_a_core"] = {k: round((c1[k] - c0[k]) / dt, 3) for k in c1}
+        if webdir.is_dir():
+            # requests per second and CPU ms per second, by kind
+            out["idle_web_requests_per_s"] = _web_cpu_per_job(i0, _web_cpu(webdir), dt)
     out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     return out
+
+
+def _web_cpu(webdir: Path) -> dict[str, list[float]]:
+    """The web workers' request counters (_webcpu.py), summed: kind -> [requests, CPU s]."""
+    total: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    if not webdir.is_dir():
+        return total
+    for f in webdir.glob("web-*.json"):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        for k, (n, s) in data.items():
+            total[k][0] += n
+            total[k][1] += s
+    return total
+
+
+def _web_cpu_per_job(before: dict, after: dict, per: float) -> dict[str, list[float]]:
+    """kind -> [requests per job, CPU ms per job, CPU ms per request], largest CPU first;
+    `_process` is the workers' whole CPU, `_requests` the part inside requests."""
+    out = {}
+    inside = [0.0, 0.0]
+    for k, (n, s) in after.items():
+        dn, ds = n - before.get(k, [0, 0.0])[0], s - before.get(k, [0, 0.0])[1]
+        if dn <= 0 and k != "_process":
+            continue
+        if k != "_process":
+            inside[0] += dn
+            inside[1] += ds
+        out[k] = [round(dn / per, 3), round(ds * 1000 / per, 2), round(ds * 1000 / dn, 2) if dn else 0.0]
+    out["_requests"] = [round(inside[0] / per, 3), round(inside[1] * 1000 / per, 2),
+                        round(inside[1] * 1000 / inside[0], 2) if inside[0] else 0.0]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
+
+
+def _print_web_profile(webdir: Path, err) -> None:
+    files = [str(f) for f in webdir.glob("web-*.prof")]
+    if not files:
+        err.write("--- web profile: no worker wrote one\n")
+        return
+    buf = io.StringIO()
+    stats = pstats.Stats(*files, stream=buf)
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(40)
+    err.write("--- web profile (every request of the run, CPU time)\n" + buf.getvalue())
 
 
 def _mix_bodies(o) -> list[dict]:

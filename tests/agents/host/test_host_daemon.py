@@ -7,6 +7,7 @@ endpoints live with the control plane.
 from __future__ import annotations
 
 import json
+import queue
 import random
 import signal
 import socket
@@ -23,13 +24,15 @@ from agents.host import __main__ as agent_main
 from agents.host.config import AgentConfig
 from agents.host.daemon import Agent, backoff
 from agents.host.sim import LABEL_SIM_DURATION, LABEL_SIM_EXIT_CODE, SimGpuBackend, SimRuntime
-from agents.host.state import load_state
+from agents.host.state import HostState, load_state
 from agents.protocol import (
     DesiredContainer,
     Heartbeat,
     HeartbeatResponse,
     RegisterRequest,
     RegisterResponse,
+    WaitRequest,
+    WaitResponse,
 )
 
 
@@ -391,3 +394,59 @@ def test_main_refuses_bad_config(
 ) -> None:
     assert agent_main.main(["--server", "ftp://x"]) == 2
     assert "GPUCLOUD_SERVER" in capsys.readouterr().err
+
+
+# --- the long poll ------------------------------------------------------------------------
+
+
+class PollClient:
+    """A control plane whose long polls the test answers, one at a time."""
+
+    def __init__(self) -> None:
+        self.polled: queue.Queue[str] = queue.Queue()
+        self.answers: queue.Queue[WaitResponse] = queue.Queue()
+
+    def wait(self, token: str, req: WaitRequest) -> WaitResponse:
+        self.polled.put(req.version)
+        return self.answers.get(timeout=10)
+
+
+def test_a_poll_woken_by_the_hosts_own_report_does_not_heartbeat_again(tmp_path: Path) -> None:
+    """The change that ends a poll is most often the host's own report, whose answer (read
+    after it) came while the poll waited, or is in flight: no second heartbeat for it, and the
+    next poll is for the newer version. A change nobody answered yet still wakes the agent."""
+    agent = make_agent("http://127.0.0.1:9", tmp_path)
+    client = PollClient()
+    agent.client = client  # type: ignore[assignment]
+    agent.state = HostState("http://127.0.0.1:9", "h-1", "tok")
+    threading.Thread(target=agent._poll_loop, daemon=True).start()
+    try:
+        agent._answered("1")
+        assert client.polled.get(timeout=10) == "1"
+        agent._answered("2")  # the host's own report moved the version, and was answered
+        client.answers.put(WaitResponse(changed=True))
+        assert client.polled.get(timeout=10) == "2"
+        assert not agent._wake.is_set()
+
+        decided: queue.Queue[bool] = queue.Queue()
+        coming = agent._answer_coming
+
+        def spy(version: str) -> bool:
+            got = coming(version)
+            decided.put(got)
+            return got
+
+        agent._answer_coming = spy  # type: ignore[method-assign]
+        agent._beating = True  # the report's answer is on its way: it starts the next poll
+        client.answers.put(WaitResponse(changed=True))
+        assert decided.get(timeout=10) is True
+        agent._beating = False
+        agent._answered("3")
+        assert client.polled.get(timeout=10) == "3"
+        assert not agent._wake.is_set()
+
+        client.answers.put(WaitResponse(changed=True))  # a placement: nobody answered it yet
+        assert agent._wake.wait(timeout=10)
+    finally:
+        agent.request_stop()
+        client.answers.put(WaitResponse(changed=False))
