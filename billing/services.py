@@ -16,13 +16,13 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from agents.models import Gpu
 from billing import metering, pricing
-from billing.accounts import account_for, launch_blocks_refresh, ledger_post
+from billing.accounts import account_for, launch_blocks_refresh, ledger_post, ledger_post_many
 from billing.alerts import budget_alert_deliver_task, low_balance_notify_task
 from billing.choices import EntryKind, InvoiceStatus
 from billing.metering import epoch_ceil, epoch_floor, from_epoch
@@ -169,53 +169,113 @@ def meters_discover(*, cutoff: datetime) -> int:
         return len(new)
 
 
-def meter_workload(*, workload_id: UUID, cutoff: datetime) -> tuple[int, Decimal]:
-    """Post the workload's running seconds in [watermark, cutoff). Idempotent.
+@dataclass
+class _Window:
+    """What one meter posts for [watermark, cutoff): its entries and the meter's new totals."""
 
-    One transaction: the meter row is locked, the entries are inserted, the balance and
-    the watermark move together. Killed anywhere, it posted the window whole or not at
-    all; run twice, the second finds the watermark at `cutoff` and posts nothing.
-    Returns (entries posted, amount charged).
+    entries: list[LedgerEntry]
+    amount: Decimal
+    price_seconds: Decimal
+    seconds: int
+    done: bool
+
+
+def meters_post(*, workload_ids: list[UUID], cutoff: datetime) -> tuple[int, int, Decimal]:
+    """Post the running seconds in [watermark, cutoff) of these workloads' meters, all in one
+    transaction and a fixed number of statements. Idempotent.
+
+    The meters still behind `cutoff` are locked in key order (concurrent runs lock in the same
+    order; one that waited re-reads the watermark and skips what the other posted); the
+    workloads, their transitions and their prices are read in one query each; the slices and
+    amounts are computed per workload exactly as billing/metering.py says; the entries go
+    through `ledger_post_many` (one insert, one balance update); the watermarks move in one
+    update. Killed anywhere, the chunk posted whole or not at all; run twice, the second finds
+    every watermark at `cutoff` and posts nothing. Returns (meters moved, entries, amount).
     """
     with transaction.atomic():
-        meter = Meter.objects.select_for_update().filter(pk=workload_id).first()
-        if meter is None or meter.metered_until >= cutoff:
-            return 0, Decimal(0)
-        w = (Workload.objects.filter(pk=workload_id)
-             .values("tenant_id", "instance_type_id", "region_id", "billing", "nodes",
-                     "instance_type__gpu_count", "instance_type__gpu_share_milli").get())
-        events = [(epoch_floor(t), s) for t, s in WorkloadEvent.objects.filter(workload_id=workload_id)
-                  .order_by("created_at", "id").values_list("created_at", "to_state")]
-        prices = [(epoch_ceil(t), p) for t, p in Price.objects.filter(
-            instance_type_id=w["instance_type_id"], region_id=w["region_id"], kind=w["billing"])
-            .order_by("effective_from").values_list("effective_from", "per_hour")]
-        start, end = epoch_floor(meter.metered_until), epoch_floor(cutoff)
-        parts = metering.slices(events=events, prices=prices, start=start, end=end)
-        money = metering.amounts(parts, nodes=w["nodes"], cumulative=meter.price_seconds)
-        gpu_milli = w["instance_type__gpu_count"] * w["instance_type__gpu_share_milli"] * w["nodes"]
-        entries = [
-            LedgerEntry(
-                tenant_id=w["tenant_id"], kind=EntryKind.USAGE, amount=-amount, workload_id=workload_id,
-                instance_type_id=w["instance_type_id"], region_id=w["region_id"], price_kind=w["billing"],
-                per_hour=part.per_hour, nodes=w["nodes"], gpu_milli=gpu_milli,
-                period_start=from_epoch(part.start), period_end=from_epoch(part.end), seconds=part.seconds,
-                price_seconds=ps, memo=f"{part.seconds} s at {part.per_hour}/h",
-            )
-            for part, (ps, amount) in zip(parts, money, strict=True)
-        ]
-        total = sum((a for _, a in money), Decimal(0))
-        if entries:
-            ledger_post(tenant_id=w["tenant_id"], entries=entries)
-        # Done when the last transition left RUNNING at or before the window's end: nothing
-        # after it can be billable until a new RUNNING reopens the meter (meters_discover).
-        last = events[-1] if events else None
-        done = last is not None and last[1] != State.RUNNING and last[0] <= end
-        Meter.objects.filter(pk=workload_id).update(
-            metered_until=cutoff, price_seconds=F("price_seconds") + sum((ps for ps, _ in money), Decimal(0)),
-            amount=F("amount") + total, seconds=F("seconds") + sum(p.seconds for p in parts), done=done,
-            updated_at=timezone.now(),
+        meters = list(Meter.objects.select_for_update().filter(pk__in=workload_ids, metered_until__lt=cutoff)
+                      .order_by("pk").values_list("pk", "metered_until", "price_seconds"))
+        if not meters:
+            return 0, 0, Decimal(0)
+        ids = [pk for pk, _until, _ps in meters]
+        workloads = {w["id"]: w for w in Workload.objects.filter(pk__in=ids).values(
+            "id", "tenant_id", "instance_type_id", "region_id", "billing", "nodes",
+            "instance_type__gpu_count", "instance_type__gpu_share_milli")}
+        events: dict[UUID, list[tuple[int, str]]] = {pk: [] for pk in ids}
+        for wid, t, state in (WorkloadEvent.objects.filter(workload_id__in=ids)
+                              .order_by("workload_id", "created_at", "id")
+                              .values_list("workload_id", "created_at", "to_state")):
+            events[wid].append((epoch_floor(t), state))
+        prices: dict[tuple[int, int, str], list[tuple[int, Decimal]]] = {
+            (w["instance_type_id"], w["region_id"], w["billing"]): [] for w in workloads.values()}
+        for it, region, kind, t, per_hour in (Price.objects.filter(
+                instance_type_id__in={k[0] for k in prices}, region_id__in={k[1] for k in prices},
+                kind__in={k[2] for k in prices}).order_by("effective_from")
+                .values_list("instance_type_id", "region_id", "kind", "effective_from", "per_hour")):
+            if (it, region, kind) in prices:
+                prices[it, region, kind].append((epoch_ceil(t), per_hour))
+        end = epoch_floor(cutoff)
+        windows = {pk: _window(workload_id=pk, w=workloads[pk], events=events[pk],
+                               prices=prices[workloads[pk]["instance_type_id"], workloads[pk]["region_id"],
+                                             workloads[pk]["billing"]],
+                               start=epoch_floor(until), end=end, cumulative=cumulative)
+                   for pk, until, cumulative in meters}
+        by_tenant: dict[Any, list[LedgerEntry]] = {}
+        for pk, window in windows.items():
+            if window.entries:
+                by_tenant.setdefault(workloads[pk]["tenant_id"], []).extend(window.entries)
+        ledger_post_many(entries_by_tenant=by_tenant)
+        _meters_advance(windows=windows, cutoff=cutoff)
+        return (len(windows), sum(len(w.entries) for w in windows.values()),
+                sum((w.amount for w in windows.values()), Decimal(0)))
+
+
+def _window(*, workload_id: UUID, w: dict[str, Any], events: list[tuple[int, str]],
+            prices: list[tuple[int, Decimal]], start: int, end: int, cumulative: Decimal) -> _Window:
+    """One workload's slices of [start, end) as ledger entries (pure arithmetic on what was read)."""
+    parts = metering.slices(events=events, prices=prices, start=start, end=end)
+    money = metering.amounts(parts, nodes=w["nodes"], cumulative=cumulative)
+    gpu_milli = w["instance_type__gpu_count"] * w["instance_type__gpu_share_milli"] * w["nodes"]
+    entries = [
+        LedgerEntry(
+            tenant_id=w["tenant_id"], kind=EntryKind.USAGE, amount=-amount, workload_id=workload_id,
+            instance_type_id=w["instance_type_id"], region_id=w["region_id"], price_kind=w["billing"],
+            per_hour=part.per_hour, nodes=w["nodes"], gpu_milli=gpu_milli,
+            period_start=from_epoch(part.start), period_end=from_epoch(part.end), seconds=part.seconds,
+            price_seconds=ps, memo=f"{part.seconds} s at {part.per_hour}/h",
         )
-        return len(entries), total
+        for part, (ps, amount) in zip(parts, money, strict=True)
+    ]
+    # Done when the last transition left RUNNING at or before the window's end: nothing
+    # after it can be billable until a new RUNNING reopens the meter (meters_discover).
+    last = events[-1] if events else None
+    return _Window(entries=entries, amount=sum((a for _, a in money), Decimal(0)),
+                   price_seconds=cumulative + sum((ps for ps, _ in money), Decimal(0)),
+                   seconds=sum(p.seconds for p in parts),
+                   done=last is not None and last[1] != State.RUNNING and last[0] <= end)
+
+
+def _meters_advance(*, windows: dict[UUID, _Window], cutoff: datetime) -> None:
+    """Move the locked meters' watermarks to `cutoff` and add what was posted, in one UPDATE
+    from arrays (the rows are locked by this transaction, so adding to them is exact)."""
+    now = timezone.now()
+    if connection.vendor != "postgresql":  # the SQLite demo: one update per meter
+        for pk, w in windows.items():
+            Meter.objects.filter(pk=pk).update(
+                metered_until=cutoff, price_seconds=w.price_seconds, amount=F("amount") + w.amount,
+                seconds=F("seconds") + w.seconds, done=w.done, updated_at=now)
+        return
+    table = connection.ops.quote_name(Meter._meta.db_table)
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {table} m SET metered_until = %s, price_seconds = v.price_seconds,"
+            " amount = m.amount + v.amount, seconds = m.seconds + v.seconds, done = v.done, updated_at = %s"
+            " FROM unnest(%s::uuid[], %s::numeric[], %s::numeric[], %s::bigint[], %s::boolean[])"
+            " AS v(workload_id, price_seconds, amount, seconds, done) WHERE m.workload_id = v.workload_id",
+            [cutoff, now, list(windows), [w.price_seconds for w in windows.values()],
+             [w.amount for w in windows.values()], [w.seconds for w in windows.values()],
+             [w.done for w in windows.values()]],
+        )
 
 
 def metering_run(*, now: datetime | None = None) -> MeteringStats:
@@ -228,12 +288,15 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
     cutoff = metering_cutoff(now)
     stats = MeteringStats(cutoff=cutoff)
     stats.discovered = meters_discover(cutoff=cutoff)
-    # In key order: concurrent runs lock meters in the same order, and a run's progress is predictable.
-    for wid in list(Meter.objects.filter(done=False, metered_until__lt=cutoff)
-                    .order_by("pk").values_list("pk", flat=True)):
-        n, amount = meter_workload(workload_id=wid, cutoff=cutoff)
-        stats.metered += 1
-        stats.entries += n
+    # In key order and in chunks of METERING_CHUNK meters, a transaction each: concurrent runs
+    # lock meters in the same order, a run's progress is predictable, and no run holds its
+    # locks (meters, accounts) for longer than one chunk.
+    todo = list(Meter.objects.filter(done=False, metered_until__lt=cutoff).order_by("pk").values_list("pk", flat=True))
+    step = max(1, settings.METERING_CHUNK)
+    for i in range(0, len(todo), step):
+        metered, entries, amount = meters_post(workload_ids=todo[i:i + step], cutoff=cutoff)
+        stats.metered += metered
+        stats.entries += entries
         stats.amount += amount
     _n, stored, stored_amount = storage_metering_run(cutoff=cutoff)  # volumes: GiB-seconds
     stats.entries += stored

@@ -409,6 +409,10 @@ WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", False)
 # clock so that every transition of the window has committed.
 METERING_INTERVAL_S = env_int("METERING_INTERVAL_S", 60)
 METERING_SETTLE_S = env_int("METERING_SETTLE_S", 30)
+# A metering run posts this many workloads' windows per transaction (a few statements each
+# chunk): bigger chunks cost fewer round trips, smaller ones hold the meters' and accounts'
+# locks for less time.
+METERING_CHUNK = env_int("METERING_CHUNK", 500)
 SPOT_FLOOR_FRACTION = env_decimal("SPOT_FLOOR_FRACTION", "0.30")  # where no SpotFloor row says
 SPOT_RECOMPUTE_S = env_int("SPOT_RECOMPUTE_S", 60)
 # Alarms (docs/alarms.md): a period is evaluated once it ended this long ago (its samples have

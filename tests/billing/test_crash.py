@@ -28,12 +28,14 @@ from tests.billing.helpers import at, make_run, make_volume, set_price, set_stor
 from tests.conftest import make_actor
 
 N = 120
+CHUNK = 10  # meters per transaction in the worker (METERING_CHUNK): a run of N is 12 transactions
 
 
 def start_worker() -> subprocess.Popen:
     db = settings.DATABASES["default"]
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.test_settings",
-           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+           "METERING_CHUNK": str(CHUNK)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "gpucloud", "worker", "--pool=solo", "--concurrency=1",
          "--without-gossip", "--without-mingle", "--loglevel=WARNING"],
@@ -92,8 +94,9 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
 
     # The kill must land mid-run however the two processes are scheduled, so the test
     # holds a gate: a FOR UPDATE lock on one workload row past the kill point. The run
-    # meters in key order; the gate's COMMIT waits on that lock (the deferred foreign-key
-    # check of its ledger entries), so the run cannot get past the gate before the kill.
+    # meters in key order, CHUNK meters a transaction; the COMMIT of the gate's chunk waits on
+    # that lock (the deferred foreign-key check of its ledger entries), so the run cannot get
+    # past the gate before the kill, and the meters move a whole chunk at a time.
     # Whether that COMMIT then lands is PostgreSQL's affair: a backend waiting on a lock
     # does not notice its client is gone, so it commits, whole, once the gate opens.
     end = metering.epoch_floor(cutoff)
@@ -124,9 +127,11 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
     for at_gate in (True, False):  # the first kill lands inside the gate's COMMIT, the second anywhere before it
         advanced = Meter.objects.filter(metered_until=cutoff).count()
         remaining = sorted(m for m in Meter.objects.exclude(metered_until=cutoff).values_list("pk", flat=True))
-        # the gate in the first half of what is left, so both kills land mid-run
-        gate = rng.choice([i for i in range(1, len(remaining) // 2 + 1) if remaining[i] in billable])
-        k = gate if at_gate else rng.randint(1, gate)  # meters the run gets through before the kill
+        # the gate in the first half of what is left, past the first chunk, so both kills land mid-run
+        gate = rng.choice([i for i in range(CHUNK, len(remaining) // 2 + 1) if remaining[i] in billable])
+        k = gate if at_gate else rng.randint(1, gate)
+        before = k // CHUNK * CHUNK  # meters the run gets through before the kill: whole chunks
+        gated = (gate // CHUNK + 1) * CHUNK  # ...and at most: through the gate's chunk, if its COMMIT lands
         ours = backends()
         with connect() as lock:
             assert lock.execute(f"SELECT 1 FROM {Workload._meta.db_table} WHERE id = %s FOR UPDATE",
@@ -135,7 +140,7 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
             try:
                 metering_run_task.delay(now.isoformat())
                 deadline = time.monotonic() + 60
-                while ((Meter.objects.filter(metered_until=cutoff).count() < advanced + k
+                while ((Meter.objects.filter(metered_until=cutoff).count() < advanced + before
                         or (at_gate and not waiting_on_a_lock())) and time.monotonic() < deadline):
                     time.sleep(0.01)
                 assert waiting_on_a_lock() or not at_gate, "the run waits at the gate"
@@ -149,7 +154,7 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
         while backends() - ours and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not backends() - ours
-        assert advanced + k <= Meter.objects.filter(metered_until=cutoff).count() <= advanced + gate + 1
+        assert advanced + before <= Meter.objects.filter(metered_until=cutoff).count() <= advanced + gated
     done = Meter.objects.filter(metered_until=cutoff).count()
     assert 0 < done < N, "the kills landed mid-run"
 

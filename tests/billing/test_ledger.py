@@ -66,8 +66,11 @@ def test_a_still_running_instance_is_posted_in_closed_windows(alice, catalog, se
     assert entries[0].gpu_milli == 250
 
 
-def test_a_crash_inside_the_run_loses_and_doubles_nothing(alice, charlie, catalog, monkeypatch):
-    """Crash the run at random points (an exception inside a workload's transaction), run again."""
+def test_a_crash_inside_the_run_loses_and_doubles_nothing(alice, charlie, catalog, monkeypatch, settings):
+    """Crash the run at random points (an exception inside a chunk's transaction), run again.
+    A meter per chunk, so that a run has a transaction per workload to crash between
+    (tests/billing/test_crash.py kills runs of bigger chunks)."""
+    settings.METERING_CHUNK = 1
     set_price("h100.1x", "2.4900")
     set_price("h100.1x", "2.9900", since=at(2025, 3, 1, 11, 0, 0, 300_000))
     rng = random.Random(7)
