@@ -6,14 +6,17 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 from django.db.models import Sum
 
 from billing import metering, pricing, services
 from billing.choices import EntryKind, InvoiceStatus
 from billing.models import Account, Invoice, LedgerEntry, Meter
+from gpucloud.tenancy.models import Tenant
 from scheduler.choices import State
 from scheduler.snapshot import tenant_views
 from tests.billing.helpers import at, make_run, make_volume, set_price, set_storage_price
+from tests.conftest import make_actor
 
 pytestmark = pytest.mark.django_db
 
@@ -199,3 +202,36 @@ def test_metering_that_spends_the_balance_blocks_launches_at_once(alice, catalog
     assert (alice.tenant.launch_blocked, alice.tenant.launch_blocked_reason) == (True, "insufficient_credit")
     assert [v.budget_exhausted for v in tenant_views({str(alice.tenant.pk)})] == [True]
     assert balance_is_sum_of_entries(alice.tenant)
+
+
+def test_one_chunk_of_many_tenants_posts_as_a_run_per_workload_did(alice, charlie, catalog, settings):
+    """A chunk holds several tenants' meters: each tenant's entries, balance and launch verdict
+    come out as they did when every workload was its own transaction (chunks of one, rolled back)."""
+    dora = make_actor("dora@chunks.test", tenant_name="Dora")
+    set_price("h100.1x", "2.4900")
+    set_price("h100.1x", "2.9900", since=at(2025, 3, 1, 1, 0, 0, 500_000))
+    services.credit_grant(tenant=charlie.tenant, amount=Decimal("-995"), kind=EntryKind.ADJUSTMENT)  # 5 left
+    actors = (alice, charlie, dora)
+    runs = [make_run(actor, name=f"w{i}", transitions=[(at(2025, 3, 1, 0, 0, i), State.PENDING),
+                                                       (at(2025, 3, 1, 0, 1, i, 250_000), R),
+                                                       (at(2025, 3, 1, 2, i, 7), S)])
+            for i in range(3) for actor in actors]
+
+    def outcome() -> tuple:
+        services.metering_run(now=at(2025, 3, 1, 3, 0, 30))
+        services.metering_run(now=at(2025, 3, 1, 3, 0, 30))  # idempotent: nothing twice
+        assert all(balance_is_sum_of_entries(actor.tenant) for actor in actors)
+        return (sorted((str(w.tenant_id), w.name, e.period_start, e.seconds, e.price_seconds, e.amount)
+                       for w in runs for e in LedgerEntry.objects.filter(workload=w)),
+                {a.tenant_id: a.balance for a in Account.objects.all()},
+                {t.pk: (t.launch_blocked, t.launch_blocked_reason) for t in Tenant.objects.all()})
+
+    settings.METERING_CHUNK = 1
+    with transaction.atomic():
+        one_each = outcome()
+        transaction.set_rollback(True)
+    settings.METERING_CHUNK = 500
+    chunked = outcome()
+    assert one_each == chunked and len(chunked[0]) == 18  # 9 workloads, each across the price change
+    assert chunked[2][charlie.tenant.pk] == (True, "insufficient_credit")
+    assert chunked[2][alice.tenant.pk] == chunked[2][dora.tenant.pk] == (False, "")
