@@ -57,7 +57,15 @@ from django.conf import settings
 from django.db import DataError, IntegrityError, connection, transaction
 
 from agents.models import Gpu, GpuSample, Host
-from agents.protocol import FATAL_XIDS, IDLE_BELOW, SEQ_REORDER_WINDOW, Heartbeat, ProtocolError, wake_channel
+from agents.protocol import (
+    FATAL_XIDS,
+    IDLE_BELOW,
+    SEQ_REORDER_WINDOW,
+    Heartbeat,
+    ProtocolError,
+    utilisation_fraction,
+    wake_channel,
+)
 from gpucloud.api.parsers import json_depth_ok
 from gpucloud.lib.db import copy_text, pg_cursor, redis_client
 from gpucloud.lib.ratelimit import parse_rate
@@ -498,7 +506,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
             if power is not None:
                 g[6] = _f(power)
             if util is not None:
-                u = min(1.0, max(0.0, util / 100))
+                u = utilisation_fraction(util)
                 g[1] = u
                 # idle_since, as agents.services.gpus.gpu_samples_apply sample by sample: "k" keeps
                 # the stored one (or takes t), "s" sets t, "c" clears it.

@@ -72,6 +72,15 @@ CHECKPOINT_SIGNALS: Final[frozenset[str]] = frozenset(
 CHECKPOINT_GRACE_MAX_S: Final = 3600
 
 
+def utilisation_fraction(percent: float) -> float:
+    """A GPU's utilisation as the control plane stores it and ``IDLE_BELOW`` reads it: a
+    sample's percent (NVML's 0..100) as a fraction, clamped to 0..1 so that a reading out of
+    range cannot mark a GPU idle or busier than full. The one home of the rule: the slow
+    path (agents.services.gpus), the fast path's flush (agents.fastpath) and the simulated
+    agent's load all convert through it."""
+    return min(1.0, max(0.0, percent / 100))
+
+
 def wake_channel(host_id: str) -> str:
     """The Redis pub/sub channel on which the control plane says "this host's desired state
     changed" (agents.fastpath.hosts_changed, after commit); the gateway replica holding the

@@ -25,7 +25,7 @@ from django.utils import timezone
 from gpucloud.lib.errors import InvalidInput
 from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
-from scheduler import bulk
+from scheduler import bulk, hooks
 from scheduler.choices import ACTIVE, HOLDING, State, WorkloadKind
 from scheduler.feasibility import check_satisfiable
 from scheduler.models import JobArray, Workload, WorkloadEvent
@@ -34,7 +34,6 @@ from scheduler.services import (
     _check_admission,
     _check_quota_ceiling,
     _resolve,
-    _trigger_cycle_on_commit,
     workloads_transition,
 )
 
@@ -95,7 +94,7 @@ def job_array_launch(*, tenant: Tenant, spec: WorkloadSpec, count: int, user=Non
         audit_record(tenant=tenant, action="job_array.launch", obj=arr, object_repr=spec.name,
                      data={"count": count, "instance_type": it.code, "region": region.code,
                            "billing": spec.billing, "priority": spec.priority})
-        _trigger_cycle_on_commit(region.pk)
+        hooks.cycle_wanted(region.pk)
     return arr
 
 
@@ -169,7 +168,7 @@ def job_array_stop(*, array: JobArray, reason: str = "array stopped by user") ->
         stopped += len(workloads_transition(ids=ids, old=old, to=to, reason=reason))
     if rows:
         for region_id in {r for _, _, r in rows}:
-            _trigger_cycle_on_commit(region_id)  # freed GPUs and a shorter queue
+            hooks.cycle_wanted(region_id)  # freed GPUs and a shorter queue
     audit_record(tenant=array.tenant, action="job_array.stop", obj=array, object_repr=array.name,
                  data={"stopped": stopped})
     return stopped

@@ -30,7 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler.choices import State
+# The workload's states by their stored values, from the container rule's pure copies of
+# scheduler.choices.State (Django's; tests/scheduler/test_container_rule.py checks that they
+# match). RUNNING below is a part's container state, so the workload's is renamed here.
+from scheduler.container import FAILED, SCHEDULED, STARTING, STOPPED, STOPPING, SUCCEEDED
+from scheduler.container import RUNNING as WORKLOAD_RUNNING
 
 # What a part's agent last reported about its container.
 UNREPORTED: Final = "unreported"  # no report yet (no GangPart row)
@@ -77,27 +81,27 @@ def gang_next(current: str, parts: Sequence[Part]) -> list[Move]:
     if not parts:
         return []
     n = len(parts)
-    if current == State.STOPPING:
+    if current == STOPPING:
         if all(p.state in (EXITED, MISSING, GONE) for p in parts):
             codes = [p.exit_code for p in sorted(parts, key=lambda p: p.rank) if p.exit_code is not None]
-            return [Move(State.STOPPED, f"all {n} containers stopped", codes[0] if codes else None)]
+            return [Move(STOPPED, f"all {n} containers stopped", codes[0] if codes else None)]
         return []
-    if current not in (State.SCHEDULED, State.STARTING, State.RUNNING):
+    if current not in (SCHEDULED, STARTING, WORKLOAD_RUNNING):
         return []
     failed = [p for p in parts if p.failed]
     if failed:
         p = min(failed, key=lambda p: p.rank)
         why = (f"could not start: {p.error}" if p.state == MISSING
                else f"container exited with code {p.exit_code}")
-        return [Move(State.FAILED, f"part {p.rank} of {n}: {why}", p.exit_code)]
+        return [Move(FAILED, f"part {p.rank} of {n}: {why}", p.exit_code)]
     moves: list[Move] = []
     if all(p.up for p in parts):
-        if current != State.RUNNING:
-            moves.append(Move(State.RUNNING, f"all {n} parts running"))
+        if current != WORKLOAD_RUNNING:
+            moves.append(Move(WORKLOAD_RUNNING, f"all {n} parts running"))
         if all(p.done for p in parts):
-            moves.append(Move(State.SUCCEEDED, f"all {n} parts exited with code 0", 0))
+            moves.append(Move(SUCCEEDED, f"all {n} parts exited with code 0", 0))
         return moves
-    if current == State.SCHEDULED and any(p.state in (CREATED, RUNNING, EXITED) for p in parts):
+    if current == SCHEDULED and any(p.state in (CREATED, RUNNING, EXITED) for p in parts):
         up = sum(1 for p in parts if p.up)
-        return [Move(State.STARTING, f"{up} of {n} parts running")]
+        return [Move(STARTING, f"{up} of {n} parts running")]
     return []

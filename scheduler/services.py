@@ -235,12 +235,8 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None, tenant_fre
     audit_record(tenant=tenant, action=f"{spec.kind}.launch", obj=workload, object_repr=spec.name,
                  data={"instance_type": it.code, "region": region.code, "billing": spec.billing,
                        "priority": spec.priority})
-    _trigger_cycle_on_commit(region.pk)
+    hooks.cycle_wanted(region.pk)
     return workload
-
-
-def _trigger_cycle_on_commit(region_id: int) -> None:
-    hooks.cycle_wanted(region_id)
 
 
 # ---------------------------------------------------------------- transitions
@@ -284,7 +280,7 @@ def workload_transition(*, workload: Workload, to: str, reason: str = "",
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=[workload.pk], now=now)
     if to == State.PENDING or (old in HOLDING and to not in HOLDING):
-        _trigger_cycle_on_commit(workload.region_id)
+        hooks.cycle_wanted(workload.region_id)
     return True
 
 

@@ -29,7 +29,7 @@ from typing import Final
 
 from agents.host.gpu import FATAL_XIDS, islands
 from agents.host.runtime import ContainerSpec, RuntimeError_
-from agents.protocol import GpuInfo, GpuSample, ObservedContainer
+from agents.protocol import GpuInfo, GpuSample, ObservedContainer, utilisation_fraction
 
 LABEL_SIM_DURATION: Final = "gpucloud.sim.duration_s"
 LABEL_SIM_EXIT_CODE: Final = "gpucloud.sim.exit_code"
@@ -74,7 +74,7 @@ def _sim_load(given: str | None, rng: random.Random) -> float:
     """A container's GPU load 0..1: its GPUCLOUD_SIM_GPU_UTIL percent, else random 0.55..1."""
     if given is not None:
         try:
-            return min(1.0, max(0.0, float(given) / 100))
+            return utilisation_fraction(float(given))
         except ValueError:
             pass
     return 0.55 + 0.45 * rng.random()

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agents import fastpath
 from agents.models import Gpu, GpuSample, GpuSampleMinute, Host
-from agents.protocol import FATAL_XIDS, IDLE_BELOW
+from agents.protocol import FATAL_XIDS, IDLE_BELOW, utilisation_fraction
 from agents.protocol import GpuSample as GpuSampleMsg
 from gpucloud.lib.db import model_columns, model_from_row
 from scheduler.choices import State
@@ -71,7 +71,7 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime)
             continue
         g.sampled_at = now
         if s.gpu_util is not None:
-            g.utilisation = min(1.0, max(0.0, s.gpu_util / 100))
+            g.utilisation = utilisation_fraction(s.gpu_util)
             g.idle_since = (g.idle_since or now) if g.utilisation < IDLE_BELOW else None
         if s.mem_used_mib is not None:
             g.memory_used_mib = max(0, s.mem_used_mib)

@@ -363,7 +363,7 @@ class Simulator:
         checkpoint_fraction: float = 1.0,
         incremental: bool = True,
     ) -> None:
-        self.p = policy
+        self.policy = policy
         self.checkpoint_fraction = checkpoint_fraction
         #: hand the core only what its depth cap lets it look at (same plan)
         self.incremental = incremental and policy.max_waits is not None
@@ -373,10 +373,10 @@ class Simulator:
             raise ValueError("duplicate node ids in the cluster")
         self.default_model = nodes[0].gpu_model if nodes else ""
         self.capacity = sum(h.total for h in self.hosts.values()) * WHOLE
-        self.guar = {t: g * WHOLE for t, g in (guarantees or {}).items()}
+        self.guarantee_milli = {t: g * WHOLE for t, g in (guarantees or {}).items()}
         self.weights = dict(weights or {})
-        if self.guar:
-            for t, g in self.guar.items():
+        if self.guarantee_milli:
+            for t, g in self.guarantee_milli.items():
                 self.weights.setdefault(t, max(g / WHOLE, 1e-3))
         self.jobs = sorted(jobs, key=lambda j: (j.submit, j.job_id))
         for j in self.jobs:
@@ -390,49 +390,49 @@ class Simulator:
         ]
         gpu_shapes = [r for r in shapes if r.gpus_per_node or r.gpu_milli]
         if not policy.mix and gpu_shapes:
-            self.p = policy.with_(mix=derive_mix(gpu_shapes))  # the mix counts GPU shapes only
-        spec = PLACEMENTS[self.p.placement]
-        if spec.uses_workload and not self.p.workload and shapes:
+            self.policy = policy.with_(mix=derive_mix(gpu_shapes))  # the mix counts GPU shapes only
+        spec = PLACEMENTS[self.policy.placement]
+        if spec.uses_workload and not self.policy.workload and shapes:
             # FGD's "typical pods": the most popular shapes covering 95 % of the tasks
-            self.p = self.p.with_(workload=derive_workload(shapes, FGD_POPULARITY))
-        self.k = (
+            self.policy = self.policy.with_(workload=derive_workload(shapes, FGD_POPULARITY))
+        self.hosts_to_score = (
             ALL_HOSTS
             if spec.gradient
-            else max(1, self.p.k if self.p.k is not None else spec.k)
+            else max(1, self.policy.k if self.policy.k is not None else spec.k)
         )
         self.series_points = series_points
-        self.marks = sorted(demand_marks)
-        self.drop = (
+        self.demand_marks = sorted(demand_marks)
+        self.drop_unplaced = (
             all(math.isinf(j.duration) for j in self.jobs)
             if drop_unplaced is None
             else drop_unplaced
         )
-        if self.drop and self.p.max_waits is not None:
+        if self.drop_unplaced and self.policy.max_waits is not None:
             # a request that does not fit when it arrives is dropped: look at all
-            self.p = self.p.with_(max_waits=None)
+            self.policy = self.policy.with_(max_waits=None)
             self.incremental = False
         self.chunked = (
-            self.p.queue_order == "fifo"
-            and self.p.head_of_line
-            and not self.p.backfill
+            self.policy.queue_order == "fifo"
+            and self.policy.head_of_line
+            and not self.policy.backfill
             and len({j.gpu_model for j in self.jobs}) <= 1
         )
-        self.may_preempt = self.p.preemption and self.p.mode != "static"
+        self.may_preempt = self.policy.preemption and self.policy.mode != "static"
         #: class -> rank for the classes whose running work may be preempted
         self.dynamic = {
-            c: r for c, r in CLASS_RANK.items() if self.p.mode_for(c) == "dynamic"
+            c: r for c, r in CLASS_RANK.items() if self.policy.mode_for(c) == "dynamic"
         }
-        if self.p.reclaim:
+        if self.policy.reclaim:
             # every simulated GPU computes (utilisation 1.0, never idle), so a
             # reclaim never fires: skip its pass over the running work
-            self.p = self.p.with_(reclaim=False)
+            self.policy = self.policy.with_(reclaim=False)
         # Running work the core can never touch: no class is dynamic (so nothing is
         # a victim, reclaimed or migrated, and nothing is ever under notice) and no
         # end times are known (backfill finds no end). Then the core reads running
         # allocations only for dominant shares, and those only order tenants
         # sharing a class lane of a fair order (see _shares_matter).
         self.opaque = not self.oracle and not any(
-            self.p.mode_for(c) == "dynamic" for c in CLASS_RANK
+            self.policy.mode_for(c) == "dynamic" for c in CLASS_RANK
         )
 
     # ------------------------------------------------------------------ fleet facts
@@ -515,9 +515,10 @@ class Simulator:
         self.queue: dict[str, JobState] = {}
         # the incremental queue: per group (a tenant for fair orders, else one
         # group) the queued jobs sorted by the core's order key
-        self.grouped = fair_orders(self.p)
+        self.grouped = fair_orders(self.policy)
         self.ordered: dict[str, list[_Key]] = {}
-        self.qkey: dict[str, tuple[str, _Key, _Shape]] = {}
+        #: queued job -> its group, its key in that group's order and its shape
+        self.queue_position: dict[str, tuple[str, _Key, _Shape]] = {}
         self.key_dirty: set[str] = set()
         #: per tenant, its queued jobs in submit order (lending's classes)
         self.tenant_queue: dict[str, list[tuple[float, str]]] = {}
@@ -526,30 +527,31 @@ class Simulator:
         self.shapes: dict[_Shape, int] = {}
         self.lost_gpu_s = 0.0
         self.preempted_gpu_s = 0.0
-        self.reqs: dict[str, PlacementRequest] = {}
+        self.requests: dict[str, PlacementRequest] = {}
         self.running: dict[str, _Run] = {}
         self.tenant_runs: dict[str, dict[str, None]] = defaultdict(dict)
-        self.usage: dict[tuple[str, str], int] = defaultdict(int)  # (tenant, model) -> milli
+        self.usage_milli: dict[tuple[str, str], int] = defaultdict(int)  # (tenant, model) -> milli
         self.tenant_used: dict[str, int] = defaultdict(int)
         self.demand: dict[str, int] = defaultdict(int)  # tenant -> queued + running jobs
         self.rows: list[RunRow] = []
         self.events: list[tuple[float, int, str, str, int]] = []
-        self.seq = 0
-        self.used = 0
+        self.event_seq = 0
+        self.used_milli = 0
         self.preemptions = 0
         self.plan_calls = 0
         self.view_rejects = 0
         self.dirty_tenants: set[str] = set()
-        self._cls: dict[str, str] = {}
+        #: with lending, the class each queued job runs as (standard inside its tenant's guarantee)
+        self._lent_class: dict[str, str] = {}
         self.rank_runs: dict[int, int] = defaultdict(int)
         alloc_area = 0.0
         active_time = 0.0
         t_alloc: dict[str, float] = defaultdict(float)
         t_fair: dict[str, float] = defaultdict(float)
         t_maxmin: dict[str, float] = defaultdict(float)
-        self.dem_milli: dict[str, float] = {}
+        self.tenant_demand_milli: dict[str, float] = {}
         series: list[tuple[float, int, float, dict[str, float]]] = []
-        marks = list(self.marks)
+        marks = list(self.demand_marks)
         mark_out: dict[str, float] = {}
         by_pct: dict[int, list[float]] = {}
         arrived = 0.0
@@ -569,14 +571,14 @@ class Simulator:
             # ---- integrate metrics over [last, t)
             dt = t - last
             if dt > 0 and (self.queue or self.running):
-                alloc_area += self.used * dt
+                alloc_area += self.used_milli * dt
                 active_time += dt
                 active = [tn for tn, c in self.demand.items() if c > 0]
                 wsum = sum(self.weights.get(tn, 1.0) for tn in active)
                 for tn in active:
                     t_alloc[tn] += self.tenant_used.get(tn, 0) * dt
                     t_fair[tn] += cap * self.weights.get(tn, 1.0) / wsum * dt
-                for tn, f in _maxmin(self.dem_milli, self.weights, cap).items():
+                for tn, f in _maxmin(self.tenant_demand_milli, self.weights, cap).items():
                     t_maxmin[tn] += f * dt
             last = t
             if t >= next_sample:
@@ -584,7 +586,7 @@ class Simulator:
                     (
                         t,
                         len(self.queue),
-                        self.used / cap if cap else 0.0,
+                        self.used_milli / cap if cap else 0.0,
                         {tn: u / cap for tn, u in self.tenant_used.items() if u},
                     )
                 )
@@ -620,12 +622,12 @@ class Simulator:
                 # arrived demand in whole per cent of capacity
                 pct = round(100 * arrived / cap)
                 acc = by_pct.setdefault(pct, [0.0, 0])
-                acc[0] += self.used / cap
+                acc[0] += self.used_milli / cap
                 acc[1] += 1
             while marks and arrived >= marks[0] * cap - 1e-6:
-                mark_out[f"{marks[0]:g}"] = self.used / cap
+                mark_out[f"{marks[0]:g}"] = self.used_milli / cap
                 marks.pop(0)
-        for m in self.marks:
+        for m in self.demand_marks:
             # as FGD's analysis reads its log: the mean allocation over the arrivals
             # whose demand rounds to the mark (else to the mark +- 1 %); a mark never
             # reached that way keeps the allocation when the demand crossed it
@@ -662,12 +664,12 @@ class Simulator:
 
     # ------------------------------------------------------------------ queue
 
-    def _demand_milli(self, j: Job, sign: int) -> None:
-        d = self.dem_milli.get(j.tenant, 0.0) + sign * j.gpus * WHOLE
+    def _count_demand(self, j: Job, sign: int) -> None:
+        d = self.tenant_demand_milli.get(j.tenant, 0.0) + sign * j.gpus * WHOLE
         if d > 1e-6:
-            self.dem_milli[j.tenant] = d
+            self.tenant_demand_milli[j.tenant] = d
         else:
-            self.dem_milli.pop(j.tenant, None)
+            self.tenant_demand_milli.pop(j.tenant, None)
 
     def _checkpoints(self, job_id: str) -> bool:
         """A deterministic ``checkpoint_fraction`` of the jobs checkpoint."""
@@ -682,8 +684,8 @@ class Simulator:
         j = js.job
         self.queue[j.job_id] = js
         self.demand[j.tenant] += 1
-        self._demand_milli(j, 1)
-        self.reqs.pop(j.job_id, None)
+        self._count_demand(j, 1)
+        self.requests.pop(j.job_id, None)
         self.dirty_tenants.add(j.tenant)
         self.key_dirty.add(j.job_id)
         tq = self.tenant_queue.get(j.tenant)
@@ -697,7 +699,7 @@ class Simulator:
             return None
         tq = self.tenant_queue[js.job.tenant]
         del tq[bisect.bisect_left(tq, (js.job.submit, jid))]
-        old = self.qkey.pop(jid, None)
+        old = self.queue_position.pop(jid, None)
         if old is not None:
             _unsort(self.ordered[old[0]], old[1])
             self._count(old[2], -1)
@@ -712,8 +714,8 @@ class Simulator:
     def _rekey(self, now: float) -> None:
         """Bring the incremental queue up to date: requests that joined, changed
         class or were promoted by the starvation guard get their order key again."""
-        p = self.p
-        promote = self.p.queue_order in ("las", "gpucloud")
+        p = self.policy
+        promote = self.policy.queue_order in ("las", "gpucloud")
         while self.promotions and self.promotions[0][0] <= now:
             _t, jid = heapq.heappop(self.promotions)
             if jid in self.queue:
@@ -725,7 +727,7 @@ class Simulator:
             js = self.queue.get(jid)
             if js is None:
                 continue
-            req = self._request(js, self._cls.get(jid, "low") if self.guar else js.job.priority)
+            req = self._request(js, self._lent_class.get(jid, "low") if self.guarantee_milli else js.job.priority)
             key: _Key = (order_key(p, req, now), jid)
             group = req.tenant_id if grouped else ""
             shape: _Shape = (
@@ -738,7 +740,7 @@ class Simulator:
                 req.vcpus > 0,
                 req.memory_mib > 0,
             )
-            old = self.qkey.get(jid)
+            old = self.queue_position.get(jid)
             if old is not None:
                 if old[1] == key and old[2] == shape:
                     continue
@@ -748,7 +750,7 @@ class Simulator:
             if lst is None:
                 lst = self.ordered[group] = []
             bisect.insort(lst, key)
-            self.qkey[jid] = (group, key, shape)
+            self.queue_position[jid] = (group, key, shape)
             self._count(shape, 1)
             if promote and req.attained_service > 0 and las_level(p, req, now) > 0:
                 t = las_promote_at(p, req)
@@ -758,9 +760,9 @@ class Simulator:
 
     def _request(self, js: JobState, priority: str) -> PlacementRequest:
         j = js.job
-        r = self.reqs.get(j.job_id)
+        r = self.requests.get(j.job_id)
         if r is None or r.priority != priority:
-            r = self.reqs[j.job_id] = PlacementRequest(
+            r = self.requests[j.job_id] = PlacementRequest(
                 request_id=j.job_id,
                 tenant_id=j.tenant,
                 gpu_model=j.gpu_model,
@@ -772,7 +774,7 @@ class Simulator:
                 memory_mib=j.memory_mib,
                 kind="job",
                 priority=priority,  # type: ignore[arg-type]
-                billing="spot" if priority == "low" and self.guar else j.billing,  # type: ignore[arg-type]
+                billing="spot" if priority == "low" and self.guarantee_milli else j.billing,  # type: ignore[arg-type]
                 submitted_at=j.submit,
                 # the core's remaining time is expected_duration - attained per GPU
                 expected_duration=(
@@ -790,7 +792,7 @@ class Simulator:
         while it fits in what the guarantee leaves."""
         out: dict[str, str] = {}
         for tn in self.dirty_tenants:
-            g = self.guar.get(tn, 0)
+            g = self.guarantee_milli.get(tn, 0)
             cum = 0
             for jid in self.tenant_runs.get(tn, ()):
                 r = self.running[jid]
@@ -824,15 +826,15 @@ class Simulator:
     def _schedule(self, now: float) -> bool:
         """One scheduling point. Returns whether the next event must plan again
         even if nothing else changes (never: plan() is deterministic)."""
-        if self.guar:
+        if self.guarantee_milli:
             classes = self._classes()
             for jid, cls in classes.items():
-                if self._cls.get(jid) != cls:
-                    self._cls[jid] = cls
+                if self._lent_class.get(jid) != cls:
+                    self._lent_class[jid] = cls
                     self.key_dirty.add(jid)
         self.dirty_tenants.clear()
         self._rekey(now)
-        cls_of = self._cls.get if self.guar else None
+        cls_of = self._lent_class.get if self.guarantee_milli else None
         if self.chunked:
             # fifo without backfill: the age order, in chunks; the head blocks the rest
             order = self.ordered.get("", [])
@@ -862,16 +864,16 @@ class Simulator:
     def _prio(self, jid: str, cls_of: object) -> str:
         if cls_of is None:
             return self.queue[jid].job.priority
-        return self._cls.get(jid, "low")
+        return self._lent_class.get(jid, "low")
 
     def _heads(self, now: float, agg: _Agg, cls_of: object) -> list[PlacementRequest]:
         """What the core can look at under its depth cap: per group, the first
         ``max_waits`` requests plus as many as the free capacity could place. The
         core's order inside a group is the group's order, and it stops after
         ``max_waits`` misses, so it never pops a request left out here."""
-        cap = self.p.max_waits
+        cap = self.policy.max_waits
         assert cap is not None
-        free = self.capacity - self.used
+        free = self.capacity - self.used_milli
         smallest = agg.min_milli if agg.min_milli > 0 else WHOLE
         n = cap + free // smallest + 1
         out = []
@@ -901,7 +903,7 @@ class Simulator:
             return 0, len(reqs)
         snap = view
         self.plan_calls += 1
-        result: Plan = plan(snap, reqs, self.p, now=now, cache=self.cache)
+        result: Plan = plan(snap, reqs, self.policy, now=now, cache=self.cache)
         return self._apply(result, now)
 
     def _view(self, reqs: list[PlacementRequest], agg: _Agg, now: float) -> ClusterSnapshot | None:
@@ -916,7 +918,7 @@ class Simulator:
         for key, lst in self.empty.items():
             n = models.get((key[0], key[1]), 0) + models.get((None, key[1]), 0)
             if n and lst:
-                ids.update(lst[: n + self.k + 1])
+                ids.update(lst[: n + self.hosts_to_score + 1])
         # partly used hosts that could hold the smallest queued request
         min_m = agg.min_frac
         for (region, model), part in self.partial.items():
@@ -927,14 +929,14 @@ class Simulator:
                         ids.add(hid)
         # victims the queue could preempt (in the core's host order, a bounded prefix)
         victims: set[str] = set()
-        ts = self.p.time_slice
+        ts = self.policy.time_slice
         if self.may_preempt and any(
             c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
         ):
             vr: list[str] = []
-            quanta = [q for _c, q in self.p.slice_quantum]
-            started_by = now - min([self.p.min_run_s, *quanta])
-            th0 = self.p.las_thresholds[0] if self.p.las_thresholds else 0.0
+            quanta = [q for _c, q in self.policy.slice_quantum]
+            started_by = now - min([self.policy.min_run_s, *quanta])
+            th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
             las = ts == "las"
             dynamic = self.dynamic
             for run in self.running.values():
@@ -952,7 +954,7 @@ class Simulator:
                 for p in run.placements:
                     vr.append(p.host_id)
             if vr:
-                want = 2 * (self.p.preempt_candidates + max(need.values(), default=1))
+                want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
                 victims = set(sorted(set(vr))[:want])
         # work without GPUs may go on any host with vCPUs and memory left
         if cpu_only:
@@ -965,7 +967,7 @@ class Simulator:
             if best < min_g:
                 return None
         ids |= victims
-        if self.p.backfill and self.oracle and self.running:
+        if self.policy.backfill and self.oracle and self.running:
             ends: dict[str, float] = {}
             for run in self.running.values():
                 e = run.alloc.stop_by if run.preempting else run.alloc.expected_end
@@ -1010,7 +1012,7 @@ class Simulator:
         # only tenants in the queue: the core reads no other tenant's share (no
         # quotas here, and a summary is never a victim nor reclaimed)
         queued = {r.tenant_id for r in reqs}
-        for (tn, model), milli in self.usage.items():
+        for (tn, model), milli in self.usage_milli.items():
             if tn not in queued:
                 continue
             left = milli - seen.get((tn, model), 0)
@@ -1039,7 +1041,7 @@ class Simulator:
         """Whether the core's order reads tenant shares for this queue: only fair
         orders do, and only to order two tenants queued in one lane (a class for
         ``gpucloud``, the whole queue for ``drf``)."""
-        order = self.p.queue_order
+        order = self.policy.queue_order
         if order not in ("gpucloud", "drf"):
             return False
         lanes: dict[int, str] = {}
@@ -1078,20 +1080,20 @@ class Simulator:
                 waited += 1
             elif isinstance(d, Wait):
                 waited += 1
-                if self.drop:
+                if self.drop_unplaced:
                     # nothing ever ends, so what does not fit now never will
                     js = self._dequeue(d.request_id)
                     if js is not None:
                         js.rejected = "did not fit when it arrived"
                         self.demand[js.job.tenant] -= 1
-                        self._demand_milli(js.job, -1)
+                        self._count_demand(js.job, -1)
         return placed, waited
 
     # ------------------------------------------------------------------ runs
 
     def _push(self, t: float, kind: str, jid: str, ver: int) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, jid, ver))
+        self.event_seq += 1
+        heapq.heappush(self.events, (t, self.event_seq, kind, jid, ver))
 
     def _start(self, js: JobState, placements: tuple[HostPlacement, ...], now: float) -> None:
         j = js.job
@@ -1120,14 +1122,14 @@ class Simulator:
             self._reindex(h)
         if js.first_start is None:
             js.first_start = now
-        prio = self.reqs[j.job_id].priority if j.job_id in self.reqs else j.priority
+        prio = self.requests[j.job_id].priority if j.job_id in self.requests else j.priority
         alloc = Allocation(
             request_id=j.job_id,
             tenant_id=j.tenant,
             placements=placements,
             gpu_model=j.gpu_model,
             priority=prio,
-            billing=self.reqs[j.job_id].billing if j.job_id in self.reqs else j.billing,  # type: ignore[arg-type]
+            billing=self.requests[j.job_id].billing if j.job_id in self.requests else j.billing,  # type: ignore[arg-type]
             kind="job",
             started_at=now,
             expected_end=(now + js.remaining) if self.oracle else None,
@@ -1139,13 +1141,13 @@ class Simulator:
         )
         run = _Run(js, now, placements, alloc, milli, j.gpu_model, prio)
         old = self.running.get(j.job_id)
-        run.version = (old.version + 1) if old else self.seq
+        run.version = (old.version + 1) if old else self.event_seq
         self.running[j.job_id] = run
         self.rank_runs[CLASS_RANK.get(prio, 1)] += 1
         self.tenant_runs[j.tenant][j.job_id] = None
-        self.usage[(j.tenant, j.gpu_model)] += milli
+        self.usage_milli[(j.tenant, j.gpu_model)] += milli
         self.tenant_used[j.tenant] += milli
-        self.used += milli
+        self.used_milli += milli
         self.dirty_tenants.add(j.tenant)
         if not math.isinf(js.remaining):
             self._push(now + js.remaining, "end", j.job_id, run.version)
@@ -1173,9 +1175,9 @@ class Simulator:
             h.free_mem += j.memory_mib
             del h.runs[j.job_id]
             self._reindex(h)
-        self.usage[(j.tenant, run.model)] -= run.milli
+        self.usage_milli[(j.tenant, run.model)] -= run.milli
         self.tenant_used[j.tenant] -= run.milli
-        self.used -= run.milli
+        self.used_milli -= run.milli
         self.dirty_tenants.add(j.tenant)
         ran = now - run.start
         first = run.placements[0]
@@ -1206,9 +1208,9 @@ class Simulator:
                 self.lost_gpu_s += (j.duration - js.remaining + ran) * run.milli / WHOLE
                 js.remaining = j.duration
             self.demand[j.tenant] -= 1
-            self._demand_milli(j, -1)
+            self._count_demand(j, -1)
             self._enqueue(js)
         else:
             js.end = now
             self.demand[j.tenant] -= 1
-            self._demand_milli(j, -1)
+            self._count_demand(j, -1)

@@ -347,7 +347,7 @@ def test_the_heartbeat_script_counts_the_rate_every_throttle_counts(settings, ra
 
 
 def test_the_fast_and_the_slow_path_store_the_same_outcome(client, registered, region, settings):
-    """One home for the heartbeat rules (freshness, idleness, samples): the same heartbeats,
+    """One home for the heartbeat rules (freshness, idleness, the utilisation clamp, samples): the same heartbeats,
     once through the slow path only (no Redis) and once through the fast path and its flush,
     leave the same rows."""
     utils = [90.0, 1.0, 1.0, 2.0, 60.0, 4.0]  # GPU 0 idles, works, idles again; GPU 1 works
@@ -356,7 +356,8 @@ def test_the_fast_and_the_slow_path_store_the_same_outcome(client, registered, r
     def run(host_id, token):
         for seq in seqs:
             u = utils[min(seq, len(utils)) - 1]
-            beat(client, host_id, token, seq, gpus=[sample(0, u), sample(1, 90.0)])
+            # GPU 1's last reading is out of range: both paths clamp it (utilisation_fraction)
+            beat(client, host_id, token, seq, gpus=[sample(0, u), sample(1, 130.0 if seq == 6 else 90.0)])
         fastpath.heartbeats_flush()
         host = Host.objects.get(pk=host_id)
         samples = list(GpuSample.objects.filter(gpu__host=host).order_by("gpu__index", "time", "id")
@@ -378,6 +379,7 @@ def test_the_fast_and_the_slow_path_store_the_same_outcome(client, registered, r
     fast = run(resp.json()["host_id"], resp.json()["host_token"])
     assert fast == slow
     assert slow[0] == 6 and slow[2][0][3] is not None and slow[2][1][3] is None  # GPU 0 idle, GPU 1 not
+    assert slow[2][1][1] == 1.0
 
 
 def test_a_long_poll_with_a_cached_token_is_answered_without_sql(
