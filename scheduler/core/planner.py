@@ -91,6 +91,8 @@ class _Miss:
 
 
 _Shape = tuple[int, int, int, int, float]
+#: a shape plus the requester's time-slice key (``slice_of``): what a victim search depends on
+_VShape = tuple[int, int, int, int, float, float]
 
 
 def _first_two(r: tuple[int, str, HostState]) -> tuple[int, str]:
@@ -373,9 +375,10 @@ class _Planner:
                 self.under_notice.setdefault(pf, []).append(st)
         self.n = Counter[str]()
         self.pool_cache: dict[tuple[str, str | None, tuple[str, ...]], list[Pool]] = {}
-        # shape -> "" (no victims at all: any larger shape has none either) or the cap's
-        # words (refused by the cap: only this very shape, a larger one may fit the cap)
-        self.no_victims: dict[tuple[object, ...], list[tuple[_Shape, str]]] = {}
+        # shape and time-slice key -> "" (no victims at all: any larger shape, or one
+        # with a later slice key, has none either) or the cap's words (refused by the
+        # cap: only this very shape and key, a larger one may fit the cap)
+        self.no_victims: dict[tuple[object, ...], list[tuple[_VShape, str]]] = {}
         # the blast-radius bound of the request whose victims are being chosen
         self.cap: _Cap | None = None
         # (pool, class rank) -> hosts that still hold work that class could preempt
@@ -533,8 +536,9 @@ class _Planner:
                 return self.wait(
                     req, f"waiting for {self.victim_words(pending)} to stop", capacity=False
                 )
-            pkey = (*key, CLASS_RANK.get(req.priority, 1), self.slice_of(req))
-            capped = self.known_no_victims(pkey, shape)
+            pkey = (*key, CLASS_RANK.get(req.priority, 1))
+            vshape = (*shape, self.slice_of(req))
+            capped = self.known_no_victims(pkey, vshape)
             if capped is None:
                 self.cap = _Cap(req, self.p.preempt_cap, self.now)
                 victims = self.find_victims(req, pools)
@@ -542,7 +546,7 @@ class _Planner:
                     return self.preempt_for(req, victims)
                 # victims only ever get fewer within a cycle, so this shape stays unservable
                 capped = self.cap.words(req)
-                self.no_victims.setdefault(pkey, []).append((shape, capped))
+                self.no_victims.setdefault(pkey, []).append((vshape, capped))
             if capped:
                 failure = f"{failure}; {capped}"
         if not self.is_blocked(req):
@@ -1044,17 +1048,24 @@ class _Planner:
             return self.run_level(a) > mine
         return al.expected_end is not None and al.expected_end - self.now > mine
 
-    def known_no_victims(self, pkey: tuple[object, ...], shape: _Shape) -> str | None:
+    def known_no_victims(self, pkey: tuple[object, ...], shape: _VShape) -> str | None:
         """None, or the remembered outcome of a failed victim search this shape
-        repeats: "" (no victims, for it or any smaller shape) or the cap's words
-        (remembered for the same GPUs and duration only: a larger request is allowed more)."""
+        repeats: "" (no victims, for it or any shape at least as large whose
+        time-slice key is at least as late) or the cap's words (remembered for the
+        same GPUs, duration and key only: a larger request is allowed more).
+
+        The key may only grow: a later key (a higher attained-service queue under
+        las, more remaining time under srtf, INF for none) may evict a subset of
+        what an earlier one may (``can_evict``), so under srtf, where every
+        request has its own key, one failed search answers the requests after it."""
         for f, words in self.no_victims.get(pkey, ()):
             if words:
-                # the same GPUs and duration (so the same cap): more vCPUs, memory or
-                # nodes find no victims within it either
+                # the same GPUs, duration (so the same cap) and key: more vCPUs,
+                # memory or nodes find no victims within it either
                 if (
                     shape[0] == f[0]
                     and shape[4] == f[4]
+                    and shape[5] == f[5]
                     and shape[1] >= f[1]
                     and shape[2] >= f[2]
                     and shape[3] >= f[3]
@@ -1066,6 +1077,7 @@ class _Planner:
                 and shape[2] >= f[2]
                 and shape[3] >= f[3]
                 and shape[4] >= f[4]
+                and shape[5] >= f[5]
             ):
                 return ""
         return None
@@ -1295,11 +1307,13 @@ class _Planner:
         """Hosts of ``pool`` holding work a request of class ``rank`` (and
         time-slice key ``mine``) could preempt, built once per cycle and pruned
         as victims get chosen. Under srtf one index serves every remaining time."""
-        key = (pool.region, pool.model, rank, mine)
+        # under srtf the index holds every host with work evictable by some key,
+        # so it is keyed by that probe, not by the request's own remaining time
+        probe = -INF if self.p.time_slice == "srtf" else mine
+        key = (pool.region, pool.model, rank, probe)
         hosts = self.victim_hosts.get(key)
         if hosts is None:
             hosts = {}
-            probe = -INF if self.p.time_slice == "srtf" else mine
             for hs in pool.hosts:
                 if any(self.can_evict(a, rank, probe) for a in hs.allocs):
                     hosts[hs] = None
