@@ -39,6 +39,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from scheduler.core import (
     CLASS_RANK,
@@ -402,6 +403,9 @@ class Simulator:
             and len({j.gpu_model for j in self.jobs}) <= 1
         )
         self.may_preempt = self.p.preemption and self.p.mode != "static"
+        #: srtf's order and time slicing: the queue's first key is the shortest
+        #: remaining time, which bounds what any queued request may evict
+        self.srtf = self.p.queue_order == "srtf" and self.p.time_slice == "srtf"
         #: class -> rank for the classes whose running work may be preempted
         self.dynamic = {
             c: r for c, r in CLASS_RANK.items() if self.p.mode_for(c) == "dynamic"
@@ -1016,6 +1020,8 @@ class Simulator:
             ids.add(self.big_cpu)
         if agg.mem:
             ids.add(self.big_mem)
+        if victims and not frac and self.srtf and self._srtf_idle(ids, min_g, min_rank, now):
+            return None
         hv = tuple(hosts[h].host_view() for h in sorted(ids))
         if self.opaque and not self._shares_matter(reqs):
             # the core would read no allocation: hand it none (same plan, and the
@@ -1060,6 +1066,36 @@ class Simulator:
             allocations=(*allocs.values(), *rest),
             tenants=self._tenant_views,
         )
+
+    def _srtf_idle(self, ids: set[str], min_g: float, min_rank: int, now: float) -> bool:
+        """Under srtf, whether ``plan()`` over these view hosts could only wait:
+        nothing fits on them, and nothing running on them is of a lower dynamic
+        class or expected to run longer than the shortest remaining time queued
+        (``can_evict``, relaxed: any quantum counts as served). Most events under
+        srtf are such, and the plan is then skipped like any other that could
+        only wait."""
+        hosts = self.hosts
+        if max(hosts[h].nfree for h in ids) >= min_g:
+            return False
+        # the order key of srtf starts with the remaining time (queue.order_key)
+        shortest = min(
+            (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst), default=math.inf
+        )
+        dynamic = self.dynamic
+        running = self.running
+        for hid in ids:
+            for jid in hosts[hid].runs:
+                run = running[jid]
+                if run.preempting:
+                    continue
+                rank = dynamic.get(run.priority, -1)
+                if rank > min_rank:
+                    return False
+                if rank == min_rank and run.js.checkpoint:
+                    end = run.alloc.expected_end
+                    if end is not None and end - now > shortest:
+                        return False
+        return True
 
     def _shares_matter(self, reqs: list[PlacementRequest]) -> bool:
         """Whether the core's order reads tenant shares for this queue: only fair
