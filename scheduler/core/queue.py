@@ -25,6 +25,10 @@ class ShareBook:
 
     Resources are the GPUs of each model (milli), vCPUs and memory; capacity is
     the ready fleet. share = max(used_r / capacity_r) / weight.
+
+    The running work is summed by ``load()``, which the fair orders call: the
+    static orders read no share, and the sum costs a pass over every allocation
+    of the cycle.
     """
 
     def __init__(self, fleet: Fleet, snapshot: ClusterSnapshot) -> None:
@@ -38,8 +42,15 @@ class ShareBook:
         self.inv_cap = {m: 1.0 / c for m, c in fleet.cap_milli.items() if c}
         self.inv_cpu = 1.0 / fleet.cap_vcpus if fleet.cap_vcpus else 0.0
         self.inv_mem = 1.0 / fleet.cap_mem if fleet.cap_mem else 0.0
-        # Sum the running work per tenant first and take each share once: usage
-        # only grows, so this equals adding the allocations one by one.
+        self.loaded = False
+
+    def load(self) -> None:
+        """Sum the running work per tenant first and take each share once: usage
+        only grows, so this equals adding the allocations one by one. Once."""
+        if self.loaded:
+            return
+        self.loaded = True
+        fleet = self.fleet
         gpu, cpu, mem = self.gpu, self.cpu, self.mem
         for st in fleet.allocs.values():
             a = st.alloc
@@ -138,6 +149,7 @@ class FairOrder(Order):
         lane: Callable[[PlacementRequest], tuple[int, ...]],
     ) -> None:
         super().__init__([])
+        book.load()
         self.book = book
         self.version: dict[str, int] = {}
         lanes: dict[tuple[int, ...], dict[str, list[PlacementRequest]]] = {}

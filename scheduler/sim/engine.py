@@ -39,6 +39,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from scheduler.core import (
     CLASS_RANK,
@@ -400,6 +401,15 @@ class Simulator:
             if spec.gradient
             else max(1, self.policy.k if self.policy.k is not None else spec.k)
         )
+        #: the least GPU demand of any job (milli): lending classes stop looking at a
+        #: tenant's queue once its guarantee has less than this left
+        self.least_milli = min(
+            (
+                j.gpu_milli * j.nodes if j.gpus_per_node == 0 else j.gpus_per_node * WHOLE * j.nodes
+                for j in self.jobs
+            ),
+            default=0,
+        )
         self.series_points = series_points
         self.demand_marks = sorted(demand_marks)
         self.drop_unplaced = (
@@ -418,6 +428,9 @@ class Simulator:
             and len({j.gpu_model for j in self.jobs}) <= 1
         )
         self.may_preempt = self.policy.preemption and self.policy.mode != "static"
+        #: srtf's order and time slicing: the queue's first key is the shortest
+        #: remaining time, which bounds what any queued request may evict
+        self.srtf = self.policy.queue_order == "srtf" and self.policy.time_slice == "srtf"
         #: class -> rank for the classes whose running work may be preempted
         self.dynamic = {
             c: r for c, r in CLASS_RANK.items() if self.policy.mode_for(c) == "dynamic"
@@ -480,11 +493,14 @@ class Simulator:
             if not was_empty:
                 bisect.insort(self.empty[h.key], h.host_id)
                 self._empty_set.add(h.host_id)
+                busy = self.busy
+                del busy[bisect.bisect_left(busy, h.host_id)]
             return
         if was_empty:
             lst = self.empty[h.key]
             del lst[bisect.bisect_left(lst, h.host_id)]
             self._empty_set.discard(h.host_id)
+            bisect.insort(self.busy, h.host_id)
         h.room = h.share_room()
         if h.has_room():
             part.add(h.host_id)
@@ -511,6 +527,8 @@ class Simulator:
             TenantView(tenant_id=tn, weight=w) for tn, w in sorted(self.weights.items())
         )
         self._empty_set = {hid for lst in self.empty.values() for hid in lst}
+        #: the hosts that are not empty, in id order (the core's tie-break order)
+        self.busy: list[str] = []
         self.state: dict[str, JobState] = {}
         self.queue: dict[str, JobState] = {}
         # the incremental queue: per group (a tenant for fair orders, else one
@@ -543,6 +561,8 @@ class Simulator:
         self.dirty_tenants: set[str] = set()
         #: with lending, the class each queued job runs as (standard inside its tenant's guarantee)
         self._lent_class: dict[str, str] = {}
+        #: lending: per tenant, its queued jobs classed standard
+        self.std_queued: dict[str, set[str]] = defaultdict(set)
         self.rank_runs: dict[int, int] = defaultdict(int)
         alloc_area = 0.0
         active_time = 0.0
@@ -699,6 +719,8 @@ class Simulator:
             return None
         tq = self.tenant_queue[js.job.tenant]
         del tq[bisect.bisect_left(tq, (js.job.submit, jid))]
+        if self._lent_class.pop(jid, None) == "standard":
+            self.std_queued[js.job.tenant].discard(jid)
         old = self.queue_position.pop(jid, None)
         if old is not None:
             _unsort(self.ordered[old[0]], old[1])
@@ -807,7 +829,14 @@ class Simulator:
                         r.alloc, priority=cls, billing="spot" if cls == "low" else "on_demand"
                     )  # type: ignore[arg-type]
             queue = self.queue
-            for _s, jid in self.tenant_queue.get(tn, ()):
+            tq = self.tenant_queue.get(tn, ())
+            stop = len(tq)
+            least = self.least_milli
+            for i, (_s, jid) in enumerate(tq):
+                if g - cum < least:
+                    # no job of the trace fits in what is left: the rest borrow
+                    stop = i
+                    break
                 js = queue[jid]
                 m = (
                     js.job.gpu_milli * js.job.nodes
@@ -819,6 +848,13 @@ class Simulator:
                     out[js.job.job_id] = "standard"
                 else:
                     out[js.job.job_id] = "low"
+            std = self.std_queued.get(tn)
+            if std and stop < len(tq):
+                # of the rest, only the ones classed standard until now change
+                first = tq[stop]
+                for jid in std:
+                    if (queue[jid].job.submit, jid) >= first:
+                        out[jid] = "low"
         return out
 
     # ------------------------------------------------------------------ planning
@@ -832,6 +868,11 @@ class Simulator:
                 if self._lent_class.get(jid) != cls:
                     self._lent_class[jid] = cls
                     self.key_dirty.add(jid)
+                    std = self.std_queued[self.queue[jid].job.tenant]
+                    if cls == "standard":
+                        std.add(jid)
+                    else:
+                        std.discard(jid)
         self.dirty_tenants.clear()
         self._rekey(now)
         cls_of = self._lent_class.get if self.guarantee_milli else None
@@ -927,35 +968,42 @@ class Simulator:
                     h = hosts[hid]
                     if h.nfree >= min_g or (frac and h.room >= min_m):
                         ids.add(hid)
-        # victims the queue could preempt (in the core's host order, a bounded prefix)
+        # victims the queue could preempt (in the core's host order, a bounded prefix):
+        # the lowest host ids holding such work, found by walking the hosts in id
+        # order and stopping at the bound, not by testing every running job
         victims: set[str] = set()
         ts = self.policy.time_slice
         if self.may_preempt and any(
             c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
         ):
-            vr: list[str] = []
             quanta = [q for _c, q in self.policy.slice_quantum]
             started_by = now - min([self.policy.min_run_s, *quanta])
             th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
             las = ts == "las"
             dynamic = self.dynamic
-            for run in self.running.values():
-                if run.preempting:
-                    continue
-                rank = dynamic.get(run.priority, -1)
-                if rank < min_rank:
-                    continue
-                if rank == min_rank:
-                    # inside the class: time-sliced work that may be evicted now
-                    if not ts or run.start > started_by or not run.js.checkpoint:
+            running = self.running
+            want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
+            for hid in self.busy:
+                h = hosts[hid]
+                for jid in h.runs:
+                    run = running[jid]
+                    if run.preempting:
                         continue
-                    if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
-                        continue  # still in the first attained-service queue
-                for p in run.placements:
-                    vr.append(p.host_id)
-            if vr:
-                want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
-                victims = set(sorted(set(vr))[:want])
+                    rank = dynamic.get(run.priority, -1)
+                    if rank < min_rank:
+                        continue
+                    if rank == min_rank:
+                        # inside the class: time-sliced work that may be evicted now
+                        if not ts or run.start > started_by or not run.js.checkpoint:
+                            continue
+                        if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
+                            continue  # still in the first attained-service queue
+                    victims.add(hid)
+                    break
+                else:
+                    continue
+                if len(victims) >= want:
+                    break
         # work without GPUs may go on any host with vCPUs and memory left
         if cpu_only:
             for h in hosts.values():
@@ -992,6 +1040,8 @@ class Simulator:
             ids.add(self.big_cpu)
         if agg.mem:
             ids.add(self.big_mem)
+        if victims and not frac and self.srtf and self._srtf_idle(ids, min_g, min_rank, now):
+            return None
         hv = tuple(hosts[h].host_view() for h in sorted(ids))
         if self.opaque and not self._shares_matter(reqs):
             # the core would read no allocation: hand it none (same plan, and the
@@ -1036,6 +1086,36 @@ class Simulator:
             allocations=(*allocs.values(), *rest),
             tenants=self._tenant_views,
         )
+
+    def _srtf_idle(self, ids: set[str], min_g: float, min_rank: int, now: float) -> bool:
+        """Under srtf, whether ``plan()`` over these view hosts could only wait:
+        nothing fits on them, and nothing running on them is of a lower dynamic
+        class or expected to run longer than the shortest remaining time queued
+        (``can_evict``, relaxed: any quantum counts as served). Most events under
+        srtf are such, and the plan is then skipped like any other that could
+        only wait."""
+        hosts = self.hosts
+        if max(hosts[h].nfree for h in ids) >= min_g:
+            return False
+        # the order key of srtf starts with the remaining time (queue.order_key)
+        shortest = min(
+            (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst), default=math.inf
+        )
+        dynamic = self.dynamic
+        running = self.running
+        for hid in ids:
+            for jid in hosts[hid].runs:
+                run = running[jid]
+                if run.preempting:
+                    continue
+                rank = dynamic.get(run.priority, -1)
+                if rank > min_rank:
+                    return False
+                if rank == min_rank and run.js.checkpoint:
+                    end = run.alloc.expected_end
+                    if end is not None and end - now > shortest:
+                        return False
+        return True
 
     def _shares_matter(self, reqs: list[PlacementRequest]) -> bool:
         """Whether the core's order reads tenant shares for this queue: only fair

@@ -242,8 +242,9 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
         if pending:
             reserve_hosts_of(cycle, req, pending)
             return wait(cycle, req, f"waiting for {victim_words(pending)} to stop", capacity=False)
-        victims_key = (*key, CLASS_RANK.get(req.priority, 1), time_slice_key(cycle, req))
-        capped = known_no_victims(cycle, victims_key, shape)
+        victims_key = (*key, CLASS_RANK.get(req.priority, 1))
+        victim_shape = (*shape, time_slice_key(cycle, req))
+        capped = known_no_victims(cycle, victims_key, victim_shape)
         if capped is None:
             cap = BlastRadius(req, policy.preempt_cap, cycle.now)
             victims = find_victims(cycle, req, pools, cap)
@@ -254,7 +255,7 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
                 )
             # victims only ever get fewer within a cycle, so this shape stays unservable
             capped = cap.words(req)
-            cycle.no_victims.setdefault(victims_key, []).append((shape, capped))
+            cycle.no_victims.setdefault(victims_key, []).append((victim_shape, capped))
         if capped:
             failure = f"{failure}; {capped}"
     if not cycle.is_blocked(req):

@@ -29,6 +29,8 @@ BASE_FILTERS = ("ready", "gpu-model", "region", "gpus", "resources")
 #: a request's size per resource, for the "at least as large" memos: GPUs per node
 #: (or milli of a share), nodes, vCPUs, memory MiB, expected duration (INF if unknown)
 Shape = tuple[int, int, int, int, float]
+#: a shape plus the requester's time-slice key (``time_slice_key``): what a victim search depends on
+VictimShape = tuple[int, int, int, int, float, float]
 
 
 class NoRoom:
@@ -166,9 +168,10 @@ class CycleState:
                 self.under_notice.setdefault(preempting_for, []).append(st)
         #: (model, region, excluded regions) -> the pools a request may use
         self.pool_cache: dict[tuple[str, str | None, tuple[str, ...]], list[Pool]] = {}
-        #: shape -> "" (no victims at all: any larger shape has none either) or the cap's
-        #: words (refused by the cap: only this very shape, a larger one may fit the cap)
-        self.no_victims: dict[tuple[object, ...], list[tuple[Shape, str]]] = {}
+        #: shape and time-slice key -> "" (no victims at all: any larger shape, or one
+        #: with a later slice key, has none either) or the cap's words (refused by the
+        #: cap: only this very shape and key, a larger one may fit the cap)
+        self.no_victims: dict[tuple[object, ...], list[tuple[VictimShape, str]]] = {}
         #: (pool, class rank) -> hosts that still hold work that class could preempt
         self.victim_hosts: dict[tuple[str, str, int, float], dict[HostState, None]] = {}
         #: request id -> its time-slice key (preemption.time_slice_key)

@@ -22,7 +22,7 @@ from ..model import CLASS_RANK, WHOLE, PlacementRequest, Preempt
 from ..queue import las_level, las_queue, remaining_time
 from ..state import INF, AllocState, HostState, Pool
 from .backfill import mark_reserved
-from .cycle import CycleState, Shape
+from .cycle import CycleState, VictimShape
 from .fit import fits_now, fits_with
 
 
@@ -183,17 +183,24 @@ def can_evict(cycle: CycleState, a: AllocState, rank: int, mine: float) -> bool:
     return al.expected_end is not None and al.expected_end - now > mine
 
 
-def known_no_victims(cycle: CycleState, key: tuple[object, ...], shape: Shape) -> str | None:
+def known_no_victims(cycle: CycleState, key: tuple[object, ...], shape: VictimShape) -> str | None:
     """None, or the remembered outcome of a failed victim search this shape
-    repeats: "" (no victims, for it or any smaller shape) or the cap's words
-    (remembered for the same GPUs and duration only: a larger request is allowed more)."""
+    repeats: "" (no victims, for it or any shape at least as large whose
+    time-slice key is at least as late) or the cap's words (remembered for the
+    same GPUs, duration and key only: a larger request is allowed more).
+
+    The key may only grow: a later key (a higher attained-service queue under
+    las, more remaining time under srtf, INF for none) may evict a subset of
+    what an earlier one may (``can_evict``), so under srtf, where every
+    request has its own key, one failed search answers the requests after it."""
     for failed, words in cycle.no_victims.get(key, ()):
         if words:
-            # the same GPUs and duration (so the same cap): more vCPUs, memory or
-            # nodes find no victims within it either
+            # the same GPUs, duration (so the same cap) and key: more vCPUs,
+            # memory or nodes find no victims within it either
             if (
                 shape[0] == failed[0]
                 and shape[4] == failed[4]
+                and shape[5] == failed[5]
                 and shape[1] >= failed[1]
                 and shape[2] >= failed[2]
                 and shape[3] >= failed[3]
@@ -205,6 +212,7 @@ def known_no_victims(cycle: CycleState, key: tuple[object, ...], shape: Shape) -
             and shape[2] >= failed[2]
             and shape[3] >= failed[3]
             and shape[4] >= failed[4]
+            and shape[5] >= failed[5]
         ):
             return ""
     return None
@@ -387,11 +395,13 @@ def preemptible_hosts(cycle: CycleState, pool: Pool, rank: int, mine: float) -> 
     """Hosts of ``pool`` holding work a request of class ``rank`` (and
     time-slice key ``mine``) could preempt, built once per cycle and pruned
     as victims get chosen. Under srtf one index serves every remaining time."""
-    key = (pool.region, pool.model, rank, mine)
+    # under srtf the index holds every host with work evictable by some key,
+    # so it is keyed by that probe, not by the request's own remaining time
+    probe = -INF if cycle.policy.time_slice == "srtf" else mine
+    key = (pool.region, pool.model, rank, probe)
     hosts = cycle.victim_hosts.get(key)
     if hosts is None:
         hosts = {}
-        probe = -INF if cycle.policy.time_slice == "srtf" else mine
         for hs in pool.hosts:
             if any(can_evict(cycle, a, rank, probe) for a in hs.allocs):
                 hosts[hs] = None

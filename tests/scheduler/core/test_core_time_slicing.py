@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import replace
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,9 +15,12 @@ from scheduler.core import (
     Allocation,
     ClusterSnapshot,
     HostPlacement,
+    PlacementRequest,
+    Wait,
     get_policy,
     plan,
 )
+from scheduler.core.planner import admission
 from scheduler.core.queue import las_level, las_promote_at
 from scheduler.core.testing import make_host, make_request, occupy, verify
 from scheduler.sim.engine import Simulator
@@ -197,3 +201,105 @@ def test_a_waiting_fresh_job_preempts_a_long_runner_only_if_it_checkpoints():
     # a job that would restart from scratch is never time-sliced
     res = Simulator(nodes, [replace(j) for j in jobs], pol, checkpoint_fraction=0.0).run()
     assert res.jobs["long"].preemptions == 0 and res.jobs["short"].end == 5100.0
+
+
+@st.composite
+def _sliced_fleets(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[PlacementRequest]]:
+    """Full hosts of time-sliceable jobs (some checkpointing, some inside their
+    quantum, with end times) and a queue of batch jobs with durations and
+    attained service: every request searches for victims of its own class."""
+    hosts = []
+    allocs = []
+    for h in range(draw(st.integers(1, 4))):
+        gpus = draw(st.sampled_from((4, 8)))
+        host = f"h{h}"
+        hosts.append(make_host(host, gpus=gpus))
+        used = 0
+        while used < gpus:
+            g = min(draw(st.sampled_from((1, 1, 2, 4))), gpus - used)
+            started = NOW - draw(st.sampled_from((100.0, 900.0, 5000.0, 50_000.0)))
+            allocs.append(
+                Allocation(
+                    request_id=f"r{h}-{used}",
+                    tenant_id=draw(st.sampled_from(("a", "b"))),
+                    gpu_model="H100",
+                    placements=(
+                        HostPlacement(host, tuple(f"{host}-g{i}" for i in range(used, used + g))),
+                    ),
+                    priority="standard",
+                    kind="job",
+                    restartable=True,
+                    checkpointable=draw(st.sampled_from((True, True, False))),
+                    started_at=started,
+                    expected_end=NOW + draw(st.sampled_from((50.0, 500.0, 5000.0, 80_000.0))),
+                    attained_service=draw(st.sampled_from((0.0, 3000.0, 40_000.0))),
+                )
+            )
+            used += g
+    queue = [
+        make_request(
+            f"q{i:02d}",
+            tenant_id=draw(st.sampled_from(("a", "b"))),
+            gpus_per_node=draw(st.sampled_from((1, 1, 2, 4, 8))),
+            nodes=draw(st.sampled_from((1, 1, 1, 2))),
+            kind="job",
+            restartable=True,
+            checkpointable=True,
+            submitted_at=NOW - draw(st.sampled_from((10.0, 2000.0, 30_000.0))),
+            expected_duration=draw(st.sampled_from((100.0, 1000.0, 6000.0, 60_000.0))),
+            attained_service=draw(st.sampled_from((0.0, 0.0, 3000.0, 30_000.0))),
+        )
+        for i in range(draw(st.integers(1, 12)))
+    ]
+    return occupy(ClusterSnapshot(hosts=tuple(hosts)), allocs), queue
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    case=_sliced_fleets(),
+    policy=st.sampled_from(("srtf", "las", "gpucloud")),
+    cap=st.sampled_from((1.0, 2.0, math.inf)),
+)
+def test_a_failed_victim_search_answers_later_slice_keys_exactly(case, policy, cap):  # type: ignore[no-untyped-def]
+    """The planner remembers a failed victim search and answers any request at
+    least as large with a time-slice key at least as late from it (under srtf
+    every request has its own key). The plan is the one without the memory."""
+    s, queue = case
+    pol = get_policy(policy).with_(
+        topology="prefer", preempt_cap=cap, max_waits=None, las_thresholds=(2000.0, 20_000.0)
+    )
+    fast = plan(s, queue, pol, now=NOW)
+    verify(s, queue, fast)
+    with patch.object(admission, "known_no_victims", lambda cycle, key, shape: None):
+        slow = plan(s, queue, pol, now=NOW)
+    # Every decision is the same. A Wait's words may differ, as they did before
+    # the key became a dimension: the cap's remembered words for a second request
+    # of the same shape, where a fresh search finds the hosts reserved (backfill)
+    # for the first and says nothing of the cap.
+    assert [_bare(d) for d in fast.decisions] == [_bare(d) for d in slow.decisions]
+    assert fast.counters == slow.counters
+
+
+def _bare(d: object) -> object:
+    return Wait(d.request_id, "") if isinstance(d, Wait) else d
+
+
+def test_under_srtf_one_failed_victim_search_serves_every_later_remaining_time():
+    # one full host of short work: nothing runs longer than any waiting request
+    short = {**LONG_JOB, "expected_end": NOW + 50.0}
+    s = one_full_host(running("short", "h1", 1, **short))  # type: ignore[arg-type]
+    queue = [
+        make_request(f"q{i}", kind="job", submitted_at=NOW - 10, expected_duration=100.0 * (i + 1))
+        for i in range(5)
+    ]
+    calls = []
+    real = admission.find_victims
+
+    def counting(cycle, req, pools, cap):  # type: ignore[no-untyped-def]
+        calls.append(req.request_id)
+        return real(cycle, req, pools, cap)
+
+    with patch.object(admission, "find_victims", counting):
+        p = plan(s, queue, "srtf", now=NOW)
+    assert not p.preempts and len(p.waits) == 5
+    assert calls == ["q0"]
