@@ -61,6 +61,7 @@ from django.db import DataError, IntegrityError, connection, transaction
 
 from agents.models import Gpu, GpuSample, Host
 from agents.protocol import FATAL_XIDS, IDLE_BELOW, SEQ_REORDER_WINDOW, Heartbeat, ProtocolError, wake_channel
+from agents.protocol import GpuSample as GpuSampleMsg
 from agents.signals import volumes_measured
 from gpucloud.api.parsers import json_depth_ok
 from gpucloud.lib.db import copy_text, pg_cursor, redis_client
@@ -317,6 +318,19 @@ def parse(request) -> Parsed | None:
     return Parsed(hb, token_hash, digest, record, late, volumes_digest)
 
 
+def samples_buffer(*, host_id: UUID | str, when: datetime, samples: list[GpuSampleMsg]) -> bool:
+    """Buffer a slow heartbeat's GPU samples as an unchanged one's are (no seq: the slow path
+    applied that), for the flush to write. False when Redis refused: write them yourself."""
+    rec = orjson.dumps([when.timestamp(), None, [
+        [s.uuid, s.gpu_util, s.mem_util, s.mem_used_mib, s.temperature_c, s.power_w] for s in samples]])
+    try:
+        _redis().rpush(f"{_prefix()}buf", f"{host_id}|".encode() + rec)
+    except redis.RedisError:
+        logger.exception("heartbeat samples buffer failed host=%s", host_id)
+        return False
+    return True
+
+
 def heartbeat_digest(hb: Heartbeat, containers: Any) -> str:
     """What must be equal to the last applied heartbeat for this one to change nothing:
     the container report, the agent's version, and per GPU its health inputs (a GPU set,
@@ -544,7 +558,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
         # thousands of literals spliced into the SQL text.
         connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cur:
-            # Telemetry, as the slow path's: no WAL flush wait (see agents.services.heartbeat._async_commit).
+            # Telemetry, as the slow path's: no WAL flush wait (see agents.services.gpus.async_commit).
             cur.execute("SET LOCAL synchronous_commit TO OFF")
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_FLUSH_LOCK])
             cur.execute(

@@ -289,16 +289,18 @@ def workload_transition(*, workload: Workload, to: str, reason: str = "",
 
 
 def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str = "",
-                         now: datetime | None = None, reasons: dict[UUID, str] | None = None) -> list[UUID]:
+                         now: datetime | None = None, reasons: dict[UUID, str] | None = None,
+                         facts: dict[str, Any] | None = None) -> list[UUID]:
     """The bulk form of `workload_transition` for the scheduling cycle: one UPDATE, one INSERT.
 
-    Call inside atomic(). Returns the ids that moved (those still in `old`).
+    Call inside atomic(). Returns the ids that moved (those still in `old`). `facts`: other
+    fields the same UPDATE sets on them (a reported exit code), as `workload_transition`'s.
     """
     if not can_transition(old, to):
         raise Conflict(f"Cannot go from {old} to {to}.", code="illegal_transition")
     now = now or timezone.now()
     ids = list(ids)
-    values: dict[str, Any] = {"state": to, "reason": reason[:500], **_timestamps(to, now)}
+    values: dict[str, Any] = {"state": to, "reason": reason[:500], **_timestamps(to, now), **(facts or {})}
     if to in HOLDING:
         values["queue_position"] = None
     moved = bulk.set_state(ids, old=old, values=values)

@@ -155,12 +155,11 @@ def _apply_bulk(host: Host, groups: dict, now: datetime, transitions: list[tuple
     freed = False
     for key in order:
         old, to, reason, exit_code = key
+        # Not a state: the exit code is a fact reported alongside it.
+        facts = None if exit_code is None else {"exit_code": exit_code}
         with transaction.atomic():
             moved = set(workloads_transition(ids=[w.pk for w in groups[key]], old=old, to=to, reason=reason,
-                                             now=now))
-            if exit_code is not None and moved:
-                # Not a state: the exit code is a fact reported alongside it.
-                Workload.objects.filter(pk__in=list(moved)).update(exit_code=exit_code)
+                                             now=now, facts=facts))
             freed = freed or (bool(moved) and to not in HOLDING)
         for w in groups[key]:
             if w.pk in moved:

@@ -21,7 +21,7 @@ from agents.models import Host
 from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat
 from agents.selectors import host_allocations, host_attempts
 from agents.services.containers import containers_observe, containers_observed_times
-from agents.services.gpus import gpu_samples_apply, gpus_fail_work
+from agents.services.gpus import async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
 from agents.services.registration import TokenRefused
 from agents.signals import volumes_reported
@@ -41,19 +41,6 @@ class HeartbeatOutcome:
     # when it was still the host's after the cache version was read).
     token_hash: str = ""
     unknown_gpus: bool = False  # a sample named a GPU this host does not have
-
-
-def _async_commit() -> None:
-    """Let this transaction commit without waiting for the WAL flush (PostgreSQL).
-
-    For heartbeat telemetry only (liveness time, samples): a crash may lose the last
-    moment of them, which the next heartbeat rewrites, and a flush per heartbeat was the
-    largest cost of the path. Lifecycle transitions commit in their own, synchronous,
-    transactions; a later synchronous commit also makes every earlier one durable.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SET LOCAL synchronous_commit TO OFF")
 
 
 def seq_is_fresh(seq: int, last_seq: int) -> bool:
@@ -94,14 +81,16 @@ def _host_save(host: Host, fields: list[str]) -> None:
 
 def host_heartbeat(
     *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
-    bulk: bool = True,
+    bulk: bool = True, buffer_samples: bool = False,
 ) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
     The desired set is read afterwards (`selectors.host_desired_containers`), so it
     reflects the transitions made here. `fresh`: whether to apply it, when the caller
     already decided that from the seq (the fast path claims seqs in Redis, see
-    agents/fastpath.py); None: decided here from `Host.last_seq`.
+    agents/fastpath.py); None: decided here from `Host.last_seq`. `buffer_samples`: GPU
+    samples that change no GPU's health may go to the fast path's buffer (see
+    `gpu_samples_apply`; the view's, when the fast path is on).
     """
     if hb.host_id != str(host.pk):
         raise TokenRefused("This host token belongs to another host.")
@@ -110,7 +99,7 @@ def host_heartbeat(
     # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
-        _async_commit()
+        async_commit()
         # Heartbeats of one host decide their order one at a time; the liveness task's
         # DOWN update waits for this too.
         locked = _host_for_update(host.pk)
@@ -134,9 +123,7 @@ def host_heartbeat(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
         )
         return outcome
-    with transaction.atomic():
-        _async_commit()
-        samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now)
+    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples)
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)

@@ -83,9 +83,10 @@ def test_an_unchanged_heartbeat_is_answered_without_sql(
         again = beat(client, host_id, token, 2, gpus=[sample(0, 3.0), sample(1, 80.0)])
     assert again == first
     host = Host.objects.get()
-    assert host.last_seq == 1 and GpuSample.objects.count() == 2  # buffered, not yet written
+    # buffered, not yet written: the first (slow) heartbeat's samples too, its health unchanged
+    assert host.last_seq == 1 and GpuSample.objects.count() == 0
     out = fastpath.heartbeats_flush()
-    assert (out.heartbeats, out.samples, out.hosts, out.gpus) == (1, 2, 1, 2)
+    assert (out.heartbeats, out.samples, out.hosts, out.gpus) == (2, 4, 1, 2)
     host.refresh_from_db()
     g0, g1 = Gpu.objects.order_by("index")
     assert host.last_seq == 2 and GpuSample.objects.count() == 4
@@ -229,7 +230,7 @@ def test_an_unchanged_volume_report_is_fast_and_the_flush_stamps_its_measuring_t
     assert first.used_bytes == 2 * 1024**3 and first.over_size_since is not None
     report_fast(2, 2 * 1024**3)
     assert Volume.objects.get(pk=vol.pk).measured_at == first.measured_at  # buffered
-    assert fastpath.heartbeats_flush().heartbeats == 1
+    assert fastpath.heartbeats_flush().heartbeats == 2  # with the first (slow) one's samples
     again = Volume.objects.get(pk=vol.pk)
     assert again.measured_at > first.measured_at
     assert (again.used_bytes, again.over_size_since) == (first.used_bytes, first.over_size_since)
