@@ -256,14 +256,17 @@ def _wake(*, host_ids: list[str]) -> None:
         logger.exception("wake-up publish failed hosts=%d", len(host_ids))
 
 
-def workloads_changed(*, workload_ids: Iterable[UUID | str]) -> None:
+def workloads_changed(*, workload_ids: Iterable[UUID | str], hosts: Iterable[UUID | str] | None = None) -> None:
     """`hosts_changed` for the hosts where these workloads hold active allocations (one
-    query). Call before the allocations are released."""
+    query, unless the caller knows them: `hosts`). Call before the allocations are released."""
     if not enabled():
         return
 
     ids = [str(i) for i in workload_ids]
     if not ids:
+        return
+    if hosts is not None:
+        hosts_changed(host_ids=hosts)
         return
     # One array parameter bound on the server: a cycle placing 13,000 workloads sends one
     # value, not 13,000 quoted literals (gpucloud.lib.db.pg_cursor).

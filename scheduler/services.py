@@ -290,11 +290,14 @@ def workload_transition(*, workload: Workload, to: str, reason: str = "",
 
 def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str = "",
                          now: datetime | None = None, reasons: dict[UUID, str] | None = None,
-                         facts: dict[str, Any] | None = None) -> list[UUID]:
+                         facts: dict[str, Any] | None = None,
+                         hosts: Iterable[UUID | str] | None = None) -> list[UUID]:
     """The bulk form of `workload_transition` for the scheduling cycle: one UPDATE, one INSERT.
 
     Call inside atomic(). Returns the ids that moved (those still in `old`). `facts`: other
     fields the same UPDATE sets on them (a reported exit code), as `workload_transition`'s.
+    `hosts`: the hosts where they hold allocations, when the caller knows (a heartbeat's own
+    host for its single-host work), saving the fast path's query for them.
     """
     if not can_transition(old, to):
         raise Conflict(f"Cannot go from {old} to {to}.", code="illegal_transition")
@@ -312,7 +315,7 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
     why = reason[:500]
     bulk.insert_events([(pk, old, to, ((reasons or {}).get(pk) or why)[:500], actor, now) for pk in moved])
     if old in HOLDING or to in HOLDING:
-        hooks.holding_changed(moved)  # their hosts' heartbeat answers
+        hooks.holding_changed(moved, hosts)  # their hosts' heartbeat answers
     if old in HOLDING and to not in HOLDING:
         release_allocations(workload_ids=moved, now=now)
     return moved
