@@ -79,6 +79,53 @@ def _host_save(host: Host, fields: list[str]) -> None:
                     [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
 
 
+def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None) -> tuple[Host, bool]:
+    """The host row's part of a heartbeat whose freshness is decided already (the fast path's
+    seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
+    time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
+    host as written and whether it was DOWN. The same rules as `host_heartbeat`'s own."""
+    t = Host._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {t} AS h SET last_heartbeat_at = GREATEST(h.last_heartbeat_at, %s), "
+            "agent_version = COALESCE(NULLIF(%s, ''), h.agent_version), "
+            "state = CASE WHEN h.state = %s THEN h.admin_state ELSE h.state END, "
+            "down_since = CASE WHEN h.state = %s THEN NULL ELSE h.down_since END, "
+            "last_seq = COALESCE(%s, h.last_seq) "
+            f"FROM (SELECT id, state FROM {t} WHERE id = %s FOR UPDATE) AS o "
+            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state",
+            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk],
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise Host.DoesNotExist
+    locked, end = model_from_row(Host, row)
+    return locked, row[end] == HostState.DOWN
+
+
+def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | None
+                   ) -> tuple[Host, bool, HeartbeatOutcome]:
+    """`_host_beat` read and written, where the freshness is decided here from `Host.last_seq`
+    under the lock (no fast path), or off PostgreSQL. Heartbeats of one host decide their
+    order one at a time; the liveness task's DOWN update waits for this too."""
+    locked = _host_for_update(pk)
+    applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
+    outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
+    fields = ["last_heartbeat_at", "agent_version"]
+    locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
+    locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
+    was_down = locked.state == HostState.DOWN
+    if was_down:
+        # Back as what the operator wants: a drain or cordon survives an outage.
+        locked.state, locked.down_since = locked.admin_state, None
+        fields += ["state", "down_since"]
+    if outcome.applied:
+        locked.last_seq = hb.seq
+        fields.append("last_seq")
+    _host_save(locked, fields)
+    return locked, was_down, outcome
+
+
 def host_heartbeat(
     *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
     bulk: bool = True, buffer_samples: bool = False,
@@ -100,24 +147,15 @@ def host_heartbeat(
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
         async_commit()
-        # Heartbeats of one host decide their order one at a time; the liveness task's
-        # DOWN update waits for this too.
-        locked = _host_for_update(host.pk)
-        applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
-        outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
-        fields = ["last_heartbeat_at", "agent_version"]
-        locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
-        locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
-        if locked.state == HostState.DOWN:
-            # Back as what the operator wants: a drain or cordon survives an outage.
-            locked.state, locked.down_since = locked.admin_state, None
-            fields += ["state", "down_since"]
+        if fresh is not None and connection.vendor == "postgresql":
+            locked, was_down = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
+                                          seq=hb.seq if fresh else None)
+            outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash)
+        else:
+            locked, was_down, outcome = _host_beat_orm(host.pk, hb=hb, now=now, fresh=fresh)
+        if was_down:
             logger.info("host back host=%s name=%s", locked.pk, locked.name)
             cycle_wanted(locked.region_id)  # capacity is back
-        if outcome.applied:
-            locked.last_seq = hb.seq
-            fields.append("last_seq")
-        _host_save(locked, fields)
     if not outcome.applied:
         logger.info(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
