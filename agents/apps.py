@@ -16,7 +16,7 @@ class AgentsConfig(AppConfig):
         from scheduler.api import contributors
 
         # a workload's hosts answer heartbeats differently now: drop their cached answers, wake them
-        hooks.on_holding_changed(lambda ids: fastpath.workloads_changed(workload_ids=ids))
+        hooks.on_holding_changed(lambda ids, hosts: fastpath.workloads_changed(workload_ids=ids, hosts=hosts))
         # the instance types' API shows what the fleet would start now (the catalogue sits below)
         catalogue_hooks.on_availability(selectors.availability)
         # the instances' and jobs' resources show their GPUs' metrics and log tails (the scheduler sits below)

@@ -11,6 +11,8 @@ answer (the desired set) is the previous one. One Lua script call decides and do
         rl:<host>           sliding-window rate limit (AGENT_RATE_LIMIT), as DRF's
         s:<host>            seq claim (agents.services.heartbeat.seq_is_fresh, atomically)
         h:<cfg>:<host>      {ver, digest, ans}: the last slow answer, at which version
+        vol:<host>          "<ver>|<digest>" of the last volume report applied (a report
+                            every VOLUME_USAGE_EVERY_S; an unchanged one is fast too)
         v:<host>            the host's version, bumped after every change of its work
       fast  -> RPUSH buf "<host>|[ts, seq, samples]", answer `ans`          (no SQL at all)
       slow  -> the synchronous path (services.host_heartbeat, as before), then
@@ -30,7 +32,8 @@ gateway replica holding the host's tunnel forwards as a WAKE frame (docs/connect
 Buffered heartbeats (`buf`) are written to PostgreSQL by `heartbeats_flush` (the beat
 task `agents.tasks.heartbeats_flush_task`, every second, and before the liveness check
 and the minute rollup): the samples in one INSERT, each GPU's last measurement and each
-host's `last_heartbeat_at` / `last_seq` in one UPDATE each. Readers of samples therefore
+host's `last_heartbeat_at` / `last_seq` in one UPDATE each; an unchanged volume report's
+measuring time through `agents.signals.volumes_measured`. Readers of samples therefore
 see them up to about a second late.
 
 Enabled when REDIS_URL is set and the database is PostgreSQL; otherwise every heartbeat
@@ -66,6 +69,8 @@ from agents.protocol import (
     utilisation_fraction,
     wake_channel,
 )
+from agents.protocol import GpuSample as GpuSampleMsg
+from agents.signals import volumes_measured
 from gpucloud.api.parsers import json_depth_ok
 from gpucloud.lib.db import copy_text, pg_cursor, redis_client
 from gpucloud.lib.ratelimit import parse_rate
@@ -127,7 +132,11 @@ if ARGV[5] ~= '' then
   local h = redis.call('HMGET', hk, 'ver', 'digest', 'ans')
   if h[1] == cur and h[3] and ((not fresh) or h[2] == ARGV[5]) then
     local rec = ARGV[6]
-    if not fresh then rec = ARGV[12] end
+    if not fresh then
+      rec = ARGV[12]
+    elseif ARGV[16] ~= '' and redis.call('GET', p .. 'vol:' .. host) ~= cur .. '|' .. ARGV[16] then
+      return {3, host, 1, cur}  -- a volume report unlike the last one applied at this version
+    end
     redis.call('RPUSH', p .. 'buf', host .. '|' .. rec)
     return {2, h[3]}
   end
@@ -152,6 +161,7 @@ class Claim:
     hb: Heartbeat | None = None
     token_hash: str = ""
     digest: str = ""
+    volumes_digest: str = ""
 
 
 @dataclass
@@ -161,6 +171,7 @@ class Parsed:
     digest: str  # "" when this heartbeat must take the slow path whatever the cache holds
     record: bytes
     late_record: bytes
+    volumes_digest: str = ""  # "" when it reports no volumes (or digest is "")
 
 
 # --- plumbing -------------------------------------------------------------------------
@@ -253,14 +264,17 @@ def _wake(*, host_ids: list[str]) -> None:
         logger.exception("wake-up publish failed hosts=%d", len(host_ids))
 
 
-def workloads_changed(*, workload_ids: Iterable[UUID | str]) -> None:
+def workloads_changed(*, workload_ids: Iterable[UUID | str], hosts: Iterable[UUID | str] | None = None) -> None:
     """`hosts_changed` for the hosts where these workloads hold active allocations (one
-    query). Call before the allocations are released."""
+    query, unless the caller knows them: `hosts`). Call before the allocations are released."""
     if not enabled():
         return
 
     ids = [str(i) for i in workload_ids]
     if not ids:
+        return
+    if hosts is not None:
+        hosts_changed(host_ids=hosts)
         return
     # One array parameter bound on the server: a cycle placing 13,000 workloads sends one
     # value, not 13,000 quoted literals (gpucloud.lib.db.pg_cursor).
@@ -299,14 +313,33 @@ def parse(request) -> Parsed | None:
         [s.uuid, s.gpu_util, s.mem_util, s.mem_used_mib, s.temperature_c, s.power_w]
         for s in hb.gpus
     ]
-    record = orjson.dumps([now, hb.seq, samples])
+    # A volume report also carries the names measured: the flush stamps their measuring time.
+    volumes = [] if hb.volumes is None else [[v.volume, v.used_bytes] for v in hb.volumes]
+    record = orjson.dumps([now, hb.seq, samples, [n for n, _ in volumes]] if hb.volumes is not None
+                          else [now, hb.seq, samples])
     late = orjson.dumps([now, None, []])
     token_hash = hashlib.sha256(parts[1].encode()).hexdigest()
-    if hb.logs or hb.volumes is not None or any(x in FATAL_XIDS for s in hb.gpus for x in s.xid_events):
-        digest = ""  # log tails or volume usage to store, a GPU to take out of service: the slow path
+    volumes_digest = ""
+    if hb.logs or any(x in FATAL_XIDS for s in hb.gpus for x in s.xid_events):
+        digest = ""  # log tails to store, a GPU to take out of service: the slow path
     else:
         digest = heartbeat_digest(hb, data.get("containers"))
-    return Parsed(hb, token_hash, digest, record, late)
+        if hb.volumes is not None:
+            volumes_digest = hashlib.blake2b(orjson.dumps(sorted(volumes)), digest_size=16).hexdigest()
+    return Parsed(hb, token_hash, digest, record, late, volumes_digest)
+
+
+def samples_buffer(*, host_id: UUID | str, when: datetime, samples: list[GpuSampleMsg]) -> bool:
+    """Buffer a slow heartbeat's GPU samples as an unchanged one's are (no seq: the slow path
+    applied that), for the flush to write. False when Redis refused: write them yourself."""
+    rec = orjson.dumps([when.timestamp(), None, [
+        [s.uuid, s.gpu_util, s.mem_util, s.mem_used_mib, s.temperature_c, s.power_w] for s in samples]])
+    try:
+        _redis().rpush(f"{_prefix()}buf", f"{host_id}|".encode() + rec)
+    except redis.RedisError:
+        logger.exception("heartbeat samples buffer failed host=%s", host_id)
+        return False
+    return True
 
 
 def heartbeat_digest(hb: Heartbeat, containers: Any) -> str:
@@ -343,6 +376,7 @@ def beat(parsed: Parsed | None, *, host_id: str = "", seq: int | None = None,
         SEQ_REORDER_WINDOW,
         SEQ_TTL_S,
         p.hb.host_id if p else host_id,
+        p.volumes_digest if p else "",
     ]
     return _script(settings.REDIS_URL)(args=args)
 
@@ -356,7 +390,7 @@ def authenticate(*, raw_token: str) -> tuple[int, str]:
     token_hash = hashlib.sha256(raw_token.encode()).hexdigest()
     reply = _script(settings.REDIS_URL)(args=[
         _prefix(), token_hash, "", "", "", b"", int(time.time() * 1000), limit, window,
-        secrets.token_hex(8), _cfg(), b"", 16, SEQ_TTL_S, "",
+        secrets.token_hex(8), _cfg(), b"", 16, SEQ_TTL_S, "", "",
     ])
     kind = int(reply[0])
     return (kind, reply[1].decode()) if kind == SLOW else (kind, "")
@@ -372,6 +406,7 @@ def claim_of(reply: list, parsed: Parsed | None) -> Claim:
             version=reply[3].decode(), hb=parsed.hb if parsed else None,
             token_hash=parsed.token_hash if parsed else "",
             digest=parsed.digest if parsed else "",
+            volumes_digest=parsed.volumes_digest if parsed else "",
         )
     return Claim(kind)
 
@@ -379,13 +414,17 @@ def claim_of(reply: list, parsed: Parsed | None) -> Claim:
 def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool) -> None:
     """After a slow heartbeat: the next one with the same digest may be answered `answer`
     while the host's version is still `answer_version`; the token, while it is still
-    `claim.version` (read before the host row that proved the token current)."""
+    `claim.version` (read before the host row that proved the token current); the volume
+    report, while it is still `claim.version` too (read before the volumes' rows were)."""
     p = _prefix()
     pipe = _redis().pipeline(transaction=False)
     if claim.digest:
         hk = f"{p}h:{_cfg()}:{claim.host_id}"
         pipe.hset(hk, mapping={"ver": answer_version, "digest": claim.digest, "ans": answer})
         pipe.expire(hk, FASTPATH_MAX_AGE_S)
+        if claim.volumes_digest:
+            pipe.set(f"{p}vol:{claim.host_id}", f"{claim.version}|{claim.volumes_digest}",
+                     ex=FASTPATH_MAX_AGE_S)
     if token_ok and claim.token_hash:
         pipe.set(f"{p}tok:{claim.token_hash}", f"{claim.host_id}|{claim.version}",
                  ex=FASTPATH_MAX_AGE_S)
@@ -481,19 +520,22 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
     records = []
     for item in raw:
         host, _, body = item.partition(b"|")
-        t, seq, samples = orjson.loads(body)
-        records.append((t, host.decode(), seq, samples))
+        t, seq, samples, *volumes = orjson.loads(body)
+        records.append((t, host.decode(), seq, samples, volumes))
     records.sort(key=lambda r: r[0])
     hosts: dict[str, list] = {}  # host -> [last seen, seq, time of that seq]
+    measured: dict[str, tuple[datetime, list[str]]] = {}  # host -> its last volume report
     gpus: dict[str, list] = {}  # uuid -> [sampled_at, util, mem, idle mode, idle t, temp, power]
     rows: list[tuple] = []
-    for t, host, seq, samples in records:
+    for t, host, seq, samples, volumes in records:
         when = _ts(t)
         iso = when.isoformat()
         h = hosts.setdefault(host, [when, None, None])
         h[0] = when
         if seq is not None:
             h[1], h[2] = seq, when
+        if volumes:
+            measured[host] = (when, volumes[0])
         for uuid, util, mem_util, mem, temp, power in samples:
             util, mem = _f(util), None if mem is None else max(0, int(mem))
             rows.append((uuid, iso, util, _f(mem_util), mem, _f(temp), _f(power)))
@@ -527,7 +569,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
         # thousands of literals spliced into the SQL text.
         connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cur:
-            # Telemetry, as the slow path's: no WAL flush wait (see agents.services.heartbeat._async_commit).
+            # Telemetry, as the slow path's: no WAL flush wait (see agents.services.gpus.async_commit).
             cur.execute("SET LOCAL synchronous_commit TO OFF")
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_FLUSH_LOCK])
             cur.execute(
@@ -571,4 +613,7 @@ def _write(raw: list[bytes], out: FlushOutcome) -> None:
                     g_cols,
                 )
                 out.gpus += cur.rowcount
+        measured = {h: m for h, m in measured.items() if h in found}
+        if measured:
+            volumes_measured.send(sender=Host, measured=measured)
     out.heartbeats += len(records)

@@ -2,6 +2,9 @@
 
 * ``volumes_reported(host, usage)``: a heartbeat measured the host's gpucloud volumes;
   ``usage`` maps each Docker volume name to its bytes (the whole set on the host).
+* ``volumes_measured(measured)``: hosts whose volume report was the same as the last one
+  applied (answered by the heartbeat fast path, written by its flush): ``measured`` maps
+  each host id to (when, the Docker volume names it reported); only the measuring time is new.
 * ``volumes_to_remove(host)``: asked when building a heartbeat answer; each receiver returns
   the names of volumes the host's agent should delete (purged by their owner's delete).
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 volumes_reported = Signal()
+volumes_measured = Signal()
 volumes_to_remove = Signal()
 # asked when building a heartbeat answer: each receiver returns the host's part in volume
 # moves (a list of agents.protocol.VolumeMoveOrder)

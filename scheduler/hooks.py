@@ -6,9 +6,9 @@ for a cycle, those layers must react (the fast path drops its cached heartbeat a
 wakes the hosts; a cycle is queued), but the scheduler may not import them. Instead each
 app registers its reaction here in its `AppConfig.ready()`, and the scheduler publishes:
 
-- `holding_changed(workload_ids)`: inside the transaction, before the allocations are
-  released (the fast path reads which hosts they hold; it defers its own wake-ups to
-  after commit). Registered by agents.
+- `holding_changed(workload_ids, hosts)`: inside the transaction, before the allocations
+  are released (the fast path reads which hosts they hold, unless the caller knows them:
+  `hosts`, else None; it defers its own wake-ups to after commit). Registered by agents.
 - `cycle_wanted(region_id)`: after commit. Registered by the scheduler's own tasks module
   (its Celery side), so services need not import the cycle that imports them.
 """
@@ -19,12 +19,13 @@ from uuid import UUID
 
 from django.db import transaction
 
-_holding_changed: list[Callable[[list[UUID | str]], None]] = []
+_holding_changed: list[Callable[[list[UUID | str], list[UUID | str] | None], None]] = []
 _cycle_wanted: list[Callable[[int], None]] = []
 
 
-def on_holding_changed(fn: Callable[[list[UUID | str]], None]) -> None:
-    """Call `fn(workload_ids)` when workloads start or stop holding GPUs (in the transaction)."""
+def on_holding_changed(fn: Callable[[list[UUID | str], list[UUID | str] | None], None]) -> None:
+    """Call `fn(workload_ids, hosts)` when workloads start or stop holding GPUs (in the
+    transaction); `hosts`: the hosts they hold, when the caller knew them, else None."""
     if fn not in _holding_changed:
         _holding_changed.append(fn)
 
@@ -35,10 +36,11 @@ def on_cycle_wanted(fn: Callable[[int], None]) -> None:
         _cycle_wanted.append(fn)
 
 
-def holding_changed(workload_ids: Iterable[UUID | str]) -> None:
+def holding_changed(workload_ids: Iterable[UUID | str], hosts: Iterable[UUID | str] | None = None) -> None:
     ids = list(workload_ids)
+    known = None if hosts is None else list(hosts)
     for fn in _holding_changed:
-        fn(ids)
+        fn(ids, known)
 
 
 def cycle_wanted(region_id: int) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.dispatch import receiver
 
-from agents.signals import volume_moves_for, volumes_reported, volumes_to_remove
+from agents.signals import volume_moves_for, volumes_measured, volumes_reported, volumes_to_remove
 from scheduler.signals import workload_launching, workload_starting, workloads_placed
 from volumes import moves, services
 
@@ -28,6 +28,11 @@ def _usage(sender, *, host, usage, **kwargs) -> None:
     services.record_usage(host_id=host.pk, usage=usage)
     services.removed_from_host(host_id=host.pk, present=set(usage))
     moves.source_reported(host_id=host.pk, present=set(usage))
+
+
+@receiver(volumes_measured)
+def _measured(sender, *, measured, **kwargs) -> None:
+    services.record_measured(measured=measured)
 
 
 @receiver(volumes_to_remove)

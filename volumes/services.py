@@ -93,6 +93,9 @@ def volume_resize(*, volume: Volume, size_gib: int) -> Volume:
     Volume.objects.filter(pk=volume.pk).update(size_gib=size_gib, updated_at=now)
     VolumeSize.objects.create(volume=volume, size_gib=size_gib, effective_from=now)
     volume.size_gib = size_gib
+    if volume.host_id:
+        # Its over-size verdict may differ now: the host's next volume report is a full one.
+        hosts_changed(host_ids=[volume.host_id])
     audit_record(tenant=volume.tenant, action="volume.resize", obj=volume, object_repr=volume.name,
                  data={"from_gib": old, "to_gib": size_gib})
     return volume
@@ -219,6 +222,30 @@ def record_usage(*, host_id: Any, usage: dict[str, int], now: datetime | None = 
             fields["over_size_since"] = None
         Volume.objects.filter(pk=v.pk).update(**fields)
     return events
+
+
+def record_measured(*, measured: dict[str, tuple[datetime, list[str]]]) -> int:
+    """Hosts measured their volumes again and found what they reported last (host id ->
+    (when, Docker names)): the same bytes, so `record_usage` would change only the measuring
+    time (the over-size verdict moves with the bytes or the size, and a resize makes the
+    next report a full one). One UPDATE for every host of a fast-path flush."""
+    hosts, ids, times = [], [], []
+    for host_id, (when, names) in measured.items():
+        for n in names:
+            if n.startswith(DOCKER_PREFIX):
+                hosts.append(host_id)
+                ids.append(n[len(DOCKER_PREFIX):])
+                times.append(when)
+    if not ids:
+        return 0
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {Volume._meta.db_table} AS v SET measured_at = x.t "
+            "FROM unnest(%s::uuid[], %s::text[], %s::timestamptz[]) AS x(host, id, t) "
+            "WHERE v.host_id = x.host AND v.id::text = x.id AND (v.measured_at IS NULL OR v.measured_at < x.t)",
+            [hosts, ids, times],
+        )
+        return cur.rowcount
 
 
 def purged_on_host(*, host_id: Any) -> list[str]:

@@ -174,7 +174,8 @@ class HostHeartbeatApi(_AgentApi):
             claim = fastpath.claim_of(
                 fastpath.beat(None, host_id=str(host.pk), seq=hb.seq, count=False), None
             )
-        outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh)
+        outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh,
+                                 buffer_samples=claim is not None)
         answer_version = claim.version if claim is not None else ""
         if claim is not None and outcome.transitions:
             # Our own transitions bumped the version; the answer below is read after them.

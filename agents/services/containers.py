@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from agents.gangs import gang_report
 from agents.models import Host
 from agents.protocol import ObservedContainer
-from gpucloud.lib.db import pg_cursor
+from gpucloud.lib.db import pg_array, pg_cursor
 from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
 from scheduler.container import END, MOVE, STOP, Report, Step, container_next
 from scheduler.hooks import cycle_wanted
@@ -155,12 +155,11 @@ def _apply_bulk(host: Host, groups: dict, now: datetime, transitions: list[tuple
     freed = False
     for key in order:
         old, to, reason, exit_code = key
+        # Not a state: the exit code is a fact reported alongside it.
+        facts = None if exit_code is None else {"exit_code": exit_code}
         with transaction.atomic():
             moved = set(workloads_transition(ids=[w.pk for w in groups[key]], old=old, to=to, reason=reason,
-                                             now=now))
-            if exit_code is not None and moved:
-                # Not a state: the exit code is a fact reported alongside it.
-                Workload.objects.filter(pk__in=list(moved)).update(exit_code=exit_code)
+                                             now=now, facts=facts, hosts=[host.pk]))
             freed = freed or (bool(moved) and to not in HOLDING)
         for w in groups[key]:
             if w.pk in moved:
@@ -198,7 +197,7 @@ def containers_observed_times(*, containers: list[ObservedContainer], attempts: 
             seen[w.pk] = o
     if not seen:
         return
-    rows = Workload.objects.filter(pk__in=list(seen)).values("pk", "state", "queued_at", "started_at", "ended_at")
+    rows = _times_of(list(seen))
     updates: dict[tuple[str, ...], list[tuple[object, ...]]] = defaultdict(list)
     for row in rows:
         o, states = seen[row["pk"]], moved[str(row["pk"])]
@@ -217,6 +216,19 @@ def containers_observed_times(*, containers: list[ObservedContainer], attempts: 
             updates[cols].append((row["pk"], row["state"], *(fields[c] for c in cols)))
     for cols, values in updates.items():
         _set_times(cols, values)
+
+
+def _times_of(ids: list) -> list[dict]:
+    """pk, state, queued_at, started_at and ended_at of workloads `ids`; in written SQL on
+    PostgreSQL, where every heartbeat that moves work reads them (the ORM's query cost more
+    to build than to run)."""
+    fields = ("pk", "state", "queued_at", "started_at", "ended_at")
+    if connection.vendor != "postgresql":
+        return list(Workload.objects.filter(pk__in=ids).values(*fields))
+    with pg_cursor() as cur:
+        cur.execute(f"SELECT id, state, queued_at, started_at, ended_at FROM {Workload._meta.db_table} "
+                    "WHERE id = ANY(%s::uuid[])", [pg_array(ids)])
+        return [dict(zip(fields, row, strict=True)) for row in cur.fetchall()]
 
 
 def _set_times(cols: tuple[str, ...], values: list[tuple[object, ...]]) -> None:

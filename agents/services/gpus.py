@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Avg, Count, Max, Min
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
@@ -53,15 +53,35 @@ class SamplesOutcome:
     unknown_gpus: bool = False  # a sample named a GPU this host does not have
 
 
-def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime) -> SamplesOutcome:
-    """Store the samples (one INSERT), update each GPU's last measurement (one UPDATE).
+def async_commit() -> None:
+    """Let this transaction commit without waiting for the WAL flush (PostgreSQL).
 
-    The work on the GPUs that became unhealthy now is the caller's to fail (`gpus_fail_work`).
+    For heartbeat telemetry only (liveness time, samples): a crash may lose the last
+    moment of them, which the next heartbeat rewrites, and a flush per heartbeat was the
+    largest cost of the path. Lifecycle transitions commit in their own, synchronous,
+    transactions; a later synchronous commit also makes every earlier one durable.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit TO OFF")
+
+
+def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
+                      buffer: bool = False) -> SamplesOutcome:
+    """Store the samples (one INSERT), update each GPU's last measurement (one UPDATE), in one
+    transaction of their own.
+
+    `buffer`: when no GPU's health moved (nothing failed, no ECC count changed, every GPU
+    known), leave the samples to the fast path's buffer instead (`fastpath.samples_buffer`:
+    written by its flush within a second, as an unchanged heartbeat's are), saving a changed
+    heartbeat that transaction. The work on the GPUs that became unhealthy now is the
+    caller's to fail (`gpus_fail_work`).
     """
     out = SamplesOutcome()
     if not samples:
         return out
     rows = {g.uuid: g for g in _host_gpus(host)}
+    health_moved = False
     changed, failed, history = [], out.failed, []
     for s in samples:
         g = rows.get(s.uuid)
@@ -81,6 +101,7 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime)
             g.power_w = s.power_w
         fault = gpu_fault(s, g.ecc_uncorrected)
         if s.ecc_uncorrected is not None:
+            health_moved = health_moved or g.ecc_uncorrected != max(0, s.ecc_uncorrected)
             g.ecc_uncorrected = max(0, s.ecc_uncorrected)
         # Health is sticky: a sample can take a GPU out, only an operator puts it back.
         if fault and g.healthy:
@@ -99,8 +120,13 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime)
                 power_w=s.power_w,
             )
         )
-    _write_measurements(changed)
-    _insert_samples(history)
+    if (buffer and not (health_moved or failed or out.unknown_gpus)
+            and fastpath.samples_buffer(host_id=host.pk, when=now, samples=samples)):
+        return out
+    with transaction.atomic():
+        async_commit()
+        _write_measurements(changed)
+        _insert_samples(history)
     return out
 
 

@@ -21,7 +21,7 @@ from agents.models import Host
 from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat
 from agents.selectors import host_allocations, host_attempts
 from agents.services.containers import containers_observe, containers_observed_times
-from agents.services.gpus import gpu_samples_apply, gpus_fail_work
+from agents.services.gpus import async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
 from agents.services.registration import TokenRefused
 from agents.signals import volumes_reported
@@ -41,19 +41,6 @@ class HeartbeatOutcome:
     # when it was still the host's after the cache version was read).
     token_hash: str = ""
     unknown_gpus: bool = False  # a sample named a GPU this host does not have
-
-
-def _async_commit() -> None:
-    """Let this transaction commit without waiting for the WAL flush (PostgreSQL).
-
-    For heartbeat telemetry only (liveness time, samples): a crash may lose the last
-    moment of them, which the next heartbeat rewrites, and a flush per heartbeat was the
-    largest cost of the path. Lifecycle transitions commit in their own, synchronous,
-    transactions; a later synchronous commit also makes every earlier one durable.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute("SET LOCAL synchronous_commit TO OFF")
 
 
 def seq_is_fresh(seq: int, last_seq: int) -> bool:
@@ -92,16 +79,65 @@ def _host_save(host: Host, fields: list[str]) -> None:
                     [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
 
 
+def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None) -> tuple[Host, bool]:
+    """The host row's part of a heartbeat whose freshness is decided already (the fast path's
+    seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
+    time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
+    host as written and whether it was DOWN. The same rules as `host_heartbeat`'s own."""
+    t = Host._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {t} AS h SET last_heartbeat_at = GREATEST(h.last_heartbeat_at, %s), "
+            "agent_version = COALESCE(NULLIF(%s, ''), h.agent_version), "
+            "state = CASE WHEN h.state = %s THEN h.admin_state ELSE h.state END, "
+            "down_since = CASE WHEN h.state = %s THEN NULL ELSE h.down_since END, "
+            "last_seq = COALESCE(%s, h.last_seq) "
+            f"FROM (SELECT id, state FROM {t} WHERE id = %s FOR UPDATE) AS o "
+            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state",
+            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk],
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise Host.DoesNotExist
+    locked, end = model_from_row(Host, row)
+    return locked, row[end] == HostState.DOWN
+
+
+def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | None
+                   ) -> tuple[Host, bool, HeartbeatOutcome]:
+    """`_host_beat` read and written, where the freshness is decided here from `Host.last_seq`
+    under the lock (no fast path), or off PostgreSQL. Heartbeats of one host decide their
+    order one at a time; the liveness task's DOWN update waits for this too."""
+    locked = _host_for_update(pk)
+    applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
+    outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
+    fields = ["last_heartbeat_at", "agent_version"]
+    locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
+    locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
+    was_down = locked.state == HostState.DOWN
+    if was_down:
+        # Back as what the operator wants: a drain or cordon survives an outage.
+        locked.state, locked.down_since = locked.admin_state, None
+        fields += ["state", "down_since"]
+    if outcome.applied:
+        locked.last_seq = hb.seq
+        fields.append("last_seq")
+    _host_save(locked, fields)
+    return locked, was_down, outcome
+
+
 def host_heartbeat(
     *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
-    bulk: bool = True,
+    bulk: bool = True, buffer_samples: bool = False,
 ) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
     The desired set is read afterwards (`selectors.host_desired_containers`), so it
     reflects the transitions made here. `fresh`: whether to apply it, when the caller
     already decided that from the seq (the fast path claims seqs in Redis, see
-    agents/fastpath.py); None: decided here from `Host.last_seq`.
+    agents/fastpath.py); None: decided here from `Host.last_seq`. `buffer_samples`: GPU
+    samples that change no GPU's health may go to the fast path's buffer (see
+    `gpu_samples_apply`; the view's, when the fast path is on).
     """
     if hb.host_id != str(host.pk):
         raise TokenRefused("This host token belongs to another host.")
@@ -110,33 +146,22 @@ def host_heartbeat(
     # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
-        _async_commit()
-        # Heartbeats of one host decide their order one at a time; the liveness task's
-        # DOWN update waits for this too.
-        locked = _host_for_update(host.pk)
-        applied = seq_is_fresh(hb.seq, locked.last_seq) if fresh is None else fresh
-        outcome = HeartbeatOutcome(applied=applied, token_hash=locked.token_hash)
-        fields = ["last_heartbeat_at", "agent_version"]
-        locked.last_heartbeat_at = max(now, locked.last_heartbeat_at or now)
-        locked.agent_version = (hb.agent_version or locked.agent_version)[:50]
-        if locked.state == HostState.DOWN:
-            # Back as what the operator wants: a drain or cordon survives an outage.
-            locked.state, locked.down_since = locked.admin_state, None
-            fields += ["state", "down_since"]
+        async_commit()
+        if fresh is not None and connection.vendor == "postgresql":
+            locked, was_down = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
+                                          seq=hb.seq if fresh else None)
+            outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash)
+        else:
+            locked, was_down, outcome = _host_beat_orm(host.pk, hb=hb, now=now, fresh=fresh)
+        if was_down:
             logger.info("host back host=%s name=%s", locked.pk, locked.name)
             cycle_wanted(locked.region_id)  # capacity is back
-        if outcome.applied:
-            locked.last_seq = hb.seq
-            fields.append("last_seq")
-        _host_save(locked, fields)
     if not outcome.applied:
         logger.info(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
         )
         return outcome
-    with transaction.atomic():
-        _async_commit()
-        samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now)
+    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples)
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)

@@ -22,6 +22,7 @@ import pytest
 from django.conf import settings as dj_settings
 from django.utils import timezone
 
+from agents import fastpath
 from agents.choices import HostState
 from agents.host.config import AgentConfig
 from agents.host.daemon import Agent
@@ -106,6 +107,7 @@ class SimHost:
         return Host.objects.get(name=self.agent.config.hostname)
 
     def gpus(self) -> list[Gpu]:
+        fastpath.heartbeats_flush()  # samples wait in the fast path's buffer (up to a second)
         return list(Gpu.objects.filter(host__name=self.agent.config.hostname).order_by("index"))
 
     def beat(self, times: int = 1) -> None:
@@ -766,6 +768,7 @@ def test_samples_update_health_and_idleness(client, registered):
         {"uuid": "GPU-elsewhere", "gpu_util": 1.0},
     ]
     post(client, "/agent/v1/heartbeat", beat_body(host_id, gpus=gpus), token=token)
+    fastpath.heartbeats_flush()  # no-op here: a GPU failed, so the slow path wrote its samples
     g0, g1 = Gpu.objects.order_by("index")
     assert (g0.utilisation, g0.memory_used_mib, g0.idle_since, g0.healthy) == (
         0.97,
@@ -776,10 +779,12 @@ def test_samples_update_health_and_idleness(client, registered):
     assert g1.healthy is False and g1.sampled_at is not None
     gpus[0]["gpu_util"] = 2.0
     post(client, "/agent/v1/heartbeat", beat_body(host_id, 2, gpus=gpus[:1]), token=token)
+    fastpath.heartbeats_flush()  # buffered (the slow path's too, where no GPU's health moved)
     g0.refresh_from_db()
     first_idle = g0.idle_since
     assert g0.utilisation == 0.02 and first_idle is not None
     post(client, "/agent/v1/heartbeat", beat_body(host_id, 3, gpus=gpus[:1]), token=token)
+    fastpath.heartbeats_flush()
     g0.refresh_from_db()
     assert g0.idle_since == first_idle  # idle *since*: the first idle sample counts
 

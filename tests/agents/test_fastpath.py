@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -39,6 +40,8 @@ from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
     state,
     triggered,
 )
+from volumes.models import Volume, VolumeEvent
+from volumes.services import volume_resize
 
 HB = "/agent/v1/heartbeat"
 
@@ -80,9 +83,10 @@ def test_an_unchanged_heartbeat_is_answered_without_sql(
         again = beat(client, host_id, token, 2, gpus=[sample(0, 3.0), sample(1, 80.0)])
     assert again == first
     host = Host.objects.get()
-    assert host.last_seq == 1 and GpuSample.objects.count() == 2  # buffered, not yet written
+    # buffered, not yet written: the first (slow) heartbeat's samples too, its health unchanged
+    assert host.last_seq == 1 and GpuSample.objects.count() == 0
     out = fastpath.heartbeats_flush()
-    assert (out.heartbeats, out.samples, out.hosts, out.gpus) == (1, 2, 1, 2)
+    assert (out.heartbeats, out.samples, out.hosts, out.gpus) == (2, 4, 1, 2)
     host.refresh_from_db()
     g0, g1 = Gpu.objects.order_by("index")
     assert host.last_seq == 2 and GpuSample.objects.count() == 4
@@ -197,6 +201,45 @@ def test_the_liveness_check_writes_buffered_heartbeats_first(client, registered)
     beat(client, host_id, token, 2)  # fast: only in Redis
     assert hosts_mark_down() == []
     assert Host.objects.get().state == HostState.READY
+
+
+def test_an_unchanged_volume_report_is_fast_and_the_flush_stamps_its_measuring_time(
+    client, registered, alice, django_assert_num_queries
+):
+    """Each host reports its volumes every VOLUME_USAGE_EVERY_S, mostly the same set: the same
+    bytes at the same version take the fast path; different bytes, or a resize (the over-size
+    verdict may move), take the slow one."""
+    host_id, token = registered
+    host = Host.objects.get()
+    vol = Volume.objects.create(tenant=alice.tenant, name="data", region=host.region, size_gib=1, host=host)
+
+    def send(seq: int, used: int) -> None:
+        body = {**beat_body(host_id, seq, gpus=[sample(0), sample(1)]),
+                "volumes": [{"volume": vol.docker_name, "used_bytes": used}]}
+        assert post(client, HB, body, token=token).status_code == 200
+
+    def report(seq: int, used: int) -> Volume:
+        send(seq, used)
+        return Volume.objects.get(pk=vol.pk)
+
+    def report_fast(seq: int, used: int) -> None:
+        with django_assert_num_queries(0):
+            send(seq, used)
+
+    first = report(1, 2 * 1024**3)  # slow: the first report, past its size
+    assert first.used_bytes == 2 * 1024**3 and first.over_size_since is not None
+    report_fast(2, 2 * 1024**3)
+    assert Volume.objects.get(pk=vol.pk).measured_at == first.measured_at  # buffered
+    assert fastpath.heartbeats_flush().heartbeats == 2  # with the first (slow) one's samples
+    again = Volume.objects.get(pk=vol.pk)
+    assert again.measured_at > first.measured_at
+    assert (again.used_bytes, again.over_size_since) == (first.used_bytes, first.over_size_since)
+    assert VolumeEvent.objects.filter(volume=vol).count() == 1
+    with transaction.atomic():
+        volume_resize(volume=vol, size_gib=4)
+    assert report(3, 2 * 1024**3).over_size_since is None  # slow: back under its size
+    assert report(4, 5 * 1024**3).over_size_since is not None  # slow: different bytes
+    assert VolumeEvent.objects.filter(volume=vol).count() == 2
 
 
 def test_a_late_heartbeat_is_answered_but_not_applied(client, registered):
