@@ -1,5 +1,6 @@
 """Database and Redis plumbing shared by every app: server-side binding, COPY text,
-array literals, timestamps as epoch seconds, the shared Redis client.
+array literals, timestamps as epoch seconds, the shared Redis client, the benchmarks' own
+database.
 
 It lives at the bottom of the layers (docs/architecture.md) so that the scheduler's
 bulk writes, the agents' heartbeat flush and the snapshot use one copy of each.
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
 import psycopg
 import redis
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import FloatField, Func
 
 
@@ -121,3 +123,18 @@ def _converters(model: type) -> list[tuple[int, tuple[Any, list[Any]]]]:
                 out.append((i, (col, convs)))
         made[model] = out
     return made[model]
+
+
+@contextmanager
+def bench_database() -> Iterator[None]:
+    """A database of the benchmark's own for the block: created with every migration under
+    the test name Django derives from the settings (``TEST.NAME``, else ``test_`` + the
+    name), and dropped on the way out whatever happens, every connection to it closed first.
+    The benchmark commands use it, so none of them writes into the operator's database."""
+    old_name = connection.settings_dict["NAME"]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    try:
+        yield
+    finally:
+        connections.close_all()
+        connection.creation.destroy_test_db(old_name, verbosity=0)

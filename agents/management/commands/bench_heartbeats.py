@@ -46,6 +46,7 @@ from agents.models import GpuSample
 from agents.protocol import HEARTBEAT_PATH, Heartbeat, RegisterRequest
 from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import GpuModel, Quota, Region
+from gpucloud.lib.db import bench_database
 from gpucloud.tenancy.services import tenant_create
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload, WorkloadEvent
@@ -95,45 +96,36 @@ class Command(BaseCommand):
             raise CommandError("--hosts, --seconds, --concurrency and --workers must be positive")
         if connection.vendor != "postgresql":
             raise CommandError("the benchmark needs PostgreSQL (set DATABASE_URL)")
-        creation = connection.creation
-        old_name = connection.settings_dict["NAME"]
-        creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
         server = None
-        try:
-            tokens = _prepare(hosts)
-            db = connection.settings_dict
-            connections.close_all()  # the server's workers use the database from now on
-            port = _free_port()
-            server = _start_server(db, port, workers, threads)
-            url = f"http://127.0.0.1:{port}"
-            registered = _register(url, tokens)
-            flusher = _Flusher()
-            flusher.start()
-            cpu0: list[float] = []
-            out = _blast(port, registered, seconds, concurrency,
-                         on_start=lambda: cpu0.extend((_cpu_s(server.pid), time.process_time())))
-            server_cpu, own_cpu = _cpu_s(server.pid) - cpu0[0], time.process_time() - cpu0[1]
-            flusher.stop()
-            # CPU per timed heartbeat (after the warm-up) of the gunicorn workers, and of this
-            # process (the client threads and the flusher): figures that depend less on what
-            # else the machine runs than throughput does.
-            n = out["heartbeats"] + out["errors"]
-            out["server_cpu_ms_per_heartbeat"] = round(server_cpu * 1000 / n, 2) if n else 0.0
-            out["bench_cpu_ms_per_heartbeat"] = round(own_cpu * 1000 / n, 2) if n else 0.0
-            out.update(flusher.stats())
-            # every heartbeat stores 8 samples: the timed ones and one warm-up per host
-            out["samples_expected"] = (out["heartbeats"] + hosts) * 8
-            out.update(hosts=hosts, gpus=hosts * 8, concurrency=concurrency, workers=workers,
-                       threads=threads, seconds=seconds, loadavg_1m=round(os.getloadavg()[0], 2))
-        finally:
-            if server is not None:
-                server.send_signal(signal.SIGTERM)
-                try:
-                    server.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-            connections.close_all()
-            creation.destroy_test_db(old_name, verbosity=0)
+        with bench_database():
+            try:
+                tokens = _prepare(hosts)
+                db = connection.settings_dict
+                connections.close_all()  # the server's workers use the database from now on
+                port = _free_port()
+                server = _start_server(db, port, workers, threads)
+                url = f"http://127.0.0.1:{port}"
+                registered = _register(url, tokens)
+                flusher = _Flusher()
+                flusher.start()
+                cpu0: list[float] = []
+                out = _blast(port, registered, seconds, concurrency,
+                             on_start=lambda: cpu0.extend((_cpu_s(server.pid), time.process_time())))
+                server_cpu, own_cpu = _cpu_s(server.pid) - cpu0[0], time.process_time() - cpu0[1]
+                flusher.stop()
+                # CPU per timed heartbeat (after the warm-up) of the gunicorn workers, and of this
+                # process (the client threads and the flusher): figures that depend less on what
+                # else the machine runs than throughput does.
+                n = out["heartbeats"] + out["errors"]
+                out["server_cpu_ms_per_heartbeat"] = round(server_cpu * 1000 / n, 2) if n else 0.0
+                out["bench_cpu_ms_per_heartbeat"] = round(own_cpu * 1000 / n, 2) if n else 0.0
+                out.update(flusher.stats())
+                # every heartbeat stores 8 samples: the timed ones and one warm-up per host
+                out["samples_expected"] = (out["heartbeats"] + hosts) * 8
+                out.update(hosts=hosts, gpus=hosts * 8, concurrency=concurrency, workers=workers,
+                           threads=threads, seconds=seconds, loadavg_1m=round(os.getloadavg()[0], 2))
+            finally:
+                _stop_server(server)
         if options["json"]:
             self.stdout.write(json.dumps(out))
         else:
@@ -150,36 +142,38 @@ class Command(BaseCommand):
         per heartbeat of each phase, and the transitions it made."""
         if connection.vendor != "postgresql":
             raise CommandError("the benchmark needs PostgreSQL (set DATABASE_URL)")
-        creation = connection.creation
-        old_name = connection.settings_dict["NAME"]
-        creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
         server = None
-        try:
-            tokens, tenant, region = _prepare_changed(hosts)
-            db = connection.settings_dict
-            port = _free_port()
-            server = _start_server(db, port, workers, threads, profile_dir)
-            registered = _register(f"http://127.0.0.1:{port}", tokens)
-            _blast_phase(port, registered, concurrency, lambda i: [])  # a first, untimed beat each
-            _place(tenant, region, hosts, k)
-            connections.close_all()
-            out = _changed_phases(port, registered, concurrency, k, server.pid)
-            out.update(hosts=hosts, containers_per_heartbeat=k, workers=workers, threads=threads,
-                       concurrency=concurrency, loadavg_1m=round(os.getloadavg()[0], 2))
-        finally:
-            if server is not None:
-                server.send_signal(signal.SIGTERM)
-                try:
-                    server.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-            connections.close_all()
-            creation.destroy_test_db(old_name, verbosity=0)
+        with bench_database():
+            try:
+                tokens, tenant, region = _prepare_changed(hosts)
+                db = connection.settings_dict
+                port = _free_port()
+                server = _start_server(db, port, workers, threads, profile_dir)
+                registered = _register(f"http://127.0.0.1:{port}", tokens)
+                _blast_phase(port, registered, concurrency, lambda i: [])  # a first, untimed beat each
+                _place(tenant, region, hosts, k)
+                connections.close_all()
+                out = _changed_phases(port, registered, concurrency, k, server.pid)
+                out.update(hosts=hosts, containers_per_heartbeat=k, workers=workers, threads=threads,
+                           concurrency=concurrency, loadavg_1m=round(os.getloadavg()[0], 2))
+            finally:
+                _stop_server(server)
         if as_json:
             self.stdout.write(json.dumps(out))
         else:
             for key, value in out.items():
                 self.stdout.write(f"{key:>20}: {value}")
+
+
+def _stop_server(server: subprocess.Popen | None) -> None:
+    """SIGTERM the benchmark's gunicorn, SIGKILL if it has not gone in 20 s."""
+    if server is None:
+        return
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def _prepare_changed(n: int):

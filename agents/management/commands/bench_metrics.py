@@ -24,7 +24,7 @@ import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, connections
+from django.db import connection
 from django.test import Client
 from django.test.utils import override_settings
 from django.utils import timezone
@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.models import Gpu, GpuSample
 from gpucloud import metrics
+from gpucloud.lib.db import bench_database
 from scheduler.management.commands.bench_scheduler import _populate
 
 
@@ -78,15 +79,8 @@ class Command(BaseCommand):
             raise CommandError("--gpus must be >= 8, --scrapes >= 1, --history-s >= 0")
         if connection.vendor != "postgresql":
             raise CommandError("the benchmark needs PostgreSQL (set DATABASE_URL)")
-        creation = connection.creation
-        old_name = connection.settings_dict["NAME"]
-        creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-        try:
+        with bench_database():
             out = self._bench(gpus, history_s, scrapes)
-        finally:
-            for conn in connections.all():
-                conn.close()
-            creation.destroy_test_db(old_name, verbosity=0)
         if options["json"]:
             self.stdout.write(json.dumps(out))
         else:
@@ -123,7 +117,8 @@ class Command(BaseCommand):
         token = "bench-metrics-token"
         client = Client()
         full, cpu, db_cpu, dcgm, body, parts = [], [], [], [], b"", {}
-        with override_settings(METRICS_TOKEN=token):
+        # the test client names its host "testserver", as Django's test runner allows it
+        with override_settings(METRICS_TOKEN=token, ALLOWED_HOSTS=[*settings.ALLOWED_HOSTS, "testserver"]):
             for _ in range(scrapes):
                 d = _backend_cpu()
                 t, c = time.perf_counter(), time.process_time()

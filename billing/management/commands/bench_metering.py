@@ -27,12 +27,13 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, connections
+from django.db import connection
 from django.db.models import Sum
 
 from billing import services
 from billing.models import Account, LedgerEntry, Meter
 from gpucloud.catalogue.models import InstanceType, Region
+from gpucloud.lib.db import bench_database
 from gpucloud.tenancy.services import tenant_create
 from scheduler.choices import State
 from scheduler.models import Workload, WorkloadEvent
@@ -56,10 +57,7 @@ class Command(BaseCommand):
             raise CommandError("--workloads and --tenants must be >= 1")
         if connection.vendor != "postgresql":
             raise CommandError("the benchmark needs PostgreSQL (set DATABASE_URL)")
-        creation = connection.creation
-        old_name = connection.settings_dict["NAME"]
-        creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-        try:
+        with bench_database():
             t0 = _start()
             _populate(workloads, tenants, t0)
             out: dict[str, Any] = {"workloads": workloads, "tenants": tenants}
@@ -71,10 +69,6 @@ class Command(BaseCommand):
             out["balances_match_ledger"] = all(
                 a.balance == LedgerEntry.objects.filter(tenant_id=a.tenant_id).aggregate(s=Sum("amount"))["s"]
                 for a in Account.objects.all())
-        finally:
-            for conn in connections.all():
-                conn.close()
-            creation.destroy_test_db(old_name, verbosity=0)
         if options["json"]:
             self.stdout.write(json.dumps(out))
         else:

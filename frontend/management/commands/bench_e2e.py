@@ -53,6 +53,7 @@ from agents.management.commands.bench_heartbeats import _free_port
 from agents.models import Gpu, Host
 from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.models import GpuModel, Quota, Region
+from gpucloud.lib.db import bench_database
 from gpucloud.tenancy.models import Membership
 from gpucloud.tenancy.services import api_key_create, tenant_create
 from scheduler.choices import TERMINAL, State
@@ -197,32 +198,29 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         settings_dict = connection.settings_dict
         settings_dict.setdefault("TEST", {})["NAME"] = f"bench_e2e_{os.getpid()}"
-        old_name = settings_dict["NAME"]
-        connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
         procs = None
         tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
-        try:
-            keys, tokens = _prepare(o)
-            profile = _profile_creates(keys[0], o["profile"], self.stderr) if o["profile"] else {}
-            if o["profile_only"]:
-                out = profile
-            else:
-                connections.close_all()
-                procs = _start(o, Path(tmp.name), tokens)
-                out = {**_run(o, procs, keys), **profile}
-                if o["web_profile"]:
+        with bench_database():
+            try:
+                keys, tokens = _prepare(o)
+                profile = _profile_creates(keys[0], o["profile"], self.stderr) if o["profile"] else {}
+                if o["profile_only"]:
+                    out = profile
+                else:
+                    connections.close_all()
+                    procs = _start(o, Path(tmp.name), tokens)
+                    out = {**_run(o, procs, keys), **profile}
+                    if o["web_profile"]:
+                        procs.stop()
+                        _print_web_profile(Path(tmp.name) / "webcpu", self.stderr)
+            finally:
+                if procs is not None:
                     procs.stop()
-                    _print_web_profile(Path(tmp.name) / "webcpu", self.stderr)
-        finally:
-            if procs is not None:
-                procs.stop()
-                if o["keep_logs"]:
-                    Path(o["keep_logs"]).mkdir(parents=True, exist_ok=True)
-                    for name in procs.procs:
-                        shutil.copy(Path(tmp.name) / f"{name}.log", Path(o["keep_logs"]) / f"{name}.log")
-            connections.close_all()
-            connection.creation.destroy_test_db(old_name, verbosity=0)
-            tmp.cleanup()
+                    if o["keep_logs"]:
+                        Path(o["keep_logs"]).mkdir(parents=True, exist_ok=True)
+                        for name in procs.procs:
+                            shutil.copy(Path(tmp.name) / f"{name}.log", Path(o["keep_logs"]) / f"{name}.log")
+                tmp.cleanup()
         out["process_groups"] = sorted(p.pid for p in procs.procs.values()) if procs else []
         if o["json"]:
             self.stdout.write(json.dumps(out))

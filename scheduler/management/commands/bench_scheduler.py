@@ -19,12 +19,13 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection, connections
+from django.db import connection
 from django.test.utils import override_settings
 from django.utils import timezone
 
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
+from gpucloud.lib.db import bench_database
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import State
 from scheduler.core import bench
@@ -68,19 +69,12 @@ class Command(BaseCommand):
                 self.stdout.write(f"{key:>26}: {value}")
 
     def _db_bench(self, gpus: int, pending: int, seed: int, policy: str) -> dict:
-        creation = connection.creation
-        old_name = connection.settings_dict["NAME"]
-        creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-        try:
+        with bench_database():
             t0 = time.perf_counter()
             region_ids = _populate(gpus, pending, seed)
             populate_s = time.perf_counter() - t0
             with override_settings(SCHEDULER_POLICY=policy):
                 return {"db_populate_seconds": round(populate_s, 1), **_cycles(region_ids)}
-        finally:
-            for conn in connections.all():
-                conn.close()
-            creation.destroy_test_db(old_name, verbosity=0)
 
 
 def _cycles(region_ids: list[int]) -> dict:
