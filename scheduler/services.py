@@ -377,6 +377,11 @@ def release_allocations(*, workload_ids: Iterable[UUID], now: datetime | None = 
         per_host[r["host_id"]][0] += r["vcpus"]
         per_host[r["host_id"]][1] += r["memory_mib"]
     Allocation.objects.filter(pk__in=[r["id"] for r in rows]).update(active=False, released_at=now)
+    # hosts before GPUs: the order the heartbeat and the applier lock them in
+    for host, (vcpus, mem) in sorted(per_host.items(), key=lambda kv: str(kv[0])):
+        if vcpus or mem:
+            Host.objects.filter(pk=host).update(used_vcpus=F("used_vcpus") - vcpus,
+                                                used_memory_mib=F("used_memory_mib") - mem)
     whole = [g for g, m in per_gpu.items() if m == 1000]
     if whole:
         # a GPU held at 1000 milli is either whole or full of shares; both leave it empty
@@ -384,10 +389,6 @@ def release_allocations(*, workload_ids: Iterable[UUID], now: datetime | None = 
     for gpu, milli in per_gpu.items():
         if milli != 1000:
             Gpu.objects.filter(uuid=gpu).update(used_milli=F("used_milli") - milli)
-    for host, (vcpus, mem) in per_host.items():
-        if vcpus or mem:
-            Host.objects.filter(pk=host).update(used_vcpus=F("used_vcpus") - vcpus,
-                                                used_memory_mib=F("used_memory_mib") - mem)
     return len(rows)
 
 
@@ -411,6 +412,16 @@ def _release_allocations_pg(workload_ids: list[UUID], now: datetime) -> int:
             per_gpu[gpu] += milli
             per_host[host][0] += vcpus
             per_host[host][1] += mem
+        # hosts before GPUs: the heartbeat locks its host first and the applier claims hosts
+        # before GPUs; taking the GPUs first deadlocked with a heartbeat of the same host
+        hosts = sorted((h for h, (v, m) in per_host.items() if v or m), key=str)
+        if hosts:
+            cur.execute(
+                f"UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus - v.vcpus, "
+                "used_memory_mib = h.used_memory_mib - v.mem "
+                "FROM unnest(%s::uuid[], %s::int8[], %s::int8[]) AS v(id, vcpus, mem) WHERE h.id = v.id",
+                [pg_array(hosts), [per_host[h][0] for h in hosts], [per_host[h][1] for h in hosts]],
+            )
         gpus = sorted(per_gpu)
         # a GPU held at 1000 milli is either whole or full of shares; both leave it empty
         cur.execute(
@@ -420,14 +431,6 @@ def _release_allocations_pg(workload_ids: list[UUID], now: datetime) -> int:
             "FROM unnest(%s::text[], %s::int[]) AS v(uuid, milli) WHERE g.uuid = v.uuid",
             [gpus, [per_gpu[g] for g in gpus]],
         )
-        hosts = sorted((h for h, (v, m) in per_host.items() if v or m), key=str)
-        if hosts:
-            cur.execute(
-                f"UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus - v.vcpus, "
-                "used_memory_mib = h.used_memory_mib - v.mem "
-                "FROM unnest(%s::uuid[], %s::int8[], %s::int8[]) AS v(id, vcpus, mem) WHERE h.id = v.id",
-                [pg_array(hosts), [per_host[h][0] for h in hosts], [per_host[h][1] for h in hosts]],
-            )
     return len(rows)
 
 
