@@ -124,8 +124,18 @@ DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL,
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
+        # Before each request's first query, check that a kept connection still works (one
+        # round trip), so a restarted or failed-over server costs no request an error.
+        conn_health_checks=env_bool("DB_CONN_HEALTH_CHECKS", False),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's, with spare connections: one a request closes (a parked long poll's) serves the
+    # process's next request instead of a new one (gpucloud.lib.db).
+    DATABASES["default"]["ENGINE"] = "gpucloud.lib.postgresql"
+# Spare connections a web process keeps at most (0: a closed one is closed). It never holds
+# more connections than it had threads querying at once; this bounds the idle ones.
+DB_SPARE_CONNECTIONS = env_int("DB_SPARE_CONNECTIONS", 16)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The demo's web, worker, beat and agents all write. Take SQLite's write lock at BEGIN, so
     # a second writer waits (up to `timeout` s) instead of failing at once with "database is

@@ -108,20 +108,28 @@ def _count_connects() -> None:
     """Count each new PostgreSQL connection against the kind of request that opened it and
     what closed the thread's previous one (`first`, `max_age`: DB_CONN_MAX_AGE ran out at a
     request's start or end, `errors`, `autocommit`, `close`: closed by the code, as a parked
-    long poll does), with the thread CPU spent connecting (`_cpu_s`)."""
+    long poll does), with the thread CPU spent opening them (`_cpu_s`); `_connect_calls`
+    counts every connect, a spare taken (gpucloud.lib.db) included."""
     from django.db.backends.postgresql.base import DatabaseWrapper
 
-    connect, close, obsolete = (DatabaseWrapper.connect, DatabaseWrapper.close,
-                                DatabaseWrapper.close_if_unusable_or_obsolete)
+    connect, new, close, obsolete = (DatabaseWrapper.connect, DatabaseWrapper.get_new_connection,
+                                     DatabaseWrapper.close, DatabaseWrapper.close_if_unusable_or_obsolete)
 
     def counted_connect(self):
-        t = time.thread_time()
+        with _lock:
+            _connects["_connect_calls"] += 1
         try:
             return connect(self)
         finally:
+            _local.closed = "?"  # a spare taken: the next new one has a reason of its own
+
+    def counted_new(self, conn_params):
+        t = time.thread_time()
+        try:
+            return new(self, conn_params)
+        finally:
             dt = time.thread_time() - t
             why = getattr(_local, "closed", "first")
-            _local.closed = "?"
             with _lock:
                 _connects[f"{getattr(_local, 'kind', '_outside')} after {why}"] += 1
                 _connects["_cpu_s"] += dt
@@ -146,6 +154,7 @@ def _count_connects() -> None:
             _local.closed = why
 
     DatabaseWrapper.connect = counted_connect
+    DatabaseWrapper.get_new_connection = counted_new
     DatabaseWrapper.close = noted_close
     DatabaseWrapper.close_if_unusable_or_obsolete = noted_obsolete
 
