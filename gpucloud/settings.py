@@ -133,8 +133,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's, with spare connections: one a request closes (a parked long poll's) serves the
     # process's next request instead of a new one (gpucloud.lib.db).
     DATABASES["default"]["ENGINE"] = "gpucloud.lib.postgresql"
-# Spare connections a web process keeps at most (0: a closed one is closed). It never holds
-# more connections than it had threads querying at once; this bounds the idle ones.
+# Spare connections a web process keeps at most (0: a closed one is closed). It opens one only
+# when none is spare, so it never holds more than the most threads that held one at once; this
+# bounds how many of them wait idle.
 DB_SPARE_CONNECTIONS = env_int("DB_SPARE_CONNECTIONS", 16)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The demo's web, worker, beat and agents all write. Take SQLite's write lock at BEGIN, so

@@ -148,13 +148,14 @@ def bench_database() -> Iterator[None]:
 #
 # A parked long poll closes its thread's connection (agents/api/views.py: a fleet of waits
 # must not hold a connection each). With gunicorn's threads that meant a new connection for the
-# thread's next request: in bench_e2e about 500 of them in a run, 3 ms of the web's CPU each,
-# and a fresh PostgreSQL backend with cold caches. A connection closed while serving a request,
-# healthy and idle, is now kept here instead, and the next thread of the process that needs one
-# takes it. A thread that parks still holds none, and the process never holds more connections
-# than it had threads using one at once, as before; `DB_CONN_MAX_AGE` still counts from when each
-# was opened. Outside requests (management commands, Celery, `connections.close_all()` before a
-# fork or a DROP DATABASE) a close closes.
+# thread's next request: in bench_e2e (64 hosts, 2,000 jobs) 570-750 of them in a run, 3 ms of
+# the web's CPU each, and a fresh PostgreSQL backend with cold caches. A connection closed while
+# serving a request, healthy and idle, is now kept here instead (up to DB_SPARE_CONNECTIONS), and
+# the next thread of the process that needs one takes it: 50-70 new ones in that run. A thread
+# that parks still holds none; the process opens a connection only when no spare is left, so it
+# never holds more than the most threads that held one at once. `DB_CONN_MAX_AGE` counts from
+# when each was opened. Outside requests (management commands, Celery, `connections.close_all()`
+# before a fork or a DROP DATABASE) a close closes.
 
 _spares: list[tuple[str, psycopg.Connection]] = []  # (alias, connection), the freshest last
 _spares_lock = threading.Lock()
