@@ -1,16 +1,14 @@
 """Database and Redis plumbing shared by every app: server-side binding, COPY text,
 array literals, timestamps as epoch seconds, the shared Redis client, the benchmarks' own
-database, the spare connections a request leaves to the process's next one.
+database.
 
 It lives at the bottom of the layers (docs/architecture.md) so that the scheduler's
 bulk writes, the agents' heartbeat flush and the snapshot use one copy of each.
 """
 from __future__ import annotations
 
-import os
 import re
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -18,7 +16,6 @@ from typing import Any
 
 import psycopg
 import redis
-from django.core.signals import request_finished, request_started
 from django.db import connection, connections
 from django.db.models import FloatField, Func
 
@@ -140,114 +137,4 @@ def bench_database() -> Iterator[None]:
         yield
     finally:
         connections.close_all()
-        spares_close()
         connection.creation.destroy_test_db(old_name, verbosity=0)
-
-
-# --- spare connections: what a request closes, the process's next request takes (gpucloud.lib.postgresql)
-#
-# A parked long poll closes its thread's connection (agents/api/views.py: a fleet of waits
-# must not hold a connection each). With gunicorn's threads that meant a new connection for the
-# thread's next request: in bench_e2e (64 hosts, 2,000 jobs) 570-750 of them in a run, 3 ms of
-# the web's CPU each, and a fresh PostgreSQL backend with cold caches. A connection closed while
-# serving a request, healthy and idle, is now kept here instead (up to DB_SPARE_CONNECTIONS), and
-# the next thread of the process that needs one takes it: 50-70 new ones in that run. A thread
-# that parks still holds none; the process opens a connection only when no spare is left, so it
-# never holds more than the most threads that held one at once. `DB_CONN_MAX_AGE` counts from
-# when each was opened. Outside requests (management commands, Celery, `connections.close_all()`
-# before a fork or a DROP DATABASE) a close closes.
-
-_spares: list[tuple[str, psycopg.Connection]] = []  # (alias, connection), the freshest last
-_spares_lock = threading.Lock()
-_serving = threading.local()
-_forked_away: list[tuple[str, psycopg.Connection]] = []  # a parent's, inherited by a fork: never touched
-
-
-def _request_started(**kwargs: Any) -> None:
-    _serving.on = True
-
-
-def _request_finished(**kwargs: Any) -> None:
-    _serving.on = False
-
-
-def _after_fork_in_child() -> None:
-    # The parent's sockets: closing one here would end the parent's session, and the garbage
-    # collector closes what it frees, so they are kept out of reach for good.
-    _forked_away.extend(_spares)
-    _spares.clear()
-
-
-request_started.connect(_request_started, dispatch_uid="gpucloud.lib.db.spares")
-request_finished.connect(_request_finished, dispatch_uid="gpucloud.lib.db.spares")
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def spare_give(wrapper: Any) -> bool:
-    """Keep `wrapper`'s connection as a spare instead of closing it, when it is closed while
-    serving a request, healthy, idle (no transaction, nothing failed) and not past its age,
-    and the process keeps fewer than DB_SPARE_CONNECTIONS. True: kept (the caller forgets it)."""
-    from django.conf import settings
-
-    raw = wrapper.connection
-    if (
-        not getattr(_serving, "on", False)
-        or raw is None
-        or raw.closed
-        or raw.broken
-        or wrapper.in_atomic_block
-        or wrapper.errors_occurred
-        or raw.autocommit != wrapper.settings_dict["AUTOCOMMIT"]
-        or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-        or wrapper.close_at is not None and time.monotonic() >= wrapper.close_at
-    ):
-        return False
-    raw._gpucloud_close_at = wrapper.close_at  # type: ignore[attr-defined]  # its age goes with it
-    with _spares_lock:
-        if len(_spares) >= settings.DB_SPARE_CONNECTIONS:
-            return False
-        _spares.append((wrapper.alias, raw))
-    return True
-
-
-def spare_take(wrapper: Any) -> psycopg.Connection | None:
-    """A spare connection of `wrapper`'s database, or None; the ones past their age are closed.
-    With CONN_HEALTH_CHECKS, one that fails the check is closed too (a new connection is healthy,
-    a spare may have lost its server meanwhile)."""
-    while True:
-        with _spares_lock:
-            i = next((i for i in range(len(_spares) - 1, -1, -1) if _spares[i][0] == wrapper.alias), None)
-            if i is None:
-                return None
-            raw = _spares.pop(i)[1]
-        close_at = getattr(raw, "_gpucloud_close_at", None)
-        if (close_at is not None and time.monotonic() >= close_at) or raw.closed or raw.broken or (
-            wrapper.settings_dict["CONN_HEALTH_CHECKS"] and not _usable(raw)
-        ):
-            _close_quietly(raw)
-            continue
-        return raw
-
-
-def spares_close() -> None:
-    """Close this process's spare connections (before a DROP DATABASE, or to let them go)."""
-    with _spares_lock:
-        spares = list(_spares)
-        _spares.clear()
-    for _, raw in spares:
-        _close_quietly(raw)
-
-
-def _usable(raw: psycopg.Connection) -> bool:
-    try:
-        raw.execute("SELECT 1")
-    except psycopg.Error:
-        return False
-    return True
-
-
-def _close_quietly(raw: psycopg.Connection) -> None:
-    try:
-        raw.close()
-    except psycopg.Error:
-        pass

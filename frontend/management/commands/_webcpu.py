@@ -9,9 +9,7 @@ writes its counters to `$BENCH_WEB_CPU_DIR/web-<pid>.json` every half second, wi
 worker's whole CPU (request threads, the long-poll listener, gunicorn's own loop), so the
 benchmark can take the difference over the burst. With `BENCH_WEB_PROFILE=1` each request
 also runs under a per-thread cProfile (CPU timer), dumped at the worker's exit. With
-`BENCH_SWITCH_INTERVAL_S` the workers run with that GIL switch interval. With
-`BENCH_WEB_CONNECTS_DIR` each worker also counts the PostgreSQL connections it opens, by the
-kind of request that opened them, in `connects-<pid>.json` there (a reused connection opens none).
+`BENCH_SWITCH_INTERVAL_S` the workers run with that GIL switch interval.
 
 Benchmark code only: nothing of the platform imports it.
 """
@@ -31,8 +29,6 @@ _lock = threading.Lock()
 _stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 _profiles: list[cProfile.Profile] = []
 _local = threading.local()
-_CONNECTS_DIR = os.environ.get("BENCH_WEB_CONNECTS_DIR", "")
-_connects: dict[str, float] = defaultdict(int)
 
 
 def _kind(environ) -> str:
@@ -55,14 +51,12 @@ def _wrap(app):
                     _profiles.append(prof)
             prof.enable()
         t = time.thread_time()
-        _local.kind = f"{environ.get('REQUEST_METHOD', '')} {environ.get('PATH_INFO', '')}"
         try:
             return app(environ, start_response)
         finally:
             dt = time.thread_time() - t
             if prof is not None:
                 prof.disable()
-            _local.kind = "_between"
             with _lock:
                 s = _stats[_kind(environ)]
                 s[0] += 1
@@ -104,80 +98,17 @@ def _heartbeat_kind() -> None:
     views.host_heartbeat = counted
 
 
-def _count_connects() -> None:
-    """Count each new PostgreSQL connection against the kind of request that opened it and
-    what closed the thread's previous one (`first`, `max_age`: DB_CONN_MAX_AGE ran out at a
-    request's start or end, `errors`, `autocommit`, `close`: closed by the code, as a parked
-    long poll does), with the thread CPU spent opening them (`_cpu_s`); `_connect_calls`
-    counts every connect, a spare taken (gpucloud.lib.db) included."""
-    from django.db.backends.postgresql.base import DatabaseWrapper
-
-    connect, new, close, obsolete = (DatabaseWrapper.connect, DatabaseWrapper.get_new_connection,
-                                     DatabaseWrapper.close, DatabaseWrapper.close_if_unusable_or_obsolete)
-
-    def counted_connect(self):
-        with _lock:
-            _connects["_connect_calls"] += 1
-        try:
-            return connect(self)
-        finally:
-            _local.closed = "?"  # a spare taken: the next new one has a reason of its own
-
-    def counted_new(self, conn_params):
-        t = time.thread_time()
-        try:
-            return new(self, conn_params)
-        finally:
-            dt = time.thread_time() - t
-            why = getattr(_local, "closed", "first")
-            with _lock:
-                _connects[f"{getattr(_local, 'kind', '_outside')} after {why}"] += 1
-                _connects["_cpu_s"] += dt
-
-    def noted_close(self):
-        if self.connection is not None and not getattr(_local, "in_obsolete", False):
-            _local.closed = "close"
-        return close(self)
-
-    def noted_obsolete(self):
-        if self.connection is None:
-            return obsolete(self)
-        why = ("autocommit" if self.get_autocommit() != self.settings_dict["AUTOCOMMIT"]
-               else "errors" if self.errors_occurred
-               else "max_age")
-        _local.in_obsolete = True
-        try:
-            obsolete(self)
-        finally:
-            _local.in_obsolete = False
-        if self.connection is None:
-            _local.closed = why
-
-    DatabaseWrapper.connect = counted_connect
-    DatabaseWrapper.get_new_connection = counted_new
-    DatabaseWrapper.close = noted_close
-    DatabaseWrapper.close_if_unusable_or_obsolete = noted_obsolete
-
-
-def _dump(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
-
-
 def _writer() -> None:
     path = os.path.join(_DIR, f"web-{os.getpid()}.json")
-    cpath = os.path.join(_CONNECTS_DIR, f"connects-{os.getpid()}.json") if _CONNECTS_DIR else ""
     while True:
         time.sleep(0.5)
         with _lock:
             data = {k: list(v) for k, v in _stats.items()}
-            connects = dict(_connects)
         data["_process"] = [0, time.process_time()]
-        _dump(path, data)
-        if cpath:
-            _dump(cpath, connects)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
 
 
 def post_worker_init(worker) -> None:
@@ -186,8 +117,6 @@ def post_worker_init(worker) -> None:
         # thread running Python to hand the interpreter over
         sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL_S"]))
     _heartbeat_kind()
-    if _CONNECTS_DIR:
-        _count_connects()
     worker.wsgi = _wrap(worker.wsgi)
     if _DIR:
         threading.Thread(target=_writer, name="bench-web-cpu", daemon=True).start()
