@@ -11,5 +11,7 @@ USER gpucloud
 EXPOSE 8000
 # Threaded workers: a heartbeat on the fast path waits on Redis, not the CPU (docs/benchmarks.md).
 # The workers' alive-file lives in shared memory; touching one on disk cost 0.5 ms per request.
+# Each worker's threads share a pool of at most as many PostgreSQL connections (DB_POOL_SIZE):
+# a parked long poll gives its connection back instead of closing it.
 CMD ["gunicorn", "gpucloud.wsgi", "--bind", "0.0.0.0:8000", "--workers", "4", "--worker-class", "gthread", \
-     "--threads", "4", "--worker-tmp-dir", "/dev/shm", "--access-logfile", "-"]
+     "--threads", "4", "--env", "DB_POOL_SIZE=4", "--worker-tmp-dir", "/dev/shm", "--access-logfile", "-"]

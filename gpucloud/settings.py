@@ -124,8 +124,22 @@ DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL,
         conn_max_age=env_int("DB_CONN_MAX_AGE", 60),
+        # Before each request's first query, check that a kept connection still works (one
+        # round trip), so a restarted or failed-over server costs no request an error.
+        conn_health_checks=env_bool("DB_CONN_HEALTH_CHECKS", False),
     )
 }
+# DB_POOL_SIZE > 0 (the web server sets it): the process's threads share a psycopg pool of at
+# most that many connections (Django's own pool). A request takes one at its first query and
+# gives it back at its end, and a parked long poll gives its back while it waits, so neither an
+# idle thread nor a parked heartbeat holds a connection and none is opened per request.
+DB_POOL_SIZE = env_int("DB_POOL_SIZE", 0)
+if DB_POOL_SIZE > 0 and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them; Django's kept ones can't mix
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1, "max_size": DB_POOL_SIZE, "timeout": env_int("DB_POOL_TIMEOUT_S", 30),
+        "max_lifetime": env_int("DB_POOL_MAX_LIFETIME_S", 3600),
+    }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The demo's web, worker, beat and agents all write. Take SQLite's write lock at BEGIN, so
     # a second writer waits (up to `timeout` s) instead of failing at once with "database is
