@@ -55,7 +55,8 @@ def _backends(pool_size: int) -> list[int]:
 def test_with_the_pool_a_closed_connection_serves_the_next_thread():
     pids = _backends(pool_size=2)
     assert len(pids) == 10
-    assert len(set(pids)) == 1, pids
+    # at most the pool's size (it may open its second while the first is being handed back)
+    assert len(set(pids)) <= 2, pids
 
 
 @pytest.mark.django_db
