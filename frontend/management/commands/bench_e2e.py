@@ -176,6 +176,8 @@ class Command(BaseCommand):
                             help="with --web-cpu: cProfile every web request, listing on stderr")
         parser.add_argument("--log-level", default="WARNING",
                             help="of the worker and beat (INFO: each task and how long it took)")
+        parser.add_argument("--agent-log-level", default="WARNING",
+                            help="of the agents (DEBUG: each heartbeat and long poll)")
         parser.add_argument("--keep-logs", default="", metavar="DIR",
                             help="copy the processes' logs (web, worker, beat, fleet) into DIR")
         parser.add_argument("--timeout-s", type=float, default=900.0)
@@ -316,7 +318,10 @@ def _profile_one(client, kind: str, body, n: int, err) -> dict:
 def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     db = connection.settings_dict
     port = _free_port()
-    threads = o["web_threads"] or max(8, o["hosts"] // o["web_workers"] + 8)
+    # Each host keeps a long poll parked, and the kernel, not gunicorn, picks the worker that
+    # accepts it (unevenly: the idlest takes most): every worker has a slot for every host's,
+    # else the waits beyond its slots are answered at once and their agents poll again later.
+    threads = o["web_threads"] or max(8, o["hosts"] + 8)
     env = {
         **os.environ,
         "DATABASE_URL": f"postgres://{db.get('USER') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
@@ -355,7 +360,7 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     procs.start("fleet", [py, "-m", "agents.host", "--sim-fleet", str(o["hosts"]),
                           "--server", procs.url, "--gpu-backend", "sim", "--runtime", "sim",  # type: ignore[attr-defined]
                           "--state-dir", str(tmp / "agents"), "--hostname", "e2e",
-                          "--log-level", "WARNING", "--request-timeout-s", "120"],
+                          "--log-level", o["agent_log_level"], "--request-timeout-s", "120"],
                 env={"GPUCLOUD_BOOTSTRAP_TOKEN": ",".join(tokens)})
     return procs
 
@@ -650,9 +655,18 @@ def _idle(procs: _Procs, key: str, o) -> dict:
         c2s.append(ev[State.SCHEDULED] - w.created_at.timestamp())
         c2r.append(ev[State.RUNNING] - w.created_at.timestamp())
         time.sleep(random.uniform(0.2, 1.0))  # not in step with the beat tick
+    s2r = [r - s for s, r in zip(c2s, c2r, strict=True)]
+    slowest = sorted(zip(c2r, c2s, strict=True), reverse=True)[:3]
     return {"create_to_scheduled_p50_s": _percentile(c2s, 0.5),
+            "create_to_scheduled_p99_s": _percentile(c2s, 0.99),
             "create_to_running_p50_s": _percentile(c2r, 0.5),
             "create_to_running_p99_s": _percentile(c2r, 0.99),
+            "create_to_running_max_s": _percentile(c2r, 1.0),
+            # placed to RUNNING: the wake-up, the agent's start and its report
+            "scheduled_to_running_p50_s": _percentile(s2r, 0.5),
+            "scheduled_to_running_p99_s": _percentile(s2r, 0.99),
+            # the three slowest samples: [create→RUNNING, of which create→SCHEDULED]
+            "idle_slowest_s": [[round(r, 3), round(s, 3)] for r, s in slowest],
             "idle_samples": len(c2r)}
 
 
