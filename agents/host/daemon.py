@@ -159,6 +159,25 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
 
 
+def starts_first(
+    actions: list[Action], desired: Iterable[DesiredContainer], *, defer: bool
+) -> list[Action]:
+    """``actions`` with the removal of containers nobody wants (exited, or stopped strays)
+    after the starts, or with ``defer`` left out altogether, when there is a start among them
+    (pure). A removal takes the engine a while (a Docker delete, 0.1-0.3 s), and the start,
+    and the report of it, are what a user waits for: the next iteration, at once after a
+    start, reports it first and removes them then. A removal that a start needs (a stale
+    container of the same instance) stays before it."""
+    if not any(isinstance(a, Start) for a in actions):
+        return actions
+    wanted = {d.instance_id for d in desired}
+    now: list[Action] = []
+    later: list[Action] = []
+    for a in actions:
+        (later if isinstance(a, Remove) and a.instance_id not in wanted else now).append(a)
+    return now if defer else now + later
+
+
 def merge_exits(
     observed: list[ObservedContainer], remembered_exits: dict[str, ObservedContainer]
 ) -> list[ObservedContainer]:
@@ -270,6 +289,7 @@ class Agent:
         self._answers = 0
         self._beating = False  # a heartbeat is in flight (its answer starts the next poll)
         self._acted = False  # the last iteration started or stopped a container
+        self._removals_deferred = False  # the last iteration left removals for this one
         # checkpoint-aware preemption: instance id -> when (self.clock) its signal was sent;
         # it is stopped checkpoint_grace_s later if the control plane still wants it
         self._signalled: dict[str, float] = {}
@@ -609,6 +629,11 @@ class Agent:
         if observed is not None:  # without a view of the runtime, acting could duplicate work
             actions = reconcile(self.desired, view, known=self._known)
             actions += checkpoint_actions(self.desired, view, self._signalled, self.clock())
+            # Removals left out at most once in a row: a host starting work in every
+            # iteration (a burst) still removes what exited, every other iteration.
+            ordered = starts_first(actions, self.desired, defer=not self._removals_deferred)
+            self._removals_deferred = len(ordered) < len(actions)
+            actions = ordered
             self._acted = self._apply(actions) > 0
         else:
             self._acted = False
