@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
@@ -88,53 +89,44 @@ def _proc_stat(pid: int) -> list[str] | None:
         return None
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds of the live processes of process group `pgid`."""
+def _cpu_of(match: Callable[[Path, list[str]], bool]) -> dict[int, float]:
+    """User + system CPU seconds of each live process (pid -> seconds) that `match(its /proc
+    directory, its stat fields after the name)` picks."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    out = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             f = _proc_stat(int(entry.name))
-            if f is not None and int(f[2]) == pgid:
-                total += (int(f[11]) + int(f[12])) / tick
-    return total
+            try:
+                if f is not None and match(entry, f):
+                    out[int(entry.name)] = (int(f[11]) + int(f[12])) / tick
+            except OSError:  # gone meanwhile
+                continue
+    return out
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of process group `pgid`."""
+    return sum(_cpu_of(lambda entry, f: int(f[2]) == pgid).values())
 
 
 def _pg_backend_cpu(dbname: str) -> dict[int, float]:
     """CPU seconds of each PostgreSQL backend serving `dbname` (pid -> seconds)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmd.startswith(b"postgres: ") and f" {dbname} ".encode() in cmd:
-            f = _proc_stat(int(entry.name))
-            if f is not None:
-                out[int(entry.name)] = (int(f[11]) + int(f[12])) / tick
-    return out
+    def serves(entry: Path, f: list[str]) -> bool:
+        cmd = (entry / "cmdline").read_bytes()
+        return cmd.startswith(b"postgres: ") and f" {dbname} ".encode() in cmd
+
+    return _cpu_of(serves)
 
 
 def _engine_cpu() -> float:
     """User + system CPU seconds of the live Docker engine processes (dockerd, containerd and
     the shims of running containers; an exited shim's CPU is lost)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-        except OSError:
-            continue
-        if comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
-            f = _proc_stat(int(entry.name))
-            if f is not None:
-                total += (int(f[11]) + int(f[12])) / tick
-    return total
+    def engine(entry: Path, f: list[str]) -> bool:
+        comm = (entry / "comm").read_text().strip()
+        return comm in ("dockerd", "containerd") or comm.startswith("containerd-shim")
+
+    return sum(_cpu_of(engine).values())
 
 
 class _Procs:
