@@ -12,12 +12,15 @@ A wait holds a web thread. `AGENT_LONGPOLL_SLOTS` bounds how many one process ho
 (0, the default, turns long polls off: heartbeat answers then carry no `desired_version` and
 agents wait out their interval, or a gateway WAKE). Set it below the process's thread count
 (gunicorn `--threads`) so API requests always find a thread; a wait beyond the slots is
-answered at once with `changed: false` and the agent polls again after its next heartbeat.
+answered at once with `changed: false` (logged, at most once a minute) and the agent polls
+again after a short backoff (agents/host/daemon.py). The slots are per process, and which
+process accepts a connection is up to the kernel: size them for every host's wait in one.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -43,6 +46,7 @@ class _Listener:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._slots = threading.BoundedSemaphore(max(1, settings.AGENT_LONGPOLL_SLOTS))
+        self._exhausted_logged = float("-inf")
 
     def _ensure_running(self) -> bool:
         with self._lock:
@@ -79,11 +83,22 @@ class _Listener:
                 except (redis.RedisError, OSError):
                     pass
 
+    def _exhausted(self) -> None:
+        """Say so (at most once a minute): waits beyond the slots cost the agents a retry."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._exhausted_logged < 60.0:
+                return
+            self._exhausted_logged = now
+        logger.warning("long poll slots exhausted; waits answered at once (AGENT_LONGPOLL_SLOTS=%d)",
+                       settings.AGENT_LONGPOLL_SLOTS)
+
     def wait(self, *, host_id: str, since: str, timeout_s: float, on_park: Callable[[], None] | None = None) -> bool:
         """Whether the desired state of `host_id` moved past version `since` within `timeout_s`.
         `on_park` runs once it is known that the request waits (not when it is answered at once)."""
         if not self._slots.acquire(blocking=False):
-            return False  # every slot held: the agent polls again after its next heartbeat
+            self._exhausted()
+            return False  # every slot held: the agent polls again shortly
         ev = threading.Event()
         try:
             if not self._ensure_running():
@@ -93,6 +108,10 @@ class _Listener:
             try:
                 if fastpath.version(host_id=host_id) != since:
                     return True
+                if not self._ready.is_set():
+                    # The listener stopped between its start and our registration (its sweep
+                    # of the waiting ran before we were there): nobody would wake us.
+                    return False
                 if on_park is not None:
                     on_park()
                 return ev.wait(timeout_s) and fastpath.version(host_id=host_id) != since

@@ -86,6 +86,10 @@ logger = logging.getLogger(__name__)
 # How often the agent measures its volumes' usage for the control plane (docs/volumes.md):
 # measuring walks their files (`docker system df`), so not every heartbeat.
 VOLUME_USAGE_EVERY_S = 60.0
+# A long poll the control plane answered at once without parking it (no slot free) is tried
+# again after this, doubling (jittered) up to the cap: soon, not at the next heartbeat.
+POLL_RETRY_BASE_S = 0.25
+POLL_RETRY_CAP_S = 2.0
 # A volume move's data goes up in pieces of this size (the control plane's limit per request).
 MOVE_CHUNK_BYTES = 1024 * 1024
 
@@ -153,6 +157,25 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     """
     ceiling = min(cap, base * 2.0 ** min(max(attempt, 0), 62))
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+
+
+def starts_first(
+    actions: list[Action], desired: Iterable[DesiredContainer], *, defer: bool
+) -> list[Action]:
+    """``actions`` with the removal of containers nobody wants (exited, or stopped strays)
+    after the starts, or with ``defer`` left out altogether, when there is a start among them
+    (pure). A removal takes the engine a while (a Docker delete, 0.1-0.3 s), and the start,
+    and the report of it, are what a user waits for: the next iteration, at once after a
+    start, reports it first and removes them then. A removal that a start needs (a stale
+    container of the same instance) stays before it."""
+    if not any(isinstance(a, Start) for a in actions):
+        return actions
+    wanted = {d.instance_id for d in desired}
+    now: list[Action] = []
+    later: list[Action] = []
+    for a in actions:
+        (later if isinstance(a, Remove) and a.instance_id not in wanted else now).append(a)
+    return now if defer else now + later
 
 
 def merge_exits(
@@ -266,6 +289,7 @@ class Agent:
         self._answers = 0
         self._beating = False  # a heartbeat is in flight (its answer starts the next poll)
         self._acted = False  # the last iteration started or stopped a container
+        self._removals_deferred = False  # the last iteration left removals for this one
         # checkpoint-aware preemption: instance id -> when (self.clock) its signal was sent;
         # it is stopped checkpoint_grace_s later if the control plane still wants it
         self._signalled: dict[str, float] = {}
@@ -350,25 +374,47 @@ class Agent:
     # --- the long poll --------------------------------------------------------------------
 
     def _poll_loop(self) -> None:
-        """One long poll per heartbeat answer that carried a ``desired_version``: it returns
-        when the desired state moves past that version (then heartbeat at once) or times out
-        after about an interval, when the next heartbeat is due anyway. Never spins: a poll
-        refused or answered early waits for the next answer."""
-        polled = 0
+        """Keep one long poll outstanding for the version of the latest heartbeat answer that
+        carried a ``desired_version``: it returns when the desired state moves past that
+        version (then heartbeat at once) or after about an interval. A placement never waits
+        for the next regular heartbeat, so this loop never lets a poll lapse for one:
+
+        * timed out (parked its whole time, nothing changed): poll again at once, for the
+          newest answer's version;
+        * answered unchanged before half its time (the server parked nothing: no slot free,
+          its listener down): poll again after a short jittered backoff (``POLL_RETRY_BASE_S``
+          doubling, at most ``POLL_RETRY_CAP_S``), so it neither spins nor waits out an
+          interval; failed (unreachable, 5xx): the same from twice the base, up to an interval
+          (a control plane that is down is not asked more often than it is heartbeated). A
+          new answer ends either pause;
+        * changed: heartbeat now, unless an answer read after the change is here or on its
+          way; the poll for that answer's version follows it (and returns at once if the
+          answer missed the change).
+
+        Refused (a 4xx other than 401/403: a control plane without long polls) ends the loop:
+        the agent then waits out its interval, as before long polls.
+        """
+        polled = 0  # the answers counted when the current version was taken
+        version: str | None = None
+        again = False  # poll `version` again without waiting for a new answer
+        retries = 0  # polls in a row that ended early or failed
         while True:
             with self._poll_cond:
-                while self._answers == polled and not self._stop.is_set():
+                while not again and self._answers == polled and not self._stop.is_set():
                     self._poll_cond.wait(timeout=60.0)
                 if self._stop.is_set():
                     return
-                polled = self._answers
-                version, state, interval = self._desired_version, self.state, self.interval_s
+                if self._answers != polled:  # a newer answer: poll for its version
+                    polled, version = self._answers, self._desired_version
+                state, interval = self.state, self.interval_s
+            again = False
             if version is None or state is None:
                 continue
+            timeout_s = min(max(1.0, interval), 60.0)
+            t0 = self.clock()
             try:
                 resp = self.client.wait(  # type: ignore[attr-defined]
-                    state.host_token,
-                    WaitRequest(state.host_id, version, timeout_s=min(max(1.0, interval), 60.0)),
+                    state.host_token, WaitRequest(state.host_id, version, timeout_s=timeout_s)
                 )
             except Rejected as e:
                 logger.warning(
@@ -376,10 +422,43 @@ class Agent:
                     extra={"host_id": state.host_id, "error": str(e)},
                 )
                 return
-            except ControlPlaneError:
-                continue  # the next heartbeat says whether the control plane is back
-            if resp.changed and not self._answer_coming(version):
-                self.wake()
+            except ControlPlaneError as e:
+                delay = backoff(retries, POLL_RETRY_BASE_S * 2, max(POLL_RETRY_CAP_S, timeout_s), self.rng)
+                retries += 1
+                logger.debug(
+                    "long poll failed",
+                    extra={"host_id": state.host_id, "error": str(e), "retry_in_s": round(delay, 2)},
+                )
+                again = not self._poll_pause(delay, polled)
+                continue
+            took = self.clock() - t0
+            logger.debug(
+                "long poll answered",
+                extra={"host_id": state.host_id, "version": version, "changed": resp.changed,
+                       "took_ms": round(took * 1000)},
+            )
+            if resp.changed:
+                retries = 0
+                if not self._answer_coming(version):
+                    self.wake()
+            elif took >= timeout_s / 2:
+                retries, again = 0, True  # parked and timed out: at once, for the newest version
+            else:
+                # not parked (the server had no slot for it): soon, not at the next heartbeat
+                delay = backoff(retries, POLL_RETRY_BASE_S, POLL_RETRY_CAP_S, self.rng)
+                retries += 1
+                again = not self._poll_pause(delay, polled)
+
+    def _poll_pause(self, delay: float, polled: int) -> bool:
+        """Wait up to ``delay`` seconds; True if a new answer (or a stop) ended it early."""
+        deadline = time.monotonic() + delay
+        with self._poll_cond:
+            while self._answers == polled and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._poll_cond.wait(timeout=left)
+        return True
 
     def _answer_coming(self, version: str) -> bool:
         """Whether the change that ended the poll for ``version`` is, or will be, in a
@@ -550,6 +629,11 @@ class Agent:
         if observed is not None:  # without a view of the runtime, acting could duplicate work
             actions = reconcile(self.desired, view, known=self._known)
             actions += checkpoint_actions(self.desired, view, self._signalled, self.clock())
+            # Removals left out at most once in a row: a host starting work in every
+            # iteration (a burst) still removes what exited, every other iteration.
+            ordered = starts_first(actions, self.desired, defer=not self._removals_deferred)
+            self._removals_deferred = len(ordered) < len(actions)
+            actions = ordered
             self._acted = self._apply(actions) > 0
         else:
             self._acted = False
@@ -576,6 +660,7 @@ class Agent:
                 "desired": len(self.desired),
                 "observed": None if observed is None else len(observed),
                 "actions": [f"{type(a).__name__}:{a.instance_id}" for a in actions],
+                "desired_version": resp.desired_version,
                 "duration_ms": duration_ms,
             },
         )

@@ -185,6 +185,9 @@ class DockerRuntime:
         self._image_fallback = image_fallback
         # The engine's CPU count (asked at the first start): it refuses a container more.
         self._cpus: float | None = None
+        # Networks this process made or checked: a start does not ask for them again (one
+        # the engine lost since is made again when a create says it is missing).
+        self._networks: set[str] = set()
 
     def _get(self, instance_id: str) -> Any:
         try:
@@ -419,11 +422,11 @@ class DockerRuntime:
         return kwargs
 
     def run(self, spec: ContainerSpec) -> str:
-        existing = self._get(spec.instance_id)
-        if existing is not None:
-            if existing.status == "running":
-                return str(existing.id)
-            existing.remove(force=True)
+        """Create and start the container of ``spec``: its id. What a user waits for between
+        placement and RUNNING, so the engine is asked little: no look-up first (a create
+        whose name is taken says so; a running container of that name is the answer, any
+        other is replaced) and the network once per process (a start that finds it gone
+        makes it again)."""
         self._check_disk_quota()
         try:
             if self._cpus is None:
@@ -433,11 +436,11 @@ class DockerRuntime:
             raise RuntimeError_(str(e)) from e
         kwargs = self.run_kwargs(spec)
         try:
-            self._network(kwargs["network"], spec.tenant_id)
             for m in spec.mounts:
                 self._volume(m.volume, spec.tenant_id)
+            known = kwargs["network"] in self._networks
             try:
-                container = self._client.containers.run(**kwargs)
+                container, running = self._create(spec, kwargs)
             except self._docker.errors.APIError as e:
                 # overlay2 on xfs without pquota: the driver looked right, the engine says no.
                 if "storage_opt" not in kwargs or "storage" not in str(e).lower():
@@ -445,10 +448,48 @@ class DockerRuntime:
                 self.disk_quota = f"not applied: the engine refused it ({e.explanation or e})"
                 logger.warning("container disk quota " + self.disk_quota)
                 self.remove(spec.instance_id)  # in case the create got that far
-                container = self._client.containers.run(**self.run_kwargs(spec))
+                container, running = self._create(spec, self.run_kwargs(spec))
+            if not running:
+                try:
+                    container.start()
+                except self._docker.errors.NotFound as e:
+                    if not known or "network" not in str(e).lower():
+                        raise
+                    # the network was removed behind our back: made again, and a new create
+                    self._networks.discard(kwargs["network"])
+                    container.remove(force=True)
+                    container, running = self._create(spec, kwargs)
+                    if not running:
+                        container.start()
         except self._docker.errors.DockerException as e:
             raise RuntimeError_(str(e)) from e
         return str(container.id)
+
+    def _create(self, spec: ContainerSpec, kwargs: dict[str, Any], replace: bool = False) -> tuple[Any, bool]:
+        """(the container, whether it runs already): created, not started, unless one of its
+        name runs. One of its name that does not run is removed first. The image is pulled
+        if the engine lacks it, as ``containers.run`` does."""
+        network = kwargs["network"]
+        if network not in self._networks:
+            self._network(network, spec.tenant_id)
+            self._networks.add(network)
+        if replace:
+            self.remove(spec.instance_id)
+        args = {k: v for k, v in kwargs.items() if k != "detach"}
+        errors = self._docker.errors
+        try:
+            try:
+                return self._client.containers.create(**args), False
+            except errors.ImageNotFound:
+                self._client.images.pull(args["image"])
+                return self._client.containers.create(**args), False
+        except errors.APIError as e:
+            if e.status_code == 409 and not replace:  # the name is taken
+                existing = self._get(spec.instance_id)
+                if existing is not None and existing.status == "running":
+                    return existing, True
+                return self._create(spec, kwargs, replace=True)
+            raise
 
     def _stand_in(self, spec: ContainerSpec) -> ContainerSpec:
         """``spec``, or with an ``image_fallback`` and an image this engine lacks, the same

@@ -21,10 +21,20 @@ dispatch (to RUNNING) and completion jobs/s, create→RUNNING p50/p99 (the burst
 queueing, and the idle ones), CPU ms per job by process (web, worker, beat, fleet, and the
 PostgreSQL backends of the run's database), and the share of allocated GPU time in which the
 job was not RUNNING (booked but idle). No assertion on speed: it prints figures.
+
+`--runtime docker`: real containers instead of simulated ones. Each host is then an agent
+process of its own (`python -m agents.host --runtime docker`, simulated GPUs, its own
+`--docker-scope`, no egress rules: the engine is shared) on the local engine, and every job
+runs `sleep <duration>` in a local busybox image (`_bench_image`: Debian's busybox-static
+with the few applets the jobs use, imported without a registry as agents/host/standin.py
+does). `--jobs 0` skips the burst (only the idle samples), e.g. `--hosts 2 --jobs 0
+--idle-samples 30 --runtime docker`. The containers and tenant networks of the run are
+removed at the end.
 """
 from __future__ import annotations
 
 import cProfile
+import hashlib
 import http.client
 import io
 import json
@@ -41,6 +51,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from django.contrib.auth import get_user_model
@@ -49,6 +60,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, connections
 from django.test import Client, override_settings
 
+from agents.host import standin
+from agents.host.docker import LABEL_AGENT
+from agents.host.runtime import LABEL_TENANT
 from agents.management.commands.bench_heartbeats import _free_port
 from agents.models import Gpu, Host
 from agents.services.registration import bootstrap_token_create
@@ -77,34 +91,44 @@ def _proc_stat(pid: int) -> list[str] | None:
         return None
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """User + system CPU seconds of the live processes of process group `pgid`."""
+def _cpu_of(match: Callable[[Path, list[str]], bool]) -> dict[int, float]:
+    """User + system CPU seconds of each live process (pid -> seconds) that `match(its /proc
+    directory, its stat fields after the name)` picks."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    out = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             f = _proc_stat(int(entry.name))
-            if f is not None and int(f[2]) == pgid:
-                total += (int(f[11]) + int(f[12])) / tick
-    return total
+            try:
+                if f is not None and match(entry, f):
+                    out[int(entry.name)] = (int(f[11]) + int(f[12])) / tick
+            except OSError:  # gone meanwhile
+                continue
+    return out
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of process group `pgid`."""
+    return sum(_cpu_of(lambda entry, f: int(f[2]) == pgid).values())
 
 
 def _pg_backend_cpu(dbname: str) -> dict[int, float]:
     """CPU seconds of each PostgreSQL backend serving `dbname` (pid -> seconds)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmd.startswith(b"postgres: ") and f" {dbname} ".encode() in cmd:
-            f = _proc_stat(int(entry.name))
-            if f is not None:
-                out[int(entry.name)] = (int(f[11]) + int(f[12])) / tick
-    return out
+    def serves(entry: Path, f: list[str]) -> bool:
+        cmd = (entry / "cmdline").read_bytes()
+        return cmd.startswith(b"postgres: ") and f" {dbname} ".encode() in cmd
+
+    return _cpu_of(serves)
+
+
+def _engine_cpu() -> float:
+    """User + system CPU seconds of the live Docker engine processes (dockerd, containerd and
+    the shims of running containers; an exited shim's CPU is lost)."""
+    def engine(entry: Path, f: list[str]) -> bool:
+        comm = (entry / "comm").read_text().strip()
+        return comm in ("dockerd", "containerd") or comm.startswith("containerd-shim")
+
+    return sum(_cpu_of(engine).values())
 
 
 class _Procs:
@@ -127,7 +151,11 @@ class _Procs:
                 raise CommandError(f"{name} exited with {p.returncode}:\n{tail}")
 
     def cpu(self) -> dict[str, float]:
-        return {name: _group_cpu_s(p.pid) for name, p in self.procs.items()}
+        """CPU seconds by process; the agent processes of a docker run as one, `fleet`."""
+        out: dict[str, float] = defaultdict(float)
+        for name, p in self.procs.items():
+            out[name.split(":")[0]] += _group_cpu_s(p.pid)
+        return dict(out)
 
     def stop(self) -> None:
         for p in self.procs.values():
@@ -158,6 +186,8 @@ class Command(BaseCommand):
         parser.add_argument("--array", action="store_true", help="each client submits one array")
         parser.add_argument("--mix", action="store_true", help="the 400-job placement mix instead")
         parser.add_argument("--duration-s", type=float, default=1.0, help="each job's run time")
+        parser.add_argument("--runtime", choices=["sim", "docker"], default="sim",
+                            help="docker: real containers of a local busybox image, one agent process per host")
         parser.add_argument("--idle-samples", type=int, default=20,
                             help="jobs submitted one at a time on the idle fleet")
         parser.add_argument("--idle-seconds", type=float, default=20.0,
@@ -176,6 +206,8 @@ class Command(BaseCommand):
                             help="with --web-cpu: cProfile every web request, listing on stderr")
         parser.add_argument("--log-level", default="WARNING",
                             help="of the worker and beat (INFO: each task and how long it took)")
+        parser.add_argument("--agent-log-level", default="WARNING",
+                            help="of the agents (DEBUG: each heartbeat and long poll)")
         parser.add_argument("--keep-logs", default="", metavar="DIR",
                             help="copy the processes' logs (web, worker, beat, fleet) into DIR")
         parser.add_argument("--timeout-s", type=float, default=900.0)
@@ -189,8 +221,14 @@ class Command(BaseCommand):
         if o["mix"]:
             o["jobs"] = 400
             o["hosts"] = o["hosts"] if o["hosts"] != 64 else 16
-        if min(o["hosts"], o["jobs"], o["clients"]) < 1:
-            raise CommandError("--hosts, --jobs and --clients must be positive")
+        if min(o["hosts"], o["clients"]) < 1 or o["jobs"] < 0:
+            raise CommandError("--hosts and --clients must be positive, --jobs not negative")
+        o["image"] = ""
+        engine = None
+        if o["runtime"] == "docker":
+            engine = _docker_engine()
+            o["image"] = _bench_image(engine)
+            o["docker_scope"] = f"bench-e2e-{os.getpid()}"
         def stop(signum, frame):  # SIGTERM (and SIGINT where a shell ignores it): clean up, then exit
             raise SystemExit(128 + signum)
 
@@ -202,7 +240,7 @@ class Command(BaseCommand):
         tmp = tempfile.TemporaryDirectory(prefix="bench_e2e_")
         with bench_database():
             try:
-                keys, tokens = _prepare(o)
+                keys, tokens, o["tenant_id"] = _prepare(o)
                 profile = _profile_creates(keys[0], o["profile"], self.stderr) if o["profile"] else {}
                 if o["profile_only"]:
                     out = profile
@@ -220,6 +258,8 @@ class Command(BaseCommand):
                         Path(o["keep_logs"]).mkdir(parents=True, exist_ok=True)
                         for name in procs.procs:
                             shutil.copy(Path(tmp.name) / f"{name}.log", Path(o["keep_logs"]) / f"{name}.log")
+                if engine is not None:
+                    _docker_cleanup(engine, o)
                 tmp.cleanup()
         out["process_groups"] = sorted(p.pid for p in procs.procs.values()) if procs else []
         if o["json"]:
@@ -229,7 +269,60 @@ class Command(BaseCommand):
                 self.stdout.write(f"{k:>34}: {v}")
 
 
-def _prepare(o) -> tuple[list[str], list[str]]:
+def _docker_engine():
+    """The local Docker engine (the `docker` SDK), or why not."""
+    try:
+        import docker
+    except ImportError as e:
+        raise CommandError(f"--runtime docker needs the docker SDK: {e}") from None
+    try:
+        engine = docker.from_env(timeout=60)
+        engine.ping()
+    except Exception as e:  # noqa: BLE001 - any failure here means "no engine"
+        raise CommandError(f"--runtime docker: no Docker engine reachable ({e})") from None
+    if not standin.BUSYBOX.is_file():
+        raise CommandError(f"--runtime docker: {standin.BUSYBOX} is missing: apt-get install busybox-static")
+    return engine
+
+
+# What the jobs run (`sleep`, under `sh` where a command needs one): the image holds only these.
+_APPLETS = ["sh", "sleep", "true"]
+
+
+def _bench_image(engine) -> str:
+    """A local image of the host's busybox with `_APPLETS` only, built once (the tag follows
+    the binary and the list). Not the demo's stand-in with every applet: on the vfs storage
+    driver every create copies the image's files twice (init and writable layers), and its
+    ~400 applet links cost ~0.3 s of engine time per create on this machine, the three ~0.05 s."""
+    digest = hashlib.sha256(standin.BUSYBOX.read_bytes())
+    digest.update(repr(_APPLETS).encode())
+    repository, tag = "gpucloud/bench-busybox", digest.hexdigest()[:12]
+    try:
+        engine.images.get(f"{repository}:{tag}")
+    except Exception as e:  # noqa: BLE001 - docker.errors.ImageNotFound (the SDK is imported lazily)
+        if type(e).__name__ != "ImageNotFound":
+            raise
+        engine.api.import_image_from_data(standin.image_tar(standin.BUSYBOX, _APPLETS), repository=repository, tag=tag)
+    return f"{repository}:{tag}"
+
+
+def _docker_cleanup(engine, o) -> None:
+    """What the run's agents made: their containers (by scope) and the tenant's networks."""
+    for i in range(o["hosts"]):
+        for ctr in engine.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={o['docker_scope']}-{i}"}):
+            try:
+                ctr.remove(force=True)
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                pass
+    if o.get("tenant_id"):
+        for net in engine.networks.list(filters={"label": f"{LABEL_TENANT}={o['tenant_id']}"}):
+            try:
+                net.remove()
+            except Exception:  # noqa: BLE001 - gone meanwhile, or still in use: say so
+                sys.stderr.write(f"bench_e2e: network {net.name} not removed\n")
+
+
+def _prepare(o) -> tuple[list[str], list[str], str]:
     call_command("seed_catalog", stdout=open(os.devnull, "w"))
     region = Region.objects.get(code=REGION)
     user = get_user_model().objects.create_user(username="bench@e2e.test", email="bench@e2e.test",
@@ -241,7 +334,7 @@ def _prepare(o) -> tuple[list[str], list[str]]:
     keys = [api_key_create(membership=membership, name=f"client {i}", scopes=["write"])[1]
             for i in range(o["clients"])]
     tokens = [bootstrap_token_create(region=region)[1] for _ in range(o["hosts"])]
-    return keys, tokens
+    return keys, tokens, str(tenant.pk)
 
 
 def _profile_creates(key: str, n: int, err) -> dict:
@@ -316,7 +409,10 @@ def _profile_one(client, kind: str, body, n: int, err) -> dict:
 def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     db = connection.settings_dict
     port = _free_port()
-    threads = o["web_threads"] or max(8, o["hosts"] // o["web_workers"] + 8)
+    # Each host keeps a long poll parked, and the kernel, not gunicorn, picks the worker that
+    # accepts it (unevenly: the idlest takes most): every worker has a slot for every host's,
+    # else the waits beyond its slots are answered at once and their agents poll again later.
+    threads = o["web_threads"] or max(8, o["hosts"] + 8)
     env = {
         **os.environ,
         "DATABASE_URL": f"postgres://{db.get('USER') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
@@ -352,11 +448,24 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     procs.start("beat", [py, "-m", "celery", "-A", "gpucloud", "beat", "--loglevel", o["log_level"],
                          "--schedule", str(tmp / "beat-schedule")])
     _wait_port(procs, port)
-    procs.start("fleet", [py, "-m", "agents.host", "--sim-fleet", str(o["hosts"]),
-                          "--server", procs.url, "--gpu-backend", "sim", "--runtime", "sim",  # type: ignore[attr-defined]
-                          "--state-dir", str(tmp / "agents"), "--hostname", "e2e",
-                          "--log-level", "WARNING", "--request-timeout-s", "120"],
-                env={"GPUCLOUD_BOOTSTRAP_TOKEN": ",".join(tokens)})
+    if o["runtime"] == "sim":
+        procs.start("fleet", [py, "-m", "agents.host", "--sim-fleet", str(o["hosts"]),
+                              "--server", procs.url, "--gpu-backend", "sim", "--runtime", "sim",  # type: ignore[attr-defined]
+                              "--state-dir", str(tmp / "agents"), "--hostname", "e2e",
+                              "--log-level", o["agent_log_level"], "--request-timeout-s", "120"],
+                    env={"GPUCLOUD_BOOTSTRAP_TOKEN": ",".join(tokens)})
+        return procs
+    # docker: one agent process per host (a fleet process runs simulated runtimes only), each
+    # with a scope of its own (an agent removes containers of its scope it did not start), no
+    # egress rules (host-wide iptables on a shared engine) and no disk quota (vfs cannot)
+    for i, token in enumerate(tokens):
+        procs.start(f"fleet:{i}", [py, "-m", "agents.host", "--server", procs.url,  # type: ignore[attr-defined]
+                                   "--gpu-backend", "sim", "--runtime", "docker",
+                                   "--docker-scope", f"{o['docker_scope']}-{i}", "--docker-egress-block", "false",
+                                   "--docker-disk-gib", "0", "--state-dir", str(tmp / "agents" / f"e2e-{i:03d}"),
+                                   "--hostname", f"e2e-{i:03d}", "--log-level", o["agent_log_level"],
+                                   "--request-timeout-s", "120"],
+                    env={"GPUCLOUD_BOOTSTRAP_TOKEN": token})
     return procs
 
 
@@ -420,9 +529,13 @@ class _Api:
             return resp.status, json.loads(data or b"{}")
 
 
-def _job(i: int, duration: float, gpus: int = 1, nodes: int = 1) -> dict:
+def _job(i: int, duration: float, gpus: int = 1, nodes: int = 1, image: str = "") -> dict:
+    """A batch job of `duration` seconds: in the simulated runtime by its env; with a local
+    `image` (the docker runtime), its command sleeps that long."""
     body = {"name": f"e2e-{i}", "instance_type": f"h100.{gpus}x", "region": REGION, "image": "busybox",
             "command": ["true"], "env": {"GPUCLOUD_SIM_DURATION_S": f"{duration:g}"}}
+    if image:
+        body.update(image=image, command=["sleep", f"{duration:g}"])
     if nodes > 1:
         body["nodes"] = nodes
     return body
@@ -437,6 +550,38 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
     assert Gpu.objects.filter(host__state="ready").count() >= n_gpus
     out: dict = {"hosts": o["hosts"], "gpus": n_gpus, "jobs": o["jobs"], "clients": o["clients"],
                  "array": o["array"], "mix": o["mix"], "loadavg_1m_start": round(os.getloadavg()[0], 2)}
+    if o["runtime"] != "sim":
+        out["runtime"] = o["runtime"]
+    if o["jobs"]:
+        if not _burst(o, procs, keys, out):
+            return out
+    else:  # idle samples only
+        out.update(submit_jobs_per_s=0.0, dispatch_jobs_per_s=0.0, completion_jobs_per_s=0.0,
+                   server_cpu_ms_per_job=0.0)
+    if o["mix"]:
+        out["violations"] = _violations()
+    elif o["idle_samples"]:
+        try:
+            out.update(_idle(procs, keys[0], o))
+        except (CommandError, OSError, http.client.HTTPException) as e:  # keep the burst's figures
+            out["idle_error"] = str(e)[:300]
+    webdir = procs.logdir / "webcpu"
+    if o["idle_seconds"] > 0:
+        # the platform with nothing to do: beat's ticks, the fleet's heartbeats, the flushes
+        c0, w0, i0 = procs.cpu(), time.monotonic(), _web_cpu(webdir)
+        time.sleep(o["idle_seconds"])
+        c1, dt = procs.cpu(), time.monotonic() - w0
+        out["idle_cpu_share_of_a_core"] = {k: round((c1[k] - c0[k]) / dt, 3) for k in c1}
+        if webdir.is_dir():
+            # requests per second and CPU ms per second, by kind
+            out["idle_web_requests_per_s"] = _web_cpu_per_job(i0, _web_cpu(webdir), dt)
+    out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def _burst(o, procs: _Procs, keys: list[str], out: dict) -> bool:
+    """The burst (or the mix): submitted, waited for, its figures into `out`; False when
+    arrays were asked for and the platform has none."""
     cpu0, pg0 = procs.cpu(), _pg_backend_cpu(connection.settings_dict["NAME"])
     webdir = procs.logdir / "webcpu"
     web0 = _web_cpu(webdir)
@@ -444,12 +589,12 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
     if o["mix"]:
         bodies = _mix_bodies(o)
     else:
-        bodies = [_job(i, o["duration_s"]) for i in range(o["jobs"])]
+        bodies = [_job(i, o["duration_s"], image=o["image"]) for i in range(o["jobs"])]
     sub = _submit(procs.port, keys, bodies, array=o["array"])  # type: ignore[attr-defined]
     out.update({k: v for k, v in sub.items() if k != "ids"})
     if sub.get("array_error"):
         out["array"] = "arrays not available: " + sub["array_error"]
-        return out
+        return False
     expected = len(bodies) if not o["array"] else o["jobs"]
     _wait(lambda: _done(t0) >= expected, procs, o["timeout_s"], "every job to end", poll_s=0.5)
     t_end = time.time()
@@ -463,24 +608,7 @@ def _run(o, procs: _Procs, keys: list[str]) -> dict:
     out["cpu_ms_per_job"] = per
     out["server_cpu_ms_per_job"] = round(per["web"] + per["worker"] + per["beat"] + per["postgres"], 2)
     out["wall_s"] = round(t_end - t0, 2)
-    if o["mix"]:
-        out["violations"] = _violations()
-    elif o["idle_samples"]:
-        try:
-            out.update(_idle(procs, keys[0], o))
-        except (CommandError, OSError, http.client.HTTPException) as e:  # keep the burst's figures
-            out["idle_error"] = str(e)[:300]
-    if o["idle_seconds"] > 0:
-        # the platform with nothing to do: beat's ticks, the fleet's heartbeats, the flushes
-        c0, w0, i0 = procs.cpu(), time.monotonic(), _web_cpu(webdir)
-        time.sleep(o["idle_seconds"])
-        c1, dt = procs.cpu(), time.monotonic() - w0
-        out["idle_cpu_share_of_a_core"] = {k: round((c1[k] - c0[k]) / dt, 3) for k in c1}
-        if webdir.is_dir():
-            # requests per second and CPU ms per second, by kind
-            out["idle_web_requests_per_s"] = _web_cpu_per_job(i0, _web_cpu(webdir), dt)
-    out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
-    return out
+    return True
 
 
 def _web_cpu(webdir: Path) -> dict[str, list[float]]:
@@ -535,7 +663,7 @@ def _mix_bodies(o) -> list[dict]:
     bodies = []
     for i in range(o["jobs"]):
         shape = rng.choices([(1, 1), (2, 1), (4, 1), (8, 1), (8, 2)], weights=[40, 25, 15, 12, 8])[0]
-        bodies.append(_job(i, float(rng.randint(1, 4)), gpus=shape[0], nodes=shape[1]))
+        bodies.append(_job(i, float(rng.randint(1, 4)), gpus=shape[0], nodes=shape[1], image=o["image"]))
     return bodies
 
 
@@ -639,8 +767,10 @@ def _idle(procs: _Procs, key: str, o) -> dict:
     """Jobs one at a time on the idle fleet: create→SCHEDULED and create→RUNNING."""
     api = _Api(procs.port, key)  # type: ignore[attr-defined]
     c2r, c2s = [], []
+    dbname = connection.settings_dict["NAME"]
+    cpu0, pg0, engine0 = procs.cpu(), _pg_backend_cpu(dbname), _engine_cpu()
     for i in range(o["idle_samples"]):
-        status, data = api.post("/api/v1/jobs", _job(100_000 + i, 0.2))
+        status, data = api.post("/api/v1/jobs", _job(100_000 + i, 0.2, image=o["image"]))
         if status != 201:
             raise CommandError(f"idle submission refused: {status} {data}")
         started = Workload.objects.filter(pk=data["id"], state__in=[
@@ -650,9 +780,26 @@ def _idle(procs: _Procs, key: str, o) -> dict:
         c2s.append(ev[State.SCHEDULED] - w.created_at.timestamp())
         c2r.append(ev[State.RUNNING] - w.created_at.timestamp())
         time.sleep(random.uniform(0.2, 1.0))  # not in step with the beat tick
+    cpu1, pg1, engine1 = procs.cpu(), _pg_backend_cpu(dbname), _engine_cpu()
+    n = max(1, len(c2r))
+    # CPU per idle job, the sleeps between them included (heartbeats, ticks): by process
+    per = {name: round((cpu1[name] - cpu0.get(name, 0.0)) * 1000 / n, 2) for name in cpu1}
+    per["postgres"] = round(sum(v - pg0.get(pid, 0.0) for pid, v in pg1.items()) * 1000 / n, 2)
+    if o["runtime"] == "docker":  # dockerd and containerd: the engine is shared, so approximate
+        per["docker_engine"] = round((engine1 - engine0) * 1000 / n, 2)
+    s2r = [r - s for s, r in zip(c2s, c2r, strict=True)]
+    slowest = sorted(zip(c2r, c2s, strict=True), reverse=True)[:3]
     return {"create_to_scheduled_p50_s": _percentile(c2s, 0.5),
+            "create_to_scheduled_p99_s": _percentile(c2s, 0.99),
             "create_to_running_p50_s": _percentile(c2r, 0.5),
             "create_to_running_p99_s": _percentile(c2r, 0.99),
+            "create_to_running_max_s": _percentile(c2r, 1.0),
+            # placed to RUNNING: the wake-up, the agent's start and its report
+            "scheduled_to_running_p50_s": _percentile(s2r, 0.5),
+            "scheduled_to_running_p99_s": _percentile(s2r, 0.99),
+            # the three slowest samples: [create→RUNNING, of which create→SCHEDULED]
+            "idle_slowest_s": [[round(r, 3), round(s, 3)] for r, s in slowest],
+            "idle_cpu_ms_per_job": per,
             "idle_samples": len(c2r)}
 
 
