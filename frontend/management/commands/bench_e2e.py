@@ -441,6 +441,8 @@ def _start(o, tmp: Path, tokens: list[str]) -> _Procs:
     procs.start("web", [py, "-m", "gunicorn", "gpucloud.wsgi", "--bind", f"127.0.0.1:{port}",
                         "--workers", str(o["web_workers"]), "--worker-class", "gthread",
                         "--threads", str(threads), "--log-level", "warning", "--backlog", "2048",
+                        # the threads share a pool of connections, as the Dockerfile's do
+                        "--env", f"DB_POOL_SIZE={threads}",
                         "--worker-tmp-dir", "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp),
                         *web_cpu])
     procs.start("worker", [py, "-m", "celery", "-A", "gpucloud", "worker", "--concurrency", "2",
