@@ -93,62 +93,102 @@ def tenant_network(tenant_id: UUID | str) -> str:
     return f"gpucloud-t-{tenant_id}"
 
 
-def host_allocations(*, host: Host) -> list[Allocation]:
-    """The active allocations on `host` with their workloads, instance types and GPUs: what
-    both `host_attempts` and `host_desired_containers` read, so a heartbeat that changes
-    nothing reads them once.
+@dataclass(eq=False)
+class Hold:
+    """One workload's hold on a host: what a heartbeat reads of the host's work, one row per
+    workload (not per GPU). `first`: its first active allocation here (the attempt id's
+    second half); `gpus`: the GPUs' UUIDs by index; `milli`: the first allocation's share;
+    `vcpus` / `memory_mib`: its booking here, the instance type's when the rows carry none
+    (hand-made rows); `xmin`: the workload row's version as read (`host_holds_after`)."""
 
-    Written SQL that loads the instances as the ORM's `select_related("workload__instance_type",
-    "gpu")` would: read once or twice by every heartbeat that changes something, where building
-    the ORM's query cost more CPU than running it (docs/benchmarks.md)."""
+    workload: Workload
+    first: int
+    gpus: list[str]
+    milli: int
+    vcpus: int
+    memory_mib: int
+    xmin: str
+
+    @property
+    def attempt(self) -> str:
+        return attempt_id(self.workload.pk, self.first)
+
+
+def host_holds(*, host: Host) -> list[Hold]:
+    """The work holding active allocations on `host`, one `Hold` per workload, ordered by
+    its first allocation: what `host_attempts` and `host_desired_containers` read, so a
+    heartbeat reads it once.
+
+    One query, in written SQL that groups the allocations in the database (a GPU's index
+    instead of its row): every heartbeat that changes something reads it, and a model
+    instance per allocation, its workload and its GPU cost more CPU than PostgreSQL took."""
     with connection.cursor() as cur:
-        cur.execute(_host_allocations_sql(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        cur.execute(_HOLDS_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
         rows = cur.fetchall()
     out = []
-    types: dict[int, InstanceType] = {}  # one instance per type: most of a host's work shares a few
-    type_width = len(InstanceType._meta.concrete_fields)
     for row in rows:
-        a, at = model_from_row(Allocation, row)
-        a.workload, at = model_from_row(Workload, row, at)
-        it = types.get(a.workload.instance_type_id)
-        if it is None:
-            it = types[a.workload.instance_type_id] = model_from_row(InstanceType, row, at)[0]
-        a.workload.instance_type = it
-        a.gpu, _ = model_from_row(Gpu, row, at + type_width)
-        out.append(a)
+        w, at = model_from_row(Workload, row)
+        first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib, xmin = row[at:]
+        out.append(Hold(workload=w, first=first, gpus=list(gpus), milli=milli, vcpus=int(vcpus or it_vcpus),
+                        memory_mib=int(mem or it_mem_gib * 1024), xmin=xmin))
     return out
 
 
+def host_holds_after(*, host: Host, holds: list[Hold], moved: set[str]) -> list[Hold]:
+    """`host_holds(host=host)` after this heartbeat moved the workloads `moved` (ids as text):
+    `holds` (read before the moves) confirmed by a narrow read, else read again.
+
+    The narrow read gives each holding workload's first allocation, GPUs, state, notice and
+    row version. A workload still held as read (same allocations; a row version unchanged
+    unless this heartbeat moved it) keeps what was read of it, with the state and notice
+    read now; a hold that is gone is left out; anything else (new work placed here meanwhile,
+    a row changed by someone else) reads everything again."""
+    with connection.cursor() as cur:
+        cur.execute(_HOLDS_NOW_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        rows = cur.fetchall()
+    before = {str(h.workload.pk): h for h in holds}
+    out = []
+    for wid, first, gpus, state, stop_by, xmin in rows:
+        h = before.get(str(wid))
+        if h is None or h.first != first or h.gpus != list(gpus) or (str(wid) not in moved and h.xmin != xmin):
+            return host_holds(host=host)
+        h.workload.state, h.workload.stop_by, h.xmin = state, stop_by, xmin
+        out.append(h)
+    return out
+
+
+def _holds_from() -> str:
+    """The FROM of both hold reads: a host's active allocations grouped per workload."""
+    a, g = Allocation._meta.db_table, Gpu._meta.db_table
+    return (f"(SELECT a.workload_id, MIN(a.id) AS first, (ARRAY_AGG(a.milli ORDER BY a.id))[1] AS milli, "
+            "ARRAY_AGG(a.gpu_id ORDER BY g.index, a.id) AS gpus, SUM(a.vcpus) AS vcpus, "
+            f"SUM(a.memory_mib) AS mem FROM {a} a JOIN {g} g ON g.uuid = a.gpu_id "
+            "WHERE a.host_id = %s AND a.active GROUP BY a.workload_id) f "
+            f"JOIN {Workload._meta.db_table} w ON w.id = f.workload_id ")
+
+
 @cache
-def _host_allocations_sql() -> str:
-    return (
-        f"SELECT {model_columns(Allocation, 'a')}, {model_columns(Workload, 'w')}, "
-        f"{model_columns(InstanceType, 'it')}, {model_columns(Gpu, 'g')} "
-        f"FROM {Allocation._meta.db_table} a "
-        f"JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
-        f"JOIN {InstanceType._meta.db_table} it ON it.id = w.instance_type_id "
-        f"JOIN {Gpu._meta.db_table} g ON g.uuid = a.gpu_id "
-        "WHERE a.host_id = %s AND a.active ORDER BY a.id"
-    )
+def _HOLDS_SQL() -> str:  # noqa: N802
+    return (f"SELECT {model_columns(Workload, 'w')}, f.first, f.milli, f.gpus, f.vcpus, f.mem, "
+            f"it.vcpus, it.memory_gib, w.xmin::text FROM {_holds_from()}"
+            f"JOIN {InstanceType._meta.db_table} it ON it.id = w.instance_type_id ORDER BY f.first")
+
+
+@cache
+def _HOLDS_NOW_SQL() -> str:  # noqa: N802
+    return f"SELECT w.id, f.first, f.gpus, w.state, w.stop_by, w.xmin::text FROM {_holds_from()}ORDER BY f.first"
 
 
 def host_attempts(
     *,
     host: Host,
     states: tuple[str, ...] | None = None,
-    allocations: list[Allocation] | None = None,
+    holds: list[Hold] | None = None,
 ) -> dict[str, Workload]:
     """Attempt id -> workload, for the workloads holding an active allocation on `host`."""
-    if allocations is None:
-        allocations = host_allocations(host=host)
-    first: dict[UUID, int] = {}
-    workloads: dict[UUID, Workload] = {}
-    for a in allocations:
-        if states is not None and a.workload.state not in states:
-            continue
-        first.setdefault(a.workload_id, a.pk)
-        workloads[a.workload_id] = a.workload
-    return {attempt_id(wid, first[wid]): workloads[wid] for wid in first}
+    if holds is None:
+        holds = host_holds(host=host)
+    return {h.attempt: h.workload for h in holds if states is None or h.workload.state in states}
 
 
 # A multi-host job's parts learn their place in it (as torchrun's NODE_RANK / NNODES).
@@ -180,34 +220,24 @@ def _per_rank(value: str, rank: int) -> str:
     return values[min(rank, len(values) - 1)].strip()
 
 
-def host_desired_containers(
-    *, host: Host, allocations: list[Allocation] | None = None
-) -> list[DesiredContainer]:
+def host_desired_containers(*, host: Host, holds: list[Hold] | None = None) -> list[DesiredContainer]:
     """The whole desired set of `host` (the heartbeat answer). One query, or none when
-    the caller passes `host_allocations(host=host)` read after its last write."""
-    if allocations is None:
-        allocations = host_allocations(host=host)
-    grouped: dict[UUID, list[Allocation]] = defaultdict(list)
-    for a in sorted(allocations, key=lambda a: (str(a.workload_id), a.pk)):
-        if a.workload.state in DESIRED_STATES:
-            grouped[a.workload_id].append(a)
-    gangs = [wid for wid, rows in grouped.items() if rows[0].workload.nodes > 1]
+    the caller passes `host_holds(host=host)` read after its last write (or confirmed since,
+    `host_holds_after`)."""
+    if holds is None:
+        holds = host_holds(host=host)
+    wanted = sorted((h for h in holds if h.workload.state in DESIRED_STATES), key=lambda h: str(h.workload.pk))
+    gangs = [h.workload.pk for h in wanted if h.workload.nodes > 1]
     ranks = gang_parts(workload_ids=gangs) if gangs else {}
     out = []
-    for allocations in grouped.values():
-        w = allocations[0].workload
-        iid = attempt_id(w.pk, allocations[0].pk)
+    for h in wanted:
+        w = h.workload
+        iid = h.attempt
         env = {str(k): str(v) for k, v in w.env.items()}
         rank = 0
         if w.nodes > 1:
             rank = ranks.get(w.pk, {}).get(iid, (None, 0))[1]
             env.update({ENV_NODE_RANK: str(rank), ENV_NUM_NODES: str(w.nodes)})
-        it = w.instance_type
-        # The host's CPU and memory booking rides on the allocation rows (the scheduler puts
-        # it on the first GPU's row); fall back to the instance type for hand-made rows.
-        vcpus = sum(a.vcpus for a in allocations) or it.vcpus
-        memory_mib = sum(a.memory_mib for a in allocations) or it.memory_gib * 1024
-        gpus = sorted(allocations, key=lambda a: a.gpu.index)
         labels = {LABEL_WORKLOAD: str(w.pk), LABEL_NAME: w.name[:63]}
         for env_name, label in SIM_ENV_LABELS.items():
             if env_name in w.env:
@@ -221,10 +251,12 @@ def host_desired_containers(
                 command=[str(c) for c in w.command],
                 env={**platform_env(w), **env},
                 ports=[int(p) for p in w.ports],
-                gpu_uuids=[a.gpu_id for a in gpus],
-                gpu_milli=allocations[0].milli,
-                vcpus=float(vcpus),
-                memory_mib=int(memory_mib),
+                gpu_uuids=list(h.gpus),
+                gpu_milli=h.milli,
+                # The host's CPU and memory booking rides on the allocation rows (the scheduler
+                # puts it on the first GPU's row); the instance type's for hand-made rows.
+                vcpus=float(h.vcpus),
+                memory_mib=int(h.memory_mib),
                 pids_limit=settings.AGENT_PIDS_LIMIT,
                 network=tenant_network(w.tenant_id),
                 labels=labels,

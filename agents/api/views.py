@@ -14,7 +14,7 @@ view below, which is the synchronous path and the only one that writes errors.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from django.conf import settings
@@ -41,10 +41,17 @@ from agents.protocol import (
     WaitRequest,
     WaitResponse,
 )
-from agents.selectors import host_by_pk, host_by_token, host_desired_containers, host_logs_requests
+from agents.selectors import (
+    host_by_pk,
+    host_by_token,
+    host_desired_containers,
+    host_holds_after,
+    host_logs_requests,
+)
 from agents.services.heartbeat import host_heartbeat
 from agents.services.registration import host_register
 from agents.signals import move_orders, removals
+from gpucloud.api.errors import exception_handler
 from gpucloud.api.parsers import AgentJSONParser
 from gpucloud.api.throttling import AtomicRateThrottle
 from gpucloud.lib import promstore
@@ -174,31 +181,41 @@ class HostHeartbeatApi(_AgentApi):
             claim = fastpath.claim_of(
                 fastpath.beat(None, host_id=str(host.pk), seq=hb.seq, count=False), None
             )
-        outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh,
-                                 buffer_samples=claim is not None)
-        answer_version = claim.version if claim is not None else ""
-        if claim is not None and outcome.transitions:
+        return Response(_heartbeat_answer(host=host, hb=hb, claim=claim))
+
+
+def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None) -> dict:
+    """Apply the heartbeat `hb` of `host` (authenticated, its seq claimed when `claim`) and
+    make its answer: the HeartbeatResponse as a dict; remembered for the fast path."""
+    outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh,
+                             buffer_samples=claim is not None)
+    answer_version = claim.version if claim is not None else ""
+    holds = outcome.holds
+    if outcome.transitions:
+        if claim is not None:
             # Our own transitions bumped the version; the answer below is read after them.
             answer_version = fastpath.version(host_id=host.pk)
-        shared: dict = {}  # what the volume signals' receivers read once for both lists
-        body = HeartbeatResponse(
-            desired=host_desired_containers(host=host, allocations=outcome.allocations),
-            heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
-            logs_requests=host_logs_requests(host=host),
-            desired_version=answer_version if claim is not None and longpoll.enabled() else None,
-            remove_volumes=removals(host=host, shared=shared),
-            volume_moves=move_orders(host=host, shared=shared),
-        ).to_dict()
-        if claim is not None and (claim.digest or claim.token_hash):
-            if not outcome.applied or outcome.unknown_gpus:
-                claim.digest = ""  # a late heartbeat, or GPUs we do not know: not a baseline
-            fastpath.remember(
-                claim=claim,
-                answer_version=answer_version,
-                answer=orjson.dumps(body),
-                token_ok=bool(claim.token_hash) and outcome.token_hash == claim.token_hash,
-            )
-        return Response(body)
+        if holds is not None:
+            holds = host_holds_after(host=host, holds=holds, moved={wid for wid, _ in outcome.transitions})
+    shared: dict = {}  # what the volume signals' receivers read once for both lists
+    body = HeartbeatResponse(
+        desired=host_desired_containers(host=host, holds=holds),
+        heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
+        logs_requests=host_logs_requests(host=host),
+        desired_version=answer_version if claim is not None and longpoll.enabled() else None,
+        remove_volumes=removals(host=host, shared=shared),
+        volume_moves=move_orders(host=host, shared=shared),
+    ).to_dict()
+    if claim is not None and (claim.digest or claim.token_hash):
+        if not outcome.applied or outcome.unknown_gpus:
+            claim.digest = ""  # a late heartbeat, or GPUs we do not know: not a baseline
+        fastpath.remember(
+            claim=claim,
+            answer_version=answer_version,
+            answer=orjson.dumps(body),
+            token_ok=bool(claim.token_hash) and outcome.token_hash == claim.token_hash,
+        )
+    return body
 
 
 @extend_schema(exclude=True)
@@ -297,5 +314,37 @@ def _host_heartbeat(request):
     claim.host = host
     if host is not None:
         claim.host_id = str(host.pk)
+    if claim.kind == fastpath.SLOW and request.META.get("HTTP_ACCEPT", "").strip() in _JSON_ACCEPT:
+        return _heartbeat_lean(request, claim)
     request.agent_claim = claim
     return _heartbeat_api(request)
+
+
+# What the DRF view negotiates to its one renderer, JSON: an agent's request (the agent sends
+# application/json). Anything else goes to the DRF view, which answers as it always did.
+_JSON_ACCEPT: Final = frozenset({"", "*/*", "application/json"})
+
+
+def _heartbeat_lean(request, claim: fastpath.Claim):
+    """The DRF view's `post` for a heartbeat the script claimed, without DRF's request
+    wrapping, negotiation, authentication and throttle classes: the script did their work
+    (a host token current in Redis or checked just now, counted against the rate limit,
+    its seq claimed). The same service, the same answer, its errors in the one error shape
+    by the same handler (gpucloud.api.errors); every refusal before it (401, 429, 400, a
+    body naming another host) is still the DRF view's."""
+    host = claim.host or host_by_pk(claim.host_id)
+    if host is None or claim.hb is None or claim.hb.host_id != str(host.pk):
+        request.agent_claim = claim
+        return _heartbeat_api(request)  # 401, as the authentication class says
+    try:
+        body = _heartbeat_answer(host=host, hb=claim.hb, claim=claim)
+    except Exception as exc:
+        response = exception_handler(exc, {"request": request})
+        if response is None:
+            raise  # a bug: Django's 500 handler answers, as behind DRF
+        out = HttpResponse(orjson.dumps(response.data), status=response.status_code,
+                           content_type="application/json")
+        for name, value in response.headers.items():
+            out.headers.setdefault(name, value)
+        return out
+    return HttpResponse(orjson.dumps(body), content_type="application/json")

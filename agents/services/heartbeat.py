@@ -19,7 +19,7 @@ from django.utils import timezone
 from agents.choices import HostState
 from agents.models import Host
 from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat
-from agents.selectors import host_allocations, host_attempts
+from agents.selectors import Hold, host_attempts, host_holds
 from agents.services.containers import containers_observe, containers_observed_times
 from agents.services.gpus import async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 class HeartbeatOutcome:
     applied: bool  # False: a late, reordered heartbeat; only liveness was taken from it
     transitions: list[tuple[str, str]] = field(default_factory=list)  # (workload id, new state)
-    # The host's active allocations as read after the last write of this heartbeat (None:
-    # something moved since; read them again for the answer).
-    allocations: list | None = None
+    # The host's work as read before this heartbeat moved any of it (None: not read): the
+    # answer's, as it is when nothing moved, else as `selectors.host_holds_after` confirms it.
+    holds: list[Hold] | None = None
     # The token hash on the host row as locked here (the fast path caches a token only
     # when it was still the host's after the cache version was read).
     token_hash: str = ""
@@ -171,8 +171,8 @@ def host_heartbeat(
     if hb.containers is None and not hb.logs:
         return outcome  # the agent could not list its runtime: infer nothing
     # What this host runs, by container instance id (before this heartbeat's exits free it)
-    allocations = host_allocations(host=locked)
-    attempts = host_attempts(host=locked, allocations=allocations)
+    outcome.holds = host_holds(host=locked)
+    attempts = host_attempts(host=locked, holds=outcome.holds)
     if hb.logs:
         container_logs_store(host=locked, tails=hb.logs, now=now, attempts=attempts)
     if hb.containers is None:
@@ -183,6 +183,4 @@ def host_heartbeat(
         containers_observed_times(containers=hb.containers, attempts=attempts, transitions=outcome.transitions,
                                   now=now)
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
-    elif not samples.failed:
-        outcome.allocations = allocations  # nothing moved: the answer can reuse them
     return outcome
