@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
 
 from django.conf import settings
@@ -93,25 +94,78 @@ def tenant_network(tenant_id: UUID | str) -> str:
     return f"gpucloud-t-{tenant_id}"
 
 
-@dataclass(eq=False)
+# The workload's fields a heartbeat and its answer read (the one-by-one steps, the gangs and
+# the log tails get the whole model, `Hold.workload`, built when first asked for).
+_HOLD_FIELDS: Final = ("id", "state", "kind", "nodes", "stop_by", "tenant_id", "name", "image", "command", "env",
+                       "ports", "mounts", "checkpoint_signal", "checkpoint_grace_s")
+_JSON_FIELDS: Final = frozenset({"command", "env", "ports", "mounts"})
+
+
 class Hold:
     """One workload's hold on a host: what a heartbeat reads of the host's work, one row per
     workload (not per GPU). `first`: its first active allocation here (the attempt id's
     second half); `gpus`: the GPUs' UUIDs by index; `milli`: the first allocation's share;
     `vcpus` / `memory_mib`: its booking here, the instance type's when the rows carry none
-    (hand-made rows); `xmin`: the workload row's version as read (`host_holds_after`)."""
+    (hand-made rows); `xmin`: the workload row's version as read (`host_holds_after`).
 
-    workload: Workload
-    first: int
-    gpus: list[str]
-    milli: int
-    vcpus: int
-    memory_mib: int
-    xmin: str
+    The workload's fields that heartbeats read are attributes (`pk`, `state`, `kind`,
+    `nodes`, `stop_by`, `env`, ...); `workload` is the model, built from the same row only
+    when a step needs it (most heartbeats never do: a model of 40 fields cost more than the
+    rest of the read). `state` and `stop_by` are the model's once it is built."""
+
+    __slots__ = ("_row", "_model", "_state", "_stop_by", "first", "gpus", "milli", "vcpus", "memory_mib", "xmin",
+                 "pk", "kind", "nodes", "tenant_id", "name", "image", "command", "env", "ports", "mounts",
+                 "checkpoint_signal", "checkpoint_grace_s")
+
+    def __init__(self, row: tuple, *, first: int, gpus: list[str], milli: int, vcpus: int, memory_mib: int,
+                 xmin: str) -> None:
+        self._row, self._model = row, None
+        self.first, self.gpus, self.milli, self.vcpus, self.memory_mib, self.xmin = (
+            first, gpus, milli, vcpus, memory_mib, xmin)
+        for name, i in _hold_columns():
+            value = row[i]
+            if name in _JSON_FIELDS and isinstance(value, str):
+                value = json.loads(value)  # as JSONField.from_db_value
+            setattr(self, "_state" if name == "state" else "_stop_by" if name == "stop_by"
+                    else "pk" if name == "id" else name, value)
+
+    @property
+    def workload(self) -> Workload:
+        if self._model is None:
+            self._model = model_from_row(Workload, self._row)[0]
+            self._model.state, self._model.stop_by = self._state, self._stop_by
+        return self._model
+
+    @property
+    def state(self) -> str:
+        return self._model.state if self._model is not None else self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+        if self._model is not None:
+            self._model.state = value
+
+    @property
+    def stop_by(self) -> datetime | None:
+        return self._model.stop_by if self._model is not None else self._stop_by
+
+    @stop_by.setter
+    def stop_by(self, value: datetime | None) -> None:
+        self._stop_by = value
+        if self._model is not None:
+            self._model.stop_by = value
 
     @property
     def attempt(self) -> str:
-        return attempt_id(self.workload.pk, self.first)
+        return attempt_id(self.pk, self.first)
+
+
+@cache
+def _hold_columns() -> tuple[tuple[str, int], ...]:
+    """(field, its index in `model_columns(Workload)`) of `_HOLD_FIELDS`."""
+    index = {f.attname: i for i, f in enumerate(Workload._meta.concrete_fields)}
+    return tuple((name, index[name]) for name in _HOLD_FIELDS)
 
 
 def host_holds(*, host: Host) -> list[Hold]:
@@ -125,11 +179,11 @@ def host_holds(*, host: Host) -> list[Hold]:
     with connection.cursor() as cur:
         cur.execute(_HOLDS_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
         rows = cur.fetchall()
+    width = len(Workload._meta.concrete_fields)
     out = []
     for row in rows:
-        w, at = model_from_row(Workload, row)
-        first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib, xmin = row[at:]
-        out.append(Hold(workload=w, first=first, gpus=list(gpus), milli=milli, vcpus=int(vcpus or it_vcpus),
+        first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib, xmin = row[width:]
+        out.append(Hold(row, first=first, gpus=list(gpus), milli=milli, vcpus=int(vcpus or it_vcpus),
                         memory_mib=int(mem or it_mem_gib * 1024), xmin=xmin))
     return out
 
@@ -146,13 +200,13 @@ def host_holds_after(*, host: Host, holds: list[Hold], moved: set[str]) -> list[
     with connection.cursor() as cur:
         cur.execute(_HOLDS_NOW_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
         rows = cur.fetchall()
-    before = {str(h.workload.pk): h for h in holds}
+    before = {str(h.pk): h for h in holds}
     out = []
     for wid, first, gpus, state, stop_by, xmin in rows:
         h = before.get(str(wid))
         if h is None or h.first != first or h.gpus != list(gpus) or (str(wid) not in moved and h.xmin != xmin):
             return host_holds(host=host)
-        h.workload.state, h.workload.stop_by, h.xmin = state, stop_by, xmin
+        h.state, h.stop_by, h.xmin = state, stop_by, xmin
         out.append(h)
     return out
 
@@ -188,7 +242,7 @@ def host_attempts(
     """Attempt id -> workload, for the workloads holding an active allocation on `host`."""
     if holds is None:
         holds = host_holds(host=host)
-    return {h.attempt: h.workload for h in holds if states is None or h.workload.state in states}
+    return {h.attempt: h.workload for h in holds if states is None or h.state in states}
 
 
 # A multi-host job's parts learn their place in it (as torchrun's NODE_RANK / NNODES).
@@ -226,13 +280,12 @@ def host_desired_containers(*, host: Host, holds: list[Hold] | None = None) -> l
     `host_holds_after`)."""
     if holds is None:
         holds = host_holds(host=host)
-    wanted = sorted((h for h in holds if h.workload.state in DESIRED_STATES), key=lambda h: str(h.workload.pk))
-    gangs = [h.workload.pk for h in wanted if h.workload.nodes > 1]
+    wanted = sorted((h for h in holds if h.state in DESIRED_STATES), key=lambda h: str(h.pk))
+    gangs = [h.pk for h in wanted if h.nodes > 1]
     ranks = gang_parts(workload_ids=gangs) if gangs else {}
     out = []
-    for h in wanted:
-        w = h.workload
-        iid = h.attempt
+    for w in wanted:
+        iid = w.attempt
         env = {str(k): str(v) for k, v in w.env.items()}
         rank = 0
         if w.nodes > 1:
@@ -251,12 +304,12 @@ def host_desired_containers(*, host: Host, holds: list[Hold] | None = None) -> l
                 command=[str(c) for c in w.command],
                 env={**platform_env(w), **env},
                 ports=[int(p) for p in w.ports],
-                gpu_uuids=list(h.gpus),
-                gpu_milli=h.milli,
+                gpu_uuids=list(w.gpus),
+                gpu_milli=w.milli,
                 # The host's CPU and memory booking rides on the allocation rows (the scheduler
                 # puts it on the first GPU's row); the instance type's for hand-made rows.
-                vcpus=float(h.vcpus),
-                memory_mib=int(h.memory_mib),
+                vcpus=float(w.vcpus),
+                memory_mib=int(w.memory_mib),
                 pids_limit=settings.AGENT_PIDS_LIMIT,
                 network=tenant_network(w.tenant_id),
                 labels=labels,

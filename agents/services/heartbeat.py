@@ -172,9 +172,10 @@ def host_heartbeat(
         return outcome  # the agent could not list its runtime: infer nothing
     # What this host runs, by container instance id (before this heartbeat's exits free it)
     outcome.holds = host_holds(host=locked)
-    attempts = host_attempts(host=locked, holds=outcome.holds)
+    attempts = {h.attempt: h for h in outcome.holds}
     if hb.logs:
-        container_logs_store(host=locked, tails=hb.logs, now=now, attempts=attempts)
+        container_logs_store(host=locked, tails=hb.logs, now=now,
+                             attempts=host_attempts(host=locked, holds=outcome.holds))
     if hb.containers is None:
         return outcome  # the agent could not list its runtime: infer nothing
     outcome.transitions += containers_observe(host=locked, containers=hb.containers, attempts=attempts, now=now,
