@@ -32,7 +32,7 @@ from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.catalogue.selectors import prices_in_force
 from gpucloud.lib.db import Epoch, model_columns, model_from_row
 from scheduler import core, snapshot
-from scheduler.choices import State
+from scheduler.choices import HOLDING, State
 from scheduler.cycle import policy_for
 from scheduler.feasibility import fleet_capabilities, unsatisfiable_reason
 from scheduler.models import Allocation, Workload
@@ -207,6 +207,23 @@ def host_holds_after(*, host: Host, holds: list[Hold], moved: set[str]) -> list[
         if h is None or h.first != first or h.gpus != list(gpus) or (str(wid) not in moved and h.xmin != xmin):
             return host_holds(host=host)
         h.state, h.stop_by, h.xmin = state, stop_by, xmin
+        out.append(h)
+    return out
+
+
+def holds_moved(holds: list[Hold], transitions: list[tuple[str, str]]) -> list[Hold]:
+    """`holds` after the heartbeat's own `transitions` ((workload id, new state), in order),
+    when they were the only change to the host since `holds` were read (the caller knows:
+    `agents.fastpath.only_own`). Work that left the holding states is left out (its
+    allocations are released); the rest is as read, in its new state."""
+    last = dict(transitions)
+    out = []
+    for h in holds:
+        state = last.get(str(h.pk))
+        if state is not None:
+            if state not in HOLDING:
+                continue
+            h.state = state
         out.append(h)
     return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from typing import Any, Final
+from uuid import UUID
 
 import orjson
 from django.conf import settings
@@ -42,6 +43,7 @@ from agents.protocol import (
     WaitResponse,
 )
 from agents.selectors import (
+    holds_moved,
     host_by_pk,
     host_by_token,
     host_desired_containers,
@@ -187,16 +189,21 @@ class HostHeartbeatApi(_AgentApi):
 def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None) -> dict:
     """Apply the heartbeat `hb` of `host` (authenticated, its seq claimed when `claim`) and
     make its answer: the HeartbeatResponse as a dict; remembered for the fast path."""
-    outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh,
-                             buffer_samples=claim is not None)
+    with fastpath.own_bumps(host_id=host.pk) as own:
+        outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh,
+                                 buffer_samples=claim is not None)
+    host = outcome.host or host
     answer_version = claim.version if claim is not None else ""
+    alone = claim is not None
     holds = outcome.holds
     if outcome.transitions:
         if claim is not None:
             # Our own transitions bumped the version; the answer below is read after them.
             answer_version = fastpath.version(host_id=host.pk)
+            alone = fastpath.only_own(before=claim.version, after=answer_version, own=own)
         if holds is not None:
-            holds = host_holds_after(host=host, holds=holds, moved={wid for wid, _ in outcome.transitions})
+            holds = (holds_moved(holds, outcome.transitions) if alone
+                     else host_holds_after(host=host, holds=holds, moved={wid for wid, _ in outcome.transitions}))
     shared: dict = {}  # what the volume signals' receivers read once for both lists
     body = HeartbeatResponse(
         desired=host_desired_containers(host=host, holds=holds),
@@ -214,6 +221,7 @@ def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None
             answer_version=answer_version,
             answer=orjson.dumps(body),
             token_ok=bool(claim.token_hash) and outcome.token_hash == claim.token_hash,
+            alone=alone,
         )
     return body
 
@@ -332,12 +340,17 @@ def _heartbeat_lean(request, claim: fastpath.Claim):
     its seq claimed). The same service, the same answer, its errors in the one error shape
     by the same handler (gpucloud.api.errors); every refusal before it (401, 429, 400, a
     body naming another host) is still the DRF view's."""
-    host = claim.host or host_by_pk(claim.host_id)
-    if host is None or claim.hb is None or claim.hb.host_id != str(host.pk):
+    if claim.hb is None or claim.hb.host_id != claim.host_id:
         request.agent_claim = claim
-        return _heartbeat_api(request)  # 401, as the authentication class says
+        return _heartbeat_api(request)  # it refuses a body naming another host
+    # The host row is read (locked) by the heartbeat itself: a host deleted meanwhile is a
+    # 401 from the DRF view, whose authentication reads it again.
+    host = claim.host or Host(pk=UUID(claim.host_id))
     try:
         body = _heartbeat_answer(host=host, hb=claim.hb, claim=claim)
+    except Host.DoesNotExist:
+        request.agent_claim = claim
+        return _heartbeat_api(request)
     except Exception as exc:
         response = exception_handler(exc, {"request": request})
         if response is None:

@@ -41,6 +41,7 @@ class HeartbeatOutcome:
     # when it was still the host's after the cache version was read).
     token_hash: str = ""
     unknown_gpus: bool = False  # a sample named a GPU this host does not have
+    host: Host | None = None  # the host row as this heartbeat wrote it
 
 
 def seq_is_fresh(seq: int, last_seq: int) -> bool:
@@ -83,7 +84,8 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
     """The host row's part of a heartbeat whose freshness is decided already (the fast path's
     seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
     time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
-    host as written and whether it was DOWN. The same rules as `host_heartbeat`'s own."""
+    host as written and whether it was DOWN. The same rules as `host_heartbeat`'s own.
+    Call inside atomic(): it also makes the transaction's commit asynchronous (`async_commit`)."""
     t = Host._meta.db_table
     with connection.cursor() as cur:
         cur.execute(
@@ -92,7 +94,9 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
             "state = CASE WHEN h.state = %s THEN h.admin_state ELSE h.state END, "
             "down_since = CASE WHEN h.state = %s THEN NULL ELSE h.down_since END, "
             "last_seq = COALESCE(%s, h.last_seq) "
-            f"FROM (SELECT id, state FROM {t} WHERE id = %s FOR UPDATE) AS o "
+            f"FROM (SELECT id, state FROM {t} WHERE id = %s FOR UPDATE) AS o, "
+            # `async_commit` in the same statement (SET LOCAL, as a function): one round trip
+            "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
             f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state",
             [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk],
         )
@@ -146,13 +150,14 @@ def host_heartbeat(
     # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
-        async_commit()
         if fresh is not None and connection.vendor == "postgresql":
             locked, was_down = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
                                           seq=hb.seq if fresh else None)
             outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash)
         else:
+            async_commit()
             locked, was_down, outcome = _host_beat_orm(host.pk, hb=hb, now=now, fresh=fresh)
+        outcome.host = locked
         if was_down:
             logger.info("host back host=%s name=%s", locked.pk, locked.name)
             cycle_wanted(locked.region_id)  # capacity is back
