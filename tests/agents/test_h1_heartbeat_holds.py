@@ -21,17 +21,8 @@ from agents.models import Host
 from agents.selectors import host_desired_containers, host_holds, host_holds_after
 from scheduler.choices import State
 from scheduler.services import workload_stop, workload_transition
-from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
-    assert_error,
-    beat_body,
-    place,
-    post,
-    region,
-    registered,
-    state,
-    triggered,
-)
-from tests.agents.test_fastpath import HB, beat
+from tests.agents.test_agent_api import assert_error, beat_body, place, post, state
+from tests.agents.test_fastpath import HB, beat, region, registered, triggered  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
