@@ -198,9 +198,12 @@ def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None
     holds = outcome.holds
     if outcome.transitions:
         if claim is not None:
-            # Our own transitions bumped the version; the answer below is read after them.
-            answer_version = fastpath.version(host_id=host.pk)
-            alone = fastpath.only_own(before=claim.version, after=answer_version, own=own)
+            # Our own transitions bumped the version: the answer is the new version's. When
+            # the bumps since the claim were all ours, the last of them says which it is
+            # (a bump by anybody after it leaves that answer unused); else it is read after
+            # them, and so is the answer.
+            alone = bool(own) and fastpath.only_own(before=claim.version, after=str(max(own)), own=own)
+            answer_version = str(max(own)) if alone else fastpath.version(host_id=host.pk)
         if holds is not None:
             holds = (holds_moved(holds, outcome.transitions) if alone
                      else host_holds_after(host=host, holds=holds, moved={wid for wid, _ in outcome.transitions}))

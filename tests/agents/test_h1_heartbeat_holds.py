@@ -3,8 +3,8 @@ still the desired set as the database has it after the heartbeat: its own moves 
 what it read when the host's version says nobody else moved anything
 (`fastpath.only_own`), otherwise confirmed by a narrow read (`host_holds_after`) or read again.
 
-Real PostgreSQL and Redis; a change "during" a heartbeat is made from inside the service the
-view calls, after it returns and before the answer is made.
+Real PostgreSQL and Redis; a change "during" a heartbeat is made by another thread while the
+heartbeat waits, after it read the host's work and before it moves any.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from django.db import connection
 
 from agents import fastpath
-from agents.api import views
 from agents.models import Host
 from agents.selectors import host_desired_containers, host_holds, host_holds_after
+from agents.services import heartbeat
 from scheduler.choices import State
 from scheduler.services import workload_stop, workload_transition
 from tests.agents.test_agent_api import assert_error, beat_body, place, post, state
@@ -43,9 +43,9 @@ def token_version(token: str) -> str | None:
 
 
 def during_heartbeat(monkeypatch, change) -> None:
-    """Run `change()` once, right after the next heartbeat's service returns, in a thread
-    of its own (as another request or the scheduler would), waited for."""
-    orig = views.host_heartbeat
+    """Run `change()` once in the next heartbeat, after it read the host's work and before it
+    moves any (as another request or the scheduler would: in a thread of its own, waited for)."""
+    orig = heartbeat.containers_observe
     done = []
 
     def other() -> None:
@@ -55,15 +55,14 @@ def during_heartbeat(monkeypatch, change) -> None:
             connection.close()
 
     def wrapped(**kw):
-        outcome = orig(**kw)
         if not done:
             done.append(1)
             t = threading.Thread(target=other)
             t.start()
             t.join()
-        return outcome
+        return orig(**kw)
 
-    monkeypatch.setattr(views, "host_heartbeat", wrapped)
+    monkeypatch.setattr(heartbeat, "containers_observe", wrapped)
 
 
 def test_a_changed_heartbeats_answer_is_the_desired_set_read_again(client, registered, alice):
