@@ -223,6 +223,12 @@ def hosts_changed(*, host_ids: Iterable[UUID | str]) -> None:
     Bumped twice: now, so that no heartbeat is answered from the old state from here on,
     and after the current transaction commits, so that nothing a slow path read before
     the commit (under the first bump) is trusted. Outside a transaction, once each.
+
+    With the last bump (after commit), in the same round trip, a wake-up per host: the
+    gateway replica holding a host's tunnel sends its agent a WAKE frame, and the agent
+    heartbeats at once instead of at its next interval (placements start, stops stop, log
+    requests are answered sooner). Best effort: a host without a tunnel, or a lost
+    message, waits for its interval.
     """
     if not enabled():
         return
@@ -231,25 +237,25 @@ def hosts_changed(*, host_ids: Iterable[UUID | str]) -> None:
     if not keys:
         return
 
-    def bump() -> None:
+    def bump(wake: bool = False) -> None:
         try:
             pipe = _redis().pipeline(transaction=False)
             for k in keys:
                 pipe.incr(k)
+            if wake:  # the wake-ups in the same round trip, after the bumps
+                for h in hosts:
+                    pipe.publish(wake_channel(h), b"1")
             _own_record(keys, pipe.execute())
         except redis.RedisError:
-            # Entries expire after FASTPATH_MAX_AGE_S: stale at worst until then.
+            # Entries expire after FASTPATH_MAX_AGE_S: stale at worst until then; a host
+            # not woken heartbeats at its interval.
             logger.exception("heartbeat cache invalidation failed keys=%s", keys)
 
-    def bump_and_wake() -> None:
-        bump()
-        _wake(host_ids=hosts)
-
-    bump()
     if transaction.get_connection().in_atomic_block:
-        transaction.on_commit(bump_and_wake)
+        bump()
+        transaction.on_commit(lambda: bump(wake=True))
     else:
-        _wake(host_ids=hosts)
+        bump(wake=True)
 
 
 _own = threading.local()
@@ -284,20 +290,6 @@ def only_own(*, before: str, after: str, own: list[int]) -> bool:
         return sorted(own) == list(range(int(before) + 1, int(after) + 1))
     except ValueError:
         return False
-
-
-def _wake(*, host_ids: list[str]) -> None:
-    """Publish a wake-up per host (after commit): the gateway replica holding a host's
-    tunnel sends its agent a WAKE frame, and the agent heartbeats at once instead of at
-    its next interval (placements start, stops stop, log requests are answered sooner).
-    Best effort: a host without a tunnel, or a lost message, waits for its interval."""
-    try:
-        pipe = _redis().pipeline(transaction=False)
-        for h in host_ids:
-            pipe.publish(wake_channel(h), b"1")
-        pipe.execute()
-    except redis.RedisError:
-        logger.exception("wake-up publish failed hosts=%d", len(host_ids))
 
 
 def workloads_changed(*, workload_ids: Iterable[UUID | str], hosts: Iterable[UUID | str] | None = None) -> None:

@@ -196,7 +196,8 @@ def containers_observed_times(*, containers: list[ObservedContainer], attempts: 
     seen: dict[object, ObservedContainer] = {}
     for o in containers:
         w = attempts.get(o.instance_id)
-        if w is not None and w.nodes == 1 and str(w.pk) in moved:
+        # (a report without times has nothing to set: no read for it)
+        if w is not None and w.nodes == 1 and str(w.pk) in moved and (o.started_at or o.finished_at):
             seen[w.pk] = o
     if not seen:
         return

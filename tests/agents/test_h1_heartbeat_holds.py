@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from agents import fastpath
 from agents.models import Host
 from agents.selectors import host_desired_containers, host_holds, host_holds_after
 from agents.services import heartbeat
 from scheduler.choices import State
+from scheduler.models import Workload
 from scheduler.services import workload_stop, workload_transition
 from tests.agents.test_agent_api import assert_error, beat_body, place, post, state
 from tests.agents.test_fastpath import HB, beat, region, registered, triggered  # noqa: F401 (fixtures)
@@ -144,3 +147,21 @@ def test_a_body_naming_another_host_is_refused_as_before(client, registered):
     beat(client, host_id, token, 2)
     other = "00000000-0000-0000-0000-000000000001"
     assert_error(post(client, HB, beat_body(other, 3), token=token), 401, "authentication_failed")
+
+
+def test_run_time_is_the_containers_own_as_reported(client, registered, alice):
+    host_id, token = registered
+    w = place(Host.objects.get(), alice.tenant, kind="job")
+    [desired] = beat(client, host_id, token, 1)["desired"]
+    queued = timezone.now() - timedelta(seconds=60)
+    Workload.objects.filter(pk=w.pk).update(queued_at=queued)  # queued a minute ago
+    start, end = queued + timedelta(seconds=10), queued + timedelta(seconds=30)
+    report = {"instance_id": desired["instance_id"], "container_id": "c1", "state": "running",
+              "started_at": start.isoformat()}
+    beat(client, host_id, token, 2, containers=[report])
+    w.refresh_from_db()
+    assert (w.state, w.started_at) == (State.RUNNING, start)
+    beat(client, host_id, token, 3, containers=[{**report, "state": "exited", "exit_code": 0,
+                                                 "finished_at": end.isoformat()}])
+    w.refresh_from_db()
+    assert (w.state, w.started_at, w.ended_at) == (State.SUCCEEDED, start, end)
