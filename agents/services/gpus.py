@@ -66,8 +66,12 @@ def async_commit() -> None:
             cur.execute("SET LOCAL synchronous_commit TO OFF")
 
 
+# A host's GPUs' health as a heartbeat reads it: uuid -> (healthy, uncorrectable ECC count).
+GpuHealth = dict[str, tuple[bool, int | None]]
+
+
 def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
-                      buffer: bool = False) -> SamplesOutcome:
+                      buffer: bool = False, health: GpuHealth | None = None) -> SamplesOutcome:
     """Store the samples (one INSERT), update each GPU's last measurement (one UPDATE), in one
     transaction of their own.
 
@@ -75,12 +79,13 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
     known: `_health_unmoved`, a narrow read), leave the samples to the fast path's buffer
     instead (`fastpath.samples_buffer`: written by its flush within a second, as an unchanged
     heartbeat's are), saving a changed heartbeat that transaction and the GPU rows' load.
+    `health`: the host's GPUs' health when the caller read it already (else it is read here).
     The work on the GPUs that became unhealthy now is the caller's to fail (`gpus_fail_work`).
     """
     out = SamplesOutcome()
     if not samples:
         return out
-    if buffer and _health_unmoved(host, samples) and fastpath.samples_buffer(
+    if buffer and _health_unmoved(host, samples, health) and fastpath.samples_buffer(
             host_id=host.pk, when=now, samples=samples):
         return out
     rows = {g.uuid: g for g in _host_gpus(host)}
@@ -128,15 +133,16 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
     return out
 
 
-def _health_unmoved(host: Host, samples: list[GpuSampleMsg]) -> bool:
+def _health_unmoved(host: Host, samples: list[GpuSampleMsg], health: GpuHealth | None) -> bool:
     """Do `samples` leave every GPU's health as it is: each names a GPU of `host`, none takes
-    a healthy GPU out of service (`gpu_fault`), no uncorrectable ECC count moved? One narrow
-    read (uuid, healthy, count), before any GPU row is loaded: the common changed heartbeat's
-    samples then go to the fast path's buffer."""
-    with connection.cursor() as cur:
-        cur.execute(f"SELECT uuid, healthy, ecc_uncorrected FROM {Gpu._meta.db_table} WHERE host_id = %s",
-                    [Host._meta.pk.get_db_prep_value(host.pk, connection)])
-        health = {uuid: (healthy, ecc) for uuid, healthy, ecc in cur.fetchall()}
+    a healthy GPU out of service (`gpu_fault`), no uncorrectable ECC count moved? Against
+    `health`, else one narrow read (uuid, healthy, count), before any GPU row is loaded: the
+    common changed heartbeat's samples then go to the fast path's buffer."""
+    if health is None:
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT uuid, healthy, ecc_uncorrected FROM {Gpu._meta.db_table} WHERE host_id = %s",
+                        [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+            health = {uuid: (healthy, ecc) for uuid, healthy, ecc in cur.fetchall()}
     for s in samples:
         known = health.get(s.uuid)
         if known is None:

@@ -17,11 +17,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.choices import HostState
-from agents.models import Host
+from agents.models import Gpu, Host
 from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat
 from agents.selectors import Hold, host_attempts, host_holds
 from agents.services.containers import containers_observe, containers_observed_times
-from agents.services.gpus import async_commit, gpu_samples_apply, gpus_fail_work
+from agents.services.gpus import GpuHealth, async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
 from agents.services.registration import TokenRefused
 from agents.signals import volumes_reported
@@ -80,11 +80,13 @@ def _host_save(host: Host, fields: list[str]) -> None:
                     [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
 
 
-def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None) -> tuple[Host, bool]:
+def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
+               ) -> tuple[Host, bool, GpuHealth]:
     """The host row's part of a heartbeat whose freshness is decided already (the fast path's
     seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
     time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
-    host as written and whether it was DOWN. The same rules as `host_heartbeat`'s own.
+    host as written, whether it was DOWN, and its GPUs' health (read in the same statement).
+    The same rules as `host_heartbeat`'s own.
     Call inside atomic(): it also makes the transaction's commit asynchronous (`async_commit`)."""
     t = Host._meta.db_table
     with connection.cursor() as cur:
@@ -96,15 +98,20 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
             "last_seq = COALESCE(%s, h.last_seq) "
             f"FROM (SELECT id, state FROM {t} WHERE id = %s FOR UPDATE) AS o, "
             # `async_commit` in the same statement (SET LOCAL, as a function): one round trip
-            "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit "
-            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state",
-            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk],
+            "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, "
+            # and the GPUs' health, which the samples are checked against (`gpu_samples_apply`)
+            "(SELECT ARRAY_AGG(uuid) AS uuids, ARRAY_AGG(healthy) AS healthy, ARRAY_AGG(ecc_uncorrected) AS ecc "
+            f"FROM {Gpu._meta.db_table} WHERE host_id = %s) AS gh "
+            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state, gh.uuids, gh.healthy, gh.ecc",
+            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk],
         )
         row = cur.fetchone()
     if row is None:
         raise Host.DoesNotExist
     locked, end = model_from_row(Host, row)
-    return locked, row[end] == HostState.DOWN
+    state, uuids, healthy, ecc = row[end:]
+    return locked, state == HostState.DOWN, dict(zip(uuids or (), zip(healthy or (), ecc or (), strict=True),
+                                                     strict=True))
 
 
 def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | None
@@ -151,12 +158,13 @@ def host_heartbeat(
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
         if fresh is not None and connection.vendor == "postgresql":
-            locked, was_down = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
-                                          seq=hb.seq if fresh else None)
+            locked, was_down, health = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
+                                                  seq=hb.seq if fresh else None)
             outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash)
         else:
             async_commit()
             locked, was_down, outcome = _host_beat_orm(host.pk, hb=hb, now=now, fresh=fresh)
+            health = None
         outcome.host = locked
         if was_down:
             logger.info("host back host=%s name=%s", locked.pk, locked.name)
@@ -166,7 +174,7 @@ def host_heartbeat(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
         )
         return outcome
-    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples)
+    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples, health=health)
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)
