@@ -357,15 +357,26 @@ def workload_attempt(*, workload: Workload) -> tuple[UUID, str] | None:
 
 
 def host_logs_requests(*, host: Host) -> list[LogsRequest]:
-    """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query."""
-    # oldest first: a tail that did not fit last time goes first (written SQL: every answer
-    # that is not cached asks, and the ORM's query cost more to build than to run)
+    """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query (written
+    SQL: every answer that is not cached asks, and the ORM's query cost more to build than to
+    run); a changed heartbeat's host UPDATE reads the same (`logs_requested_sql`)."""
     with connection.cursor() as cur:
-        cur.execute(f"SELECT attempt_id, requested_tail FROM {ContainerLog._meta.db_table} "
-                    "WHERE host_id = %s AND requested_at IS NOT NULL ORDER BY requested_at",
-                    [Host._meta.pk.get_db_prep_value(host.pk, connection)])
-        rows = cur.fetchall()
-    return [LogsRequest(iid, max(1, min(tail, LOG_TAIL_MAX_LINES))) for iid, tail in rows]
+        cur.execute(logs_requested_sql(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        return logs_requests_of(*cur.fetchone())
+
+
+@cache
+def logs_requested_sql() -> str:
+    """One row: the attempt ids and tails wanted from host %s, oldest first (a tail that did
+    not fit last time goes first), as two arrays (NULL when none): `logs_requests_of`."""
+    order = "ORDER BY requested_at, workload_id"  # one order for both arrays, ties included
+    return (f"SELECT ARRAY_AGG(attempt_id {order}), ARRAY_AGG(requested_tail {order}) "
+            f"FROM {ContainerLog._meta.db_table} WHERE host_id = %s AND requested_at IS NOT NULL")
+
+
+def logs_requests_of(attempts: list[str] | None, tails: list[int] | None) -> list[LogsRequest]:
+    return [LogsRequest(iid, max(1, min(tail, LOG_TAIL_MAX_LINES)))
+            for iid, tail in zip(attempts or (), tails or (), strict=True)]
 
 
 # --- metrics ------------------------------------------------------------------------------

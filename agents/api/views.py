@@ -211,7 +211,8 @@ def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None
     body = HeartbeatResponse(
         desired=host_desired_containers(host=host, holds=holds),
         heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
-        logs_requests=host_logs_requests(host=host),
+        logs_requests=(outcome.logs_requests if alone and outcome.logs_requests is not None
+                       else host_logs_requests(host=host)),
         desired_version=answer_version if claim is not None and longpoll.enabled() else None,
         remove_volumes=removals(host=host, shared=shared),
         volume_moves=move_orders(host=host, shared=shared),

@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from agents.choices import HostState
 from agents.models import Gpu, Host
-from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat
-from agents.selectors import Hold, host_attempts, host_holds
+from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat, LogsRequest
+from agents.selectors import Hold, host_attempts, host_holds, logs_requested_sql, logs_requests_of
 from agents.services.containers import containers_observe, containers_observed_times
 from agents.services.gpus import GpuHealth, async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
@@ -42,6 +42,9 @@ class HeartbeatOutcome:
     token_hash: str = ""
     unknown_gpus: bool = False  # a sample named a GPU this host does not have
     host: Host | None = None  # the host row as this heartbeat wrote it
+    # The log tails wanted from the host as read with its row (None: not read, or this
+    # heartbeat's own tails answered some); the answer's while nobody else moved the host.
+    logs_requests: list[LogsRequest] | None = None
 
 
 def seq_is_fresh(seq: int, last_seq: int) -> bool:
@@ -81,12 +84,12 @@ def _host_save(host: Host, fields: list[str]) -> None:
 
 
 def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
-               ) -> tuple[Host, bool, GpuHealth]:
+               ) -> tuple[Host, bool, GpuHealth, list[LogsRequest]]:
     """The host row's part of a heartbeat whose freshness is decided already (the fast path's
     seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
     time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
-    host as written, whether it was DOWN, and its GPUs' health (read in the same statement).
-    The same rules as `host_heartbeat`'s own.
+    host as written, whether it was DOWN, its GPUs' health and the log tails wanted from it
+    (read in the same statement). The same rules as `host_heartbeat`'s own.
     Call inside atomic(): it also makes the transaction's commit asynchronous (`async_commit`)."""
     t = Host._meta.db_table
     with connection.cursor() as cur:
@@ -101,17 +104,21 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
             "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, "
             # and the GPUs' health, which the samples are checked against (`gpu_samples_apply`)
             "(SELECT ARRAY_AGG(uuid) AS uuids, ARRAY_AGG(healthy) AS healthy, ARRAY_AGG(ecc_uncorrected) AS ecc "
-            f"FROM {Gpu._meta.db_table} WHERE host_id = %s) AS gh "
-            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state, gh.uuids, gh.healthy, gh.ecc",
-            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk],
+            f"FROM {Gpu._meta.db_table} WHERE host_id = %s) AS gh, "
+            # and the log tails wanted (the answer's, `selectors.host_logs_requests`)
+            f"({logs_requested_sql()}) AS lr(attempts, tails) "
+            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state, gh.uuids, gh.healthy, gh.ecc, "
+            "lr.attempts, lr.tails",
+            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk, pk],
         )
         row = cur.fetchone()
     if row is None:
         raise Host.DoesNotExist
     locked, end = model_from_row(Host, row)
-    state, uuids, healthy, ecc = row[end:]
-    return locked, state == HostState.DOWN, dict(zip(uuids or (), zip(healthy or (), ecc or (), strict=True),
-                                                     strict=True))
+    state, uuids, healthy, ecc, attempts, tails = row[end:]
+    return (locked, state == HostState.DOWN,
+            dict(zip(uuids or (), zip(healthy or (), ecc or (), strict=True), strict=True)),
+            logs_requests_of(attempts, tails))
 
 
 def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | None
@@ -158,9 +165,11 @@ def host_heartbeat(
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
         if fresh is not None and connection.vendor == "postgresql":
-            locked, was_down, health = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
-                                                  seq=hb.seq if fresh else None)
-            outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash)
+            locked, was_down, health, logs = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
+                                                        seq=hb.seq if fresh else None)
+            # (log tails in this heartbeat answer requests: the answer reads them again)
+            outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash,
+                                       logs_requests=None if hb.logs else logs)
         else:
             async_commit()
             locked, was_down, outcome = _host_beat_orm(host.pk, hb=hb, now=now, fresh=fresh)

@@ -21,6 +21,7 @@ from agents import fastpath
 from agents.models import Host
 from agents.selectors import host_desired_containers, host_holds, host_holds_after
 from agents.services import heartbeat
+from agents.services.logs import workload_logs_request
 from scheduler.choices import State
 from scheduler.models import Workload
 from scheduler.services import workload_stop, workload_transition
@@ -165,3 +166,13 @@ def test_run_time_is_the_containers_own_as_reported(client, registered, alice):
                                                  "finished_at": end.isoformat()}])
     w.refresh_from_db()
     assert (w.state, w.started_at, w.ended_at) == (State.SUCCEEDED, start, end)
+
+
+def test_a_log_request_made_during_a_heartbeat_rides_on_its_answer(client, registered, alice, monkeypatch):
+    host_id, token = registered
+    w = place(Host.objects.get(), alice.tenant)
+    [desired] = beat(client, host_id, token, 1)["desired"]
+    assert beat(client, host_id, token, 2)["logs_requests"] == []
+    during_heartbeat(monkeypatch, lambda: workload_logs_request(workload=w, tail=50))
+    answer = beat(client, host_id, token, 3, containers=running([desired]))
+    assert answer["logs_requests"] == [{"instance_id": desired["instance_id"], "tail": 50}]
