@@ -7,8 +7,10 @@ Registration authenticates with the bootstrap token in the body; heartbeats with
 
 Heartbeats enter through `host_heartbeat_view`, a plain Django view: the fast path
 (agents/fastpath.py) answers an unchanged heartbeat from Redis without touching the
-database; everything else (a change, a first heartbeat, any error) goes on to the DRF
-view below, which is the synchronous path and the only one that writes errors.
+database; a change that its script authenticated, counted and claimed is applied by the
+same code as the DRF view's (`_heartbeat_answer`) without DRF around it; everything else
+(a token Redis does not know and the database refuses, throttled, malformed, a body
+naming another host) goes on to the DRF view below, which writes those errors.
 """
 
 from __future__ import annotations
@@ -301,11 +303,12 @@ def host_heartbeat_view(request):
 
 
 def _host_heartbeat(request):
-    """POST /agent/v1/heartbeat: the fast path, else the synchronous DRF view.
+    """POST /agent/v1/heartbeat: the fast path, else the synchronous path.
 
-    Only a heartbeat the fast path fully accepts is answered here (200, the cached
-    answer). A token unknown to Redis is checked in the database once and the script
-    run again; every refusal (401, 429, 400) is the DRF view's, in the one error shape.
+    A heartbeat the fast path fully accepts is answered here (200, the cached answer); one
+    it claimed but cannot answer is applied here too, without DRF (`_heartbeat_lean`). A
+    token unknown to Redis is checked in the database once and the script run again; every
+    refusal (401, 429, 400) is the DRF view's, in the one error shape.
     """
     if request.method != "POST" or not fastpath.enabled():
         return _heartbeat_api(request)

@@ -150,8 +150,12 @@ def host_heartbeat(
 ) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
-    The desired set is read afterwards (`selectors.host_desired_containers`), so it
-    reflects the transitions made here. `fresh`: whether to apply it, when the caller
+    The desired set is made afterwards (`selectors.host_desired_containers`), so it
+    reflects the transitions made here: from `outcome.holds` (the host's work as read
+    here, before the moves) with the moves applied, confirmed or read again (see
+    agents/api/views.py). `host` may be a bare `Host(pk=...)`: its row is read (locked)
+    here and returned as `outcome.host`; Host.DoesNotExist when it is gone, before anything
+    is written. `fresh`: whether to apply it, when the caller
     already decided that from the seq (the fast path claims seqs in Redis, see
     agents/fastpath.py); None: decided here from `Host.last_seq`. `buffer_samples`: GPU
     samples that change no GPU's health may go to the fast path's buffer (see
