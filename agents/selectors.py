@@ -18,6 +18,7 @@ from functools import cache
 from typing import Any, Final
 from uuid import UUID
 
+import orjson
 from django.conf import settings
 from django.db import connection
 from django.db.models import Avg, Count, Min, Q
@@ -125,7 +126,7 @@ class Hold:
         for name, i in _hold_columns():
             value = row[i]
             if name in _JSON_FIELDS and isinstance(value, str):
-                value = json.loads(value)  # as JSONField.from_db_value
+                value = _json(value)
             setattr(self, "_state" if name == "state" else "_stop_by" if name == "stop_by"
                     else "pk" if name == "id" else name, value)
 
@@ -159,6 +160,15 @@ class Hold:
     @property
     def attempt(self) -> str:
         return attempt_id(self.pk, self.first)
+
+
+def _json(text: str) -> Any:
+    """A JSON column's value, as JSONField.from_db_value gives it (orjson: a fifth of the time;
+    the standard parser for what orjson refuses, such as integers past 64 bits)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 @cache
