@@ -45,8 +45,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -221,6 +223,12 @@ def hosts_changed(*, host_ids: Iterable[UUID | str]) -> None:
     Bumped twice: now, so that no heartbeat is answered from the old state from here on,
     and after the current transaction commits, so that nothing a slow path read before
     the commit (under the first bump) is trusted. Outside a transaction, once each.
+
+    With the last bump (after commit), in the same round trip, a wake-up per host: the
+    gateway replica holding a host's tunnel sends its agent a WAKE frame, and the agent
+    heartbeats at once instead of at its next interval (placements start, stops stop, log
+    requests are answered sooner). Best effort: a host without a tunnel, or a lost
+    message, waits for its interval.
     """
     if not enabled():
         return
@@ -229,39 +237,59 @@ def hosts_changed(*, host_ids: Iterable[UUID | str]) -> None:
     if not keys:
         return
 
-    def bump() -> None:
+    def bump(wake: bool = False) -> None:
         try:
             pipe = _redis().pipeline(transaction=False)
             for k in keys:
                 pipe.incr(k)
-            pipe.execute()
+            if wake:  # the wake-ups in the same round trip, after the bumps
+                for h in hosts:
+                    pipe.publish(wake_channel(h), b"1")
+            _own_record(keys, pipe.execute())
         except redis.RedisError:
-            # Entries expire after FASTPATH_MAX_AGE_S: stale at worst until then.
+            # Entries expire after FASTPATH_MAX_AGE_S: stale at worst until then; a host
+            # not woken heartbeats at its interval.
             logger.exception("heartbeat cache invalidation failed keys=%s", keys)
 
-    def bump_and_wake() -> None:
-        bump()
-        _wake(host_ids=hosts)
-
-    bump()
     if transaction.get_connection().in_atomic_block:
-        transaction.on_commit(bump_and_wake)
+        bump()
+        transaction.on_commit(lambda: bump(wake=True))
     else:
-        _wake(host_ids=hosts)
+        bump(wake=True)
 
 
-def _wake(*, host_ids: list[str]) -> None:
-    """Publish a wake-up per host (after commit): the gateway replica holding a host's
-    tunnel sends its agent a WAKE frame, and the agent heartbeats at once instead of at
-    its next interval (placements start, stops stop, log requests are answered sooner).
-    Best effort: a host without a tunnel, or a lost message, waits for its interval."""
+_own = threading.local()
+
+
+@contextmanager
+def own_bumps(*, host_id: UUID | str) -> Iterator[list[int]]:
+    """Collect the versions that this thread's own bumps of `host_id` (`hosts_changed`, now
+    and after commit) give it within the block: `only_own` then says whether anybody else
+    changed the host meanwhile."""
+    got: list[int] = []
+    outer = getattr(_own, "watch", None)
+    _own.watch = (f"{_prefix()}v:{host_id}", got)
     try:
-        pipe = _redis().pipeline(transaction=False)
-        for h in host_ids:
-            pipe.publish(wake_channel(h), b"1")
-        pipe.execute()
-    except redis.RedisError:
-        logger.exception("wake-up publish failed hosts=%d", len(host_ids))
+        yield got
+    finally:
+        _own.watch = outer
+
+
+def _own_record(keys: list[str], versions: list[Any]) -> None:
+    watch = getattr(_own, "watch", None)
+    if watch is not None and watch[0] in keys:
+        watch[1].append(int(versions[keys.index(watch[0])]))
+
+
+def only_own(*, before: str, after: str, own: list[int]) -> bool:
+    """Were the host's version moves from `before` to `after` all the caller's own (`own`,
+    from `own_bumps`)? Then whatever a heartbeat read after `before` is still true at
+    `after` but for its own writes: every change of what a host's answer depends on bumps
+    its version (the invalidation rule above)."""
+    try:
+        return sorted(own) == list(range(int(before) + 1, int(after) + 1))
+    except ValueError:
+        return False
 
 
 def workloads_changed(*, workload_ids: Iterable[UUID | str], hosts: Iterable[UUID | str] | None = None) -> None:
@@ -411,12 +439,17 @@ def claim_of(reply: list, parsed: Parsed | None) -> Claim:
     return Claim(kind)
 
 
-def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool) -> None:
+def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool, alone: bool = False) -> None:
     """After a slow heartbeat: the next one with the same digest may be answered `answer`
     while the host's version is still `answer_version`; the token, while it is still
     `claim.version` (read before the host row that proved the token current); the volume
-    report, while it is still `claim.version` too (read before the volumes' rows were)."""
+    report, while it is still `claim.version` too (read before the volumes' rows were).
+    `alone`: the moves from `claim.version` to `answer_version` were the heartbeat's own
+    (`only_own`), which leave the token as it was: it stays known while the version is
+    still `answer_version`, and the next heartbeat is known by its token without the
+    database."""
     p = _prefix()
+    current = answer_version if alone else claim.version
     pipe = _redis().pipeline(transaction=False)
     if claim.digest:
         hk = f"{p}h:{_cfg()}:{claim.host_id}"
@@ -426,7 +459,7 @@ def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool
             pipe.set(f"{p}vol:{claim.host_id}", f"{claim.version}|{claim.volumes_digest}",
                      ex=FASTPATH_MAX_AGE_S)
     if token_ok and claim.token_hash:
-        pipe.set(f"{p}tok:{claim.token_hash}", f"{claim.host_id}|{claim.version}",
+        pipe.set(f"{p}tok:{claim.token_hash}", f"{claim.host_id}|{current}",
                  ex=FASTPATH_MAX_AGE_S)
     pipe.execute()
 

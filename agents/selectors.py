@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
 
+import orjson
 from django.conf import settings
 from django.db import connection
 from django.db.models import Avg, Count, Min, Q
@@ -31,7 +33,7 @@ from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.catalogue.selectors import prices_in_force
 from gpucloud.lib.db import Epoch, model_columns, model_from_row
 from scheduler import core, snapshot
-from scheduler.choices import State
+from scheduler.choices import HOLDING, State
 from scheduler.cycle import policy_for
 from scheduler.feasibility import fleet_capabilities, unsatisfiable_reason
 from scheduler.models import Allocation, Workload
@@ -93,62 +95,181 @@ def tenant_network(tenant_id: UUID | str) -> str:
     return f"gpucloud-t-{tenant_id}"
 
 
-def host_allocations(*, host: Host) -> list[Allocation]:
-    """The active allocations on `host` with their workloads, instance types and GPUs: what
-    both `host_attempts` and `host_desired_containers` read, so a heartbeat that changes
-    nothing reads them once.
+# The workload's fields a heartbeat and its answer read (the one-by-one steps, the gangs and
+# the log tails get the whole model, `Hold.workload`, built when first asked for).
+_HOLD_FIELDS: Final = ("id", "state", "kind", "nodes", "stop_by", "tenant_id", "name", "image", "command", "env",
+                       "ports", "mounts", "checkpoint_signal", "checkpoint_grace_s")
+_JSON_FIELDS: Final = frozenset({"command", "env", "ports", "mounts"})
 
-    Written SQL that loads the instances as the ORM's `select_related("workload__instance_type",
-    "gpu")` would: read once or twice by every heartbeat that changes something, where building
-    the ORM's query cost more CPU than running it (docs/benchmarks.md)."""
-    with connection.cursor() as cur:
-        cur.execute(_host_allocations_sql(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
-        rows = cur.fetchall()
-    out = []
-    types: dict[int, InstanceType] = {}  # one instance per type: most of a host's work shares a few
-    type_width = len(InstanceType._meta.concrete_fields)
-    for row in rows:
-        a, at = model_from_row(Allocation, row)
-        a.workload, at = model_from_row(Workload, row, at)
-        it = types.get(a.workload.instance_type_id)
-        if it is None:
-            it = types[a.workload.instance_type_id] = model_from_row(InstanceType, row, at)[0]
-        a.workload.instance_type = it
-        a.gpu, _ = model_from_row(Gpu, row, at + type_width)
-        out.append(a)
-    return out
+
+class Hold:
+    """One workload's hold on a host: what a heartbeat reads of the host's work, one row per
+    workload (not per GPU). `first`: its first active allocation here (the attempt id's
+    second half); `gpus`: the GPUs' UUIDs by index; `milli`: the first allocation's share;
+    `vcpus` / `memory_mib`: its booking here, the instance type's when the rows carry none
+    (hand-made rows); `xmin`: the workload row's version as read (`host_holds_after`).
+
+    The workload's fields that heartbeats read are attributes (`pk`, `state`, `kind`,
+    `nodes`, `stop_by`, `env`, ...); `workload` is the model, built from the same row only
+    when a step needs it (most heartbeats never do: a model of 40 fields cost more than the
+    rest of the read). `state` and `stop_by` are the model's once it is built."""
+
+    __slots__ = ("_row", "_model", "_state", "_stop_by", "first", "gpus", "milli", "vcpus", "memory_mib", "xmin",
+                 "pk", "kind", "nodes", "tenant_id", "name", "image", "command", "env", "ports", "mounts",
+                 "checkpoint_signal", "checkpoint_grace_s")
+
+    def __init__(self, row: tuple, *, first: int, gpus: list[str], milli: int, vcpus: int, memory_mib: int,
+                 xmin: str) -> None:
+        self._row, self._model = row, None
+        self.first, self.gpus, self.milli, self.vcpus, self.memory_mib, self.xmin = (
+            first, gpus, milli, vcpus, memory_mib, xmin)
+        for name, i in _hold_columns():
+            value = row[i]
+            if name in _JSON_FIELDS and isinstance(value, str):
+                value = _json(value)
+            setattr(self, "_state" if name == "state" else "_stop_by" if name == "stop_by"
+                    else "pk" if name == "id" else name, value)
+
+    @property
+    def workload(self) -> Workload:
+        if self._model is None:
+            self._model = model_from_row(Workload, self._row)[0]
+            self._model.state, self._model.stop_by = self._state, self._stop_by
+        return self._model
+
+    @property
+    def state(self) -> str:
+        return self._model.state if self._model is not None else self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+        if self._model is not None:
+            self._model.state = value
+
+    @property
+    def stop_by(self) -> datetime | None:
+        return self._model.stop_by if self._model is not None else self._stop_by
+
+    @stop_by.setter
+    def stop_by(self, value: datetime | None) -> None:
+        self._stop_by = value
+        if self._model is not None:
+            self._model.stop_by = value
+
+    @property
+    def attempt(self) -> str:
+        return attempt_id(self.pk, self.first)
+
+
+def _json(text: str) -> Any:
+    """A JSON column's value, as JSONField.from_db_value gives it (orjson: a fifth of the time;
+    the standard parser for what orjson refuses, such as integers past 64 bits)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 @cache
-def _host_allocations_sql() -> str:
-    return (
-        f"SELECT {model_columns(Allocation, 'a')}, {model_columns(Workload, 'w')}, "
-        f"{model_columns(InstanceType, 'it')}, {model_columns(Gpu, 'g')} "
-        f"FROM {Allocation._meta.db_table} a "
-        f"JOIN {Workload._meta.db_table} w ON w.id = a.workload_id "
-        f"JOIN {InstanceType._meta.db_table} it ON it.id = w.instance_type_id "
-        f"JOIN {Gpu._meta.db_table} g ON g.uuid = a.gpu_id "
-        "WHERE a.host_id = %s AND a.active ORDER BY a.id"
-    )
+def _hold_columns() -> tuple[tuple[str, int], ...]:
+    """(field, its index in `model_columns(Workload)`) of `_HOLD_FIELDS`."""
+    index = {f.attname: i for i, f in enumerate(Workload._meta.concrete_fields)}
+    return tuple((name, index[name]) for name in _HOLD_FIELDS)
+
+
+def host_holds(*, host: Host) -> list[Hold]:
+    """The work holding active allocations on `host`, one `Hold` per workload, ordered by
+    its first allocation: what `host_attempts` and `host_desired_containers` read, so a
+    heartbeat reads it once.
+
+    One query, in written SQL that groups the allocations in the database (a GPU's index
+    instead of its row): every heartbeat that changes something reads it, and a model
+    instance per allocation, its workload and its GPU cost more CPU than PostgreSQL took."""
+    with connection.cursor() as cur:
+        cur.execute(_HOLDS_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        rows = cur.fetchall()
+    width = len(Workload._meta.concrete_fields)
+    out = []
+    for row in rows:
+        first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib, xmin = row[width:]
+        out.append(Hold(row, first=first, gpus=list(gpus), milli=milli, vcpus=int(vcpus or it_vcpus),
+                        memory_mib=int(mem or it_mem_gib * 1024), xmin=xmin))
+    return out
+
+
+def host_holds_after(*, host: Host, holds: list[Hold], moved: set[str]) -> list[Hold]:
+    """`host_holds(host=host)` after this heartbeat moved the workloads `moved` (ids as text):
+    `holds` (read before the moves) confirmed by a narrow read, else read again.
+
+    The narrow read gives each holding workload's first allocation, GPUs, state, notice and
+    row version. A workload still held as read (same allocations; a row version unchanged
+    unless this heartbeat moved it) keeps what was read of it, with the state and notice
+    read now; a hold that is gone is left out; anything else (new work placed here meanwhile,
+    a row changed by someone else) reads everything again."""
+    with connection.cursor() as cur:
+        cur.execute(_HOLDS_NOW_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        rows = cur.fetchall()
+    before = {str(h.pk): h for h in holds}
+    out = []
+    for wid, first, gpus, state, stop_by, xmin in rows:
+        h = before.get(str(wid))
+        if h is None or h.first != first or h.gpus != list(gpus) or (str(wid) not in moved and h.xmin != xmin):
+            return host_holds(host=host)
+        h.state, h.stop_by, h.xmin = state, stop_by, xmin
+        out.append(h)
+    return out
+
+
+def holds_moved(holds: list[Hold], transitions: list[tuple[str, str]]) -> list[Hold]:
+    """`holds` after the heartbeat's own `transitions` ((workload id, new state), in order),
+    when they were the only change to the host since `holds` were read (the caller knows:
+    `agents.fastpath.only_own`). Work that left the holding states is left out (its
+    allocations are released); the rest is as read, in its new state."""
+    last = dict(transitions)
+    out = []
+    for h in holds:
+        state = last.get(str(h.pk))
+        if state is not None:
+            if state not in HOLDING:
+                continue
+            h.state = state
+        out.append(h)
+    return out
+
+
+def _holds_from() -> str:
+    """The FROM of both hold reads: a host's active allocations grouped per workload."""
+    a, g = Allocation._meta.db_table, Gpu._meta.db_table
+    return (f"(SELECT a.workload_id, MIN(a.id) AS first, (ARRAY_AGG(a.milli ORDER BY a.id))[1] AS milli, "
+            "ARRAY_AGG(a.gpu_id ORDER BY g.index, a.id) AS gpus, SUM(a.vcpus) AS vcpus, "
+            f"SUM(a.memory_mib) AS mem FROM {a} a JOIN {g} g ON g.uuid = a.gpu_id "
+            "WHERE a.host_id = %s AND a.active GROUP BY a.workload_id) f "
+            f"JOIN {Workload._meta.db_table} w ON w.id = f.workload_id ")
+
+
+@cache
+def _HOLDS_SQL() -> str:  # noqa: N802
+    return (f"SELECT {model_columns(Workload, 'w')}, f.first, f.milli, f.gpus, f.vcpus, f.mem, "
+            f"it.vcpus, it.memory_gib, w.xmin::text FROM {_holds_from()}"
+            f"JOIN {InstanceType._meta.db_table} it ON it.id = w.instance_type_id ORDER BY f.first")
+
+
+@cache
+def _HOLDS_NOW_SQL() -> str:  # noqa: N802
+    return f"SELECT w.id, f.first, f.gpus, w.state, w.stop_by, w.xmin::text FROM {_holds_from()}ORDER BY f.first"
 
 
 def host_attempts(
     *,
     host: Host,
     states: tuple[str, ...] | None = None,
-    allocations: list[Allocation] | None = None,
+    holds: list[Hold] | None = None,
 ) -> dict[str, Workload]:
     """Attempt id -> workload, for the workloads holding an active allocation on `host`."""
-    if allocations is None:
-        allocations = host_allocations(host=host)
-    first: dict[UUID, int] = {}
-    workloads: dict[UUID, Workload] = {}
-    for a in allocations:
-        if states is not None and a.workload.state not in states:
-            continue
-        first.setdefault(a.workload_id, a.pk)
-        workloads[a.workload_id] = a.workload
-    return {attempt_id(wid, first[wid]): workloads[wid] for wid in first}
+    if holds is None:
+        holds = host_holds(host=host)
+    return {h.attempt: h.workload for h in holds if states is None or h.state in states}
 
 
 # A multi-host job's parts learn their place in it (as torchrun's NODE_RANK / NNODES).
@@ -180,34 +301,23 @@ def _per_rank(value: str, rank: int) -> str:
     return values[min(rank, len(values) - 1)].strip()
 
 
-def host_desired_containers(
-    *, host: Host, allocations: list[Allocation] | None = None
-) -> list[DesiredContainer]:
+def host_desired_containers(*, host: Host, holds: list[Hold] | None = None) -> list[DesiredContainer]:
     """The whole desired set of `host` (the heartbeat answer). One query, or none when
-    the caller passes `host_allocations(host=host)` read after its last write."""
-    if allocations is None:
-        allocations = host_allocations(host=host)
-    grouped: dict[UUID, list[Allocation]] = defaultdict(list)
-    for a in sorted(allocations, key=lambda a: (str(a.workload_id), a.pk)):
-        if a.workload.state in DESIRED_STATES:
-            grouped[a.workload_id].append(a)
-    gangs = [wid for wid, rows in grouped.items() if rows[0].workload.nodes > 1]
+    the caller passes `host_holds(host=host)` read after its last write (or confirmed since,
+    `host_holds_after`)."""
+    if holds is None:
+        holds = host_holds(host=host)
+    wanted = sorted((h for h in holds if h.state in DESIRED_STATES), key=lambda h: str(h.pk))
+    gangs = [h.pk for h in wanted if h.nodes > 1]
     ranks = gang_parts(workload_ids=gangs) if gangs else {}
     out = []
-    for allocations in grouped.values():
-        w = allocations[0].workload
-        iid = attempt_id(w.pk, allocations[0].pk)
+    for w in wanted:
+        iid = w.attempt
         env = {str(k): str(v) for k, v in w.env.items()}
         rank = 0
         if w.nodes > 1:
             rank = ranks.get(w.pk, {}).get(iid, (None, 0))[1]
             env.update({ENV_NODE_RANK: str(rank), ENV_NUM_NODES: str(w.nodes)})
-        it = w.instance_type
-        # The host's CPU and memory booking rides on the allocation rows (the scheduler puts
-        # it on the first GPU's row); fall back to the instance type for hand-made rows.
-        vcpus = sum(a.vcpus for a in allocations) or it.vcpus
-        memory_mib = sum(a.memory_mib for a in allocations) or it.memory_gib * 1024
-        gpus = sorted(allocations, key=lambda a: a.gpu.index)
         labels = {LABEL_WORKLOAD: str(w.pk), LABEL_NAME: w.name[:63]}
         for env_name, label in SIM_ENV_LABELS.items():
             if env_name in w.env:
@@ -221,10 +331,12 @@ def host_desired_containers(
                 command=[str(c) for c in w.command],
                 env={**platform_env(w), **env},
                 ports=[int(p) for p in w.ports],
-                gpu_uuids=[a.gpu_id for a in gpus],
-                gpu_milli=allocations[0].milli,
-                vcpus=float(vcpus),
-                memory_mib=int(memory_mib),
+                gpu_uuids=list(w.gpus),
+                gpu_milli=w.milli,
+                # The host's CPU and memory booking rides on the allocation rows (the scheduler
+                # puts it on the first GPU's row); the instance type's for hand-made rows.
+                vcpus=float(w.vcpus),
+                memory_mib=int(w.memory_mib),
                 pids_limit=settings.AGENT_PIDS_LIMIT,
                 network=tenant_network(w.tenant_id),
                 labels=labels,
@@ -255,15 +367,26 @@ def workload_attempt(*, workload: Workload) -> tuple[UUID, str] | None:
 
 
 def host_logs_requests(*, host: Host) -> list[LogsRequest]:
-    """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query."""
-    # oldest first: a tail that did not fit last time goes first (written SQL: every answer
-    # that is not cached asks, and the ORM's query cost more to build than to run)
+    """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query (written
+    SQL: every answer that is not cached asks, and the ORM's query cost more to build than to
+    run); a changed heartbeat's host UPDATE reads the same (`logs_requested_sql`)."""
     with connection.cursor() as cur:
-        cur.execute(f"SELECT attempt_id, requested_tail FROM {ContainerLog._meta.db_table} "
-                    "WHERE host_id = %s AND requested_at IS NOT NULL ORDER BY requested_at",
-                    [Host._meta.pk.get_db_prep_value(host.pk, connection)])
-        rows = cur.fetchall()
-    return [LogsRequest(iid, max(1, min(tail, LOG_TAIL_MAX_LINES))) for iid, tail in rows]
+        cur.execute(logs_requested_sql(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        return logs_requests_of(*cur.fetchone())
+
+
+@cache
+def logs_requested_sql() -> str:
+    """One row: the attempt ids and tails wanted from host %s, oldest first (a tail that did
+    not fit last time goes first), as two arrays (NULL when none): `logs_requests_of`."""
+    order = "ORDER BY requested_at, workload_id"  # one order for both arrays, ties included
+    return (f"SELECT ARRAY_AGG(attempt_id {order}), ARRAY_AGG(requested_tail {order}) "
+            f"FROM {ContainerLog._meta.db_table} WHERE host_id = %s AND requested_at IS NOT NULL")
+
+
+def logs_requests_of(attempts: list[str] | None, tails: list[int] | None) -> list[LogsRequest]:
+    return [LogsRequest(iid, max(1, min(tail, LOG_TAIL_MAX_LINES)))
+            for iid, tail in zip(attempts or (), tails or (), strict=True)]
 
 
 # --- metrics ------------------------------------------------------------------------------

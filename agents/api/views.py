@@ -7,14 +7,17 @@ Registration authenticates with the bootstrap token in the body; heartbeats with
 
 Heartbeats enter through `host_heartbeat_view`, a plain Django view: the fast path
 (agents/fastpath.py) answers an unchanged heartbeat from Redis without touching the
-database; everything else (a change, a first heartbeat, any error) goes on to the DRF
-view below, which is the synchronous path and the only one that writes errors.
+database; a change that its script authenticated, counted and claimed is applied by the
+same code as the DRF view's (`_heartbeat_answer`) without DRF around it; everything else
+(a token Redis does not know and the database refuses, throttled, malformed, a body
+naming another host) goes on to the DRF view below, which writes those errors.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Final
+from uuid import UUID
 
 import orjson
 from django.conf import settings
@@ -41,10 +44,18 @@ from agents.protocol import (
     WaitRequest,
     WaitResponse,
 )
-from agents.selectors import host_by_pk, host_by_token, host_desired_containers, host_logs_requests
+from agents.selectors import (
+    holds_moved,
+    host_by_pk,
+    host_by_token,
+    host_desired_containers,
+    host_holds_after,
+    host_logs_requests,
+)
 from agents.services.heartbeat import host_heartbeat
 from agents.services.registration import host_register
 from agents.signals import move_orders, removals
+from gpucloud.api.errors import exception_handler
 from gpucloud.api.parsers import AgentJSONParser
 from gpucloud.api.throttling import AtomicRateThrottle
 from gpucloud.lib import promstore
@@ -174,31 +185,51 @@ class HostHeartbeatApi(_AgentApi):
             claim = fastpath.claim_of(
                 fastpath.beat(None, host_id=str(host.pk), seq=hb.seq, count=False), None
             )
+        return Response(_heartbeat_answer(host=host, hb=hb, claim=claim))
+
+
+def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None) -> dict:
+    """Apply the heartbeat `hb` of `host` (authenticated, its seq claimed when `claim`) and
+    make its answer: the HeartbeatResponse as a dict; remembered for the fast path."""
+    with fastpath.own_bumps(host_id=host.pk) as own:
         outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh,
                                  buffer_samples=claim is not None)
-        answer_version = claim.version if claim is not None else ""
-        if claim is not None and outcome.transitions:
-            # Our own transitions bumped the version; the answer below is read after them.
-            answer_version = fastpath.version(host_id=host.pk)
-        shared: dict = {}  # what the volume signals' receivers read once for both lists
-        body = HeartbeatResponse(
-            desired=host_desired_containers(host=host, allocations=outcome.allocations),
-            heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
-            logs_requests=host_logs_requests(host=host),
-            desired_version=answer_version if claim is not None and longpoll.enabled() else None,
-            remove_volumes=removals(host=host, shared=shared),
-            volume_moves=move_orders(host=host, shared=shared),
-        ).to_dict()
-        if claim is not None and (claim.digest or claim.token_hash):
-            if not outcome.applied or outcome.unknown_gpus:
-                claim.digest = ""  # a late heartbeat, or GPUs we do not know: not a baseline
-            fastpath.remember(
-                claim=claim,
-                answer_version=answer_version,
-                answer=orjson.dumps(body),
-                token_ok=bool(claim.token_hash) and outcome.token_hash == claim.token_hash,
-            )
-        return Response(body)
+    host = outcome.host or host
+    answer_version = claim.version if claim is not None else ""
+    alone = claim is not None
+    holds = outcome.holds
+    if outcome.transitions:
+        if claim is not None:
+            # Our own transitions bumped the version: the answer is the new version's. When
+            # the bumps since the claim were all ours, the last of them says which it is
+            # (a bump by anybody after it leaves that answer unused); else it is read after
+            # them, and so is the answer.
+            alone = bool(own) and fastpath.only_own(before=claim.version, after=str(max(own)), own=own)
+            answer_version = str(max(own)) if alone else fastpath.version(host_id=host.pk)
+        if holds is not None:
+            holds = (holds_moved(holds, outcome.transitions) if alone
+                     else host_holds_after(host=host, holds=holds, moved={wid for wid, _ in outcome.transitions}))
+    shared: dict = {}  # what the volume signals' receivers read once for both lists
+    body = HeartbeatResponse(
+        desired=host_desired_containers(host=host, holds=holds),
+        heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),
+        logs_requests=(outcome.logs_requests if alone and outcome.logs_requests is not None
+                       else host_logs_requests(host=host)),
+        desired_version=answer_version if claim is not None and longpoll.enabled() else None,
+        remove_volumes=removals(host=host, shared=shared),
+        volume_moves=move_orders(host=host, shared=shared),
+    ).to_dict()
+    if claim is not None and (claim.digest or claim.token_hash):
+        if not outcome.applied or outcome.unknown_gpus:
+            claim.digest = ""  # a late heartbeat, or GPUs we do not know: not a baseline
+        fastpath.remember(
+            claim=claim,
+            answer_version=answer_version,
+            answer=orjson.dumps(body),
+            token_ok=bool(claim.token_hash) and outcome.token_hash == claim.token_hash,
+            alone=alone,
+        )
+    return body
 
 
 @extend_schema(exclude=True)
@@ -272,11 +303,12 @@ def host_heartbeat_view(request):
 
 
 def _host_heartbeat(request):
-    """POST /agent/v1/heartbeat: the fast path, else the synchronous DRF view.
+    """POST /agent/v1/heartbeat: the fast path, else the synchronous path.
 
-    Only a heartbeat the fast path fully accepts is answered here (200, the cached
-    answer). A token unknown to Redis is checked in the database once and the script
-    run again; every refusal (401, 429, 400) is the DRF view's, in the one error shape.
+    A heartbeat the fast path fully accepts is answered here (200, the cached answer); one
+    it claimed but cannot answer is applied here too, without DRF (`_heartbeat_lean`). A
+    token unknown to Redis is checked in the database once and the script run again; every
+    refusal (401, 429, 400) is the DRF view's, in the one error shape.
     """
     if request.method != "POST" or not fastpath.enabled():
         return _heartbeat_api(request)
@@ -297,5 +329,42 @@ def _host_heartbeat(request):
     claim.host = host
     if host is not None:
         claim.host_id = str(host.pk)
+    if claim.kind == fastpath.SLOW and request.META.get("HTTP_ACCEPT", "").strip() in _JSON_ACCEPT:
+        return _heartbeat_lean(request, claim)
     request.agent_claim = claim
     return _heartbeat_api(request)
+
+
+# What the DRF view negotiates to its one renderer, JSON: an agent's request (the agent sends
+# application/json). Anything else goes to the DRF view, which answers as it always did.
+_JSON_ACCEPT: Final = frozenset({"", "*/*", "application/json"})
+
+
+def _heartbeat_lean(request, claim: fastpath.Claim):
+    """The DRF view's `post` for a heartbeat the script claimed, without DRF's request
+    wrapping, negotiation, authentication and throttle classes: the script did their work
+    (a host token current in Redis or checked just now, counted against the rate limit,
+    its seq claimed). The same service, the same answer, its errors in the one error shape
+    by the same handler (gpucloud.api.errors); every refusal before it (401, 429, 400, a
+    body naming another host) is still the DRF view's."""
+    if claim.hb is None or claim.hb.host_id != claim.host_id:
+        request.agent_claim = claim
+        return _heartbeat_api(request)  # it refuses a body naming another host
+    # The host row is read (locked) by the heartbeat itself: a host deleted meanwhile is a
+    # 401 from the DRF view, whose authentication reads it again.
+    host = claim.host or Host(pk=UUID(claim.host_id))
+    try:
+        body = _heartbeat_answer(host=host, hb=claim.hb, claim=claim)
+    except Host.DoesNotExist:
+        request.agent_claim = claim
+        return _heartbeat_api(request)
+    except Exception as exc:
+        response = exception_handler(exc, {"request": request})
+        if response is None:
+            raise  # a bug: Django's 500 handler answers, as behind DRF
+        out = HttpResponse(orjson.dumps(response.data), status=response.status_code,
+                           content_type="application/json")
+        for name, value in response.headers.items():
+            out.headers.setdefault(name, value)
+        return out
+    return HttpResponse(orjson.dumps(body), content_type="application/json")

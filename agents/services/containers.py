@@ -13,6 +13,7 @@ checks that both store the same.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
 
@@ -21,6 +22,7 @@ from django.db import connection, transaction
 from agents.gangs import gang_report
 from agents.models import Host
 from agents.protocol import ObservedContainer
+from agents.selectors import Hold
 from gpucloud.lib.db import pg_array, pg_cursor
 from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
 from scheduler.container import END, MOVE, STOP, Report, Step, container_next
@@ -42,44 +44,45 @@ _BULK_TO: Final = frozenset({State.RUNNING, State.SUCCEEDED})
 _PART_STATES: Final = (State.SCHEDULED, State.STARTING, State.RUNNING, State.STOPPING)
 
 
-def containers_observe(*, host: Host, containers: list[ObservedContainer], attempts: dict[str, Workload],
+def containers_observe(*, host: Host, containers: list[ObservedContainer], attempts: Mapping[str, Hold],
                        now: datetime, bulk: bool = True) -> list[tuple[str, str]]:
     """Move the work of `host` as its report of `containers` says; returns the transitions
     made, as (workload id, new state).
 
     `attempts`: what the host runs, by container instance id (read before this heartbeat's
-    exits free it); a report of anything else is an earlier attempt, or work that is no
-    longer here: the agent stops it. `bulk`: the common moves in bulk (the default; False:
-    one by one, as before).
+    exits free it, `agents.selectors.host_holds`); a report of anything else is an earlier
+    attempt, or work that is no longer here: the agent stops it. `bulk`: the common moves in
+    bulk (the default; False: one by one, as before). The bulk moves read the holds' own
+    fields; a step one by one gets the workload's model.
     """
     mover = _Mover(host, now)
     reported = set()
-    groups: dict[tuple[str, str, str, int | None], list[Workload]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, int | None], list[Hold]] = defaultdict(list)
     for o in containers:
         reported.add(o.instance_id)
-        w = attempts.get(o.instance_id)
-        if w is None:
+        h = attempts.get(o.instance_id)
+        if h is None:
             continue
-        if w.nodes > 1:
-            mover.part(w, o.instance_id, o.state, o.exit_code, o.error or "")
+        if h.nodes > 1:
+            mover.part(h.workload, o.instance_id, o.state, o.exit_code, o.error or "")
             continue
-        steps = _container_steps(w, o.state, exit_code=o.exit_code, error=o.error or "")
-        if not (bulk and _bulk_moves(w, steps, groups)):
-            mover.apply(w, steps)
+        steps = _container_steps(h, o.state, exit_code=o.exit_code, error=o.error or "")
+        if not (bulk and _bulk_moves(h, steps, groups)):
+            mover.apply(h.workload, steps)
     if groups:
         _apply_bulk(host, groups, now, mover.transitions)
     # A container the report leaves out matters to stopping work alone (other work's
     # container is the agent's to start).
-    for iid, w in attempts.items():
-        if iid not in reported and w.state == State.STOPPING:
-            if w.nodes > 1:
-                mover.part(w, iid, "gone")
+    for iid, h in attempts.items():
+        if iid not in reported and h.state == State.STOPPING:
+            if h.nodes > 1:
+                mover.part(h.workload, iid, "gone")
             else:
-                mover.apply(w, _container_steps(w, "gone"))
+                mover.apply(h.workload, _container_steps(h, "gone"))
     return mover.transitions
 
 
-def _container_steps(w: Workload, report: Report, exit_code: int | None = None, error: str = "") -> list[Step]:
+def _container_steps(w: Workload | Hold, report: Report, exit_code: int | None = None, error: str = "") -> list[Step]:
     return container_next(w.state, report, job=w.kind == WorkloadKind.JOB, on_notice=w.stop_by is not None,
                           exit_code=exit_code, error=error)
 
@@ -136,7 +139,7 @@ class _Mover:
                                             exit_code=exit_code, error=error, now=self.now)
 
 
-def _bulk_moves(w: Workload, steps: list[Step], groups: dict) -> bool:
+def _bulk_moves(w: Hold, steps: list[Step], groups: dict) -> bool:
     """Put `w`'s steps in `groups` when they are all common moves (`_BULK_TO`), to apply many
     at once (`_apply_bulk`); False for the rest, which `_Mover` applies one by one."""
     if not steps or any(s.how != MOVE or s.to not in _BULK_TO for s in steps):
@@ -179,7 +182,7 @@ def _parse_time(value: str | None) -> datetime | None:
     return t if t.tzinfo is not None else None
 
 
-def containers_observed_times(*, containers: list[ObservedContainer], attempts: dict[str, Workload],
+def containers_observed_times(*, containers: list[ObservedContainer], attempts: Mapping[str, Hold],
                               transitions: list[tuple[str, str]], now: datetime) -> None:
     """Run time as the agent saw it: a workload that started or ended in this heartbeat gets
     the container's own start and finish (a job that ran 20 s shows 20 s, not the span
@@ -193,7 +196,8 @@ def containers_observed_times(*, containers: list[ObservedContainer], attempts: 
     seen: dict[object, ObservedContainer] = {}
     for o in containers:
         w = attempts.get(o.instance_id)
-        if w is not None and w.nodes == 1 and str(w.pk) in moved:
+        # (a report without times has nothing to set: no read for it)
+        if w is not None and w.nodes == 1 and str(w.pk) in moved and (o.started_at or o.finished_at):
             seen[w.pk] = o
     if not seen:
         return

@@ -66,22 +66,29 @@ def async_commit() -> None:
             cur.execute("SET LOCAL synchronous_commit TO OFF")
 
 
+# A host's GPUs' health as a heartbeat reads it: uuid -> (healthy, uncorrectable ECC count).
+GpuHealth = dict[str, tuple[bool, int | None]]
+
+
 def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
-                      buffer: bool = False) -> SamplesOutcome:
+                      buffer: bool = False, health: GpuHealth | None = None) -> SamplesOutcome:
     """Store the samples (one INSERT), update each GPU's last measurement (one UPDATE), in one
     transaction of their own.
 
-    `buffer`: when no GPU's health moved (nothing failed, no ECC count changed, every GPU
-    known), leave the samples to the fast path's buffer instead (`fastpath.samples_buffer`:
-    written by its flush within a second, as an unchanged heartbeat's are), saving a changed
-    heartbeat that transaction. The work on the GPUs that became unhealthy now is the
-    caller's to fail (`gpus_fail_work`).
+    `buffer`: when no GPU's health moves (nothing fails, no ECC count changes, every GPU
+    known: `_health_unmoved`, a narrow read), leave the samples to the fast path's buffer
+    instead (`fastpath.samples_buffer`: written by its flush within a second, as an unchanged
+    heartbeat's are), saving a changed heartbeat that transaction and the GPU rows' load.
+    `health`: the host's GPUs' health when the caller read it already (else it is read here).
+    The work on the GPUs that became unhealthy now is the caller's to fail (`gpus_fail_work`).
     """
     out = SamplesOutcome()
     if not samples:
         return out
+    if buffer and _health_unmoved(host, samples, health) and fastpath.samples_buffer(
+            host_id=host.pk, when=now, samples=samples):
+        return out
     rows = {g.uuid: g for g in _host_gpus(host)}
-    health_moved = False
     changed, failed, history = [], out.failed, []
     for s in samples:
         g = rows.get(s.uuid)
@@ -101,7 +108,6 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
             g.power_w = s.power_w
         fault = gpu_fault(s, g.ecc_uncorrected)
         if s.ecc_uncorrected is not None:
-            health_moved = health_moved or g.ecc_uncorrected != max(0, s.ecc_uncorrected)
             g.ecc_uncorrected = max(0, s.ecc_uncorrected)
         # Health is sticky: a sample can take a GPU out, only an operator puts it back.
         if fault and g.healthy:
@@ -120,14 +126,33 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
                 power_w=s.power_w,
             )
         )
-    if (buffer and not (health_moved or failed or out.unknown_gpus)
-            and fastpath.samples_buffer(host_id=host.pk, when=now, samples=samples)):
-        return out
     with transaction.atomic():
         async_commit()
         _write_measurements(changed)
         _insert_samples(history)
     return out
+
+
+def _health_unmoved(host: Host, samples: list[GpuSampleMsg], health: GpuHealth | None) -> bool:
+    """Do `samples` leave every GPU's health as it is: each names a GPU of `host`, none takes
+    a healthy GPU out of service (`gpu_fault`), no uncorrectable ECC count moved? Against
+    `health`, else one narrow read (uuid, healthy, count), before any GPU row is loaded: the
+    common changed heartbeat's samples then go to the fast path's buffer."""
+    if health is None:
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT uuid, healthy, ecc_uncorrected FROM {Gpu._meta.db_table} WHERE host_id = %s",
+                        [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+            health = {uuid: (healthy, ecc) for uuid, healthy, ecc in cur.fetchall()}
+    for s in samples:
+        known = health.get(s.uuid)
+        if known is None:
+            return False
+        healthy, ecc = known
+        if s.ecc_uncorrected is not None and ecc != max(0, s.ecc_uncorrected):
+            return False
+        if healthy and gpu_fault(s, ecc) is not None:
+            return False
+    return True
 
 
 def _host_gpus(host: Host) -> list[Gpu]:

@@ -17,11 +17,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents.choices import HostState
-from agents.models import Host
-from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat
-from agents.selectors import host_allocations, host_attempts
+from agents.models import Gpu, Host
+from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat, LogsRequest
+from agents.selectors import Hold, host_attempts, host_holds, logs_requested_sql, logs_requests_of
 from agents.services.containers import containers_observe, containers_observed_times
-from agents.services.gpus import async_commit, gpu_samples_apply, gpus_fail_work
+from agents.services.gpus import GpuHealth, async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
 from agents.services.registration import TokenRefused
 from agents.signals import volumes_reported
@@ -34,13 +34,17 @@ logger = logging.getLogger(__name__)
 class HeartbeatOutcome:
     applied: bool  # False: a late, reordered heartbeat; only liveness was taken from it
     transitions: list[tuple[str, str]] = field(default_factory=list)  # (workload id, new state)
-    # The host's active allocations as read after the last write of this heartbeat (None:
-    # something moved since; read them again for the answer).
-    allocations: list | None = None
+    # The host's work as read before this heartbeat moved any of it (None: not read): the
+    # answer's, as it is when nothing moved, else as `selectors.host_holds_after` confirms it.
+    holds: list[Hold] | None = None
     # The token hash on the host row as locked here (the fast path caches a token only
     # when it was still the host's after the cache version was read).
     token_hash: str = ""
     unknown_gpus: bool = False  # a sample named a GPU this host does not have
+    host: Host | None = None  # the host row as this heartbeat wrote it
+    # The log tails wanted from the host as read with its row (None: not read, or this
+    # heartbeat's own tails answered some); the answer's while nobody else moved the host.
+    logs_requests: list[LogsRequest] | None = None
 
 
 def seq_is_fresh(seq: int, last_seq: int) -> bool:
@@ -79,11 +83,14 @@ def _host_save(host: Host, fields: list[str]) -> None:
                     [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
 
 
-def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None) -> tuple[Host, bool]:
+def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
+               ) -> tuple[Host, bool, GpuHealth, list[LogsRequest]]:
     """The host row's part of a heartbeat whose freshness is decided already (the fast path's
     seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
     time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
-    host as written and whether it was DOWN. The same rules as `host_heartbeat`'s own."""
+    host as written, whether it was DOWN, its GPUs' health and the log tails wanted from it
+    (read in the same statement). The same rules as `host_heartbeat`'s own.
+    Call inside atomic(): it also makes the transaction's commit asynchronous (`async_commit`)."""
     t = Host._meta.db_table
     with connection.cursor() as cur:
         cur.execute(
@@ -92,15 +99,26 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
             "state = CASE WHEN h.state = %s THEN h.admin_state ELSE h.state END, "
             "down_since = CASE WHEN h.state = %s THEN NULL ELSE h.down_since END, "
             "last_seq = COALESCE(%s, h.last_seq) "
-            f"FROM (SELECT id, state FROM {t} WHERE id = %s FOR UPDATE) AS o "
-            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state",
-            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk],
+            f"FROM (SELECT id, state FROM {t} WHERE id = %s FOR UPDATE) AS o, "
+            # `async_commit` in the same statement (SET LOCAL, as a function): one round trip
+            "(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, "
+            # and the GPUs' health, which the samples are checked against (`gpu_samples_apply`)
+            "(SELECT ARRAY_AGG(uuid) AS uuids, ARRAY_AGG(healthy) AS healthy, ARRAY_AGG(ecc_uncorrected) AS ecc "
+            f"FROM {Gpu._meta.db_table} WHERE host_id = %s) AS gh, "
+            # and the log tails wanted (the answer's, `selectors.host_logs_requests`)
+            f"({logs_requested_sql()}) AS lr(attempts, tails) "
+            f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state, gh.uuids, gh.healthy, gh.ecc, "
+            "lr.attempts, lr.tails",
+            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk, pk],
         )
         row = cur.fetchone()
     if row is None:
         raise Host.DoesNotExist
     locked, end = model_from_row(Host, row)
-    return locked, row[end] == HostState.DOWN
+    state, uuids, healthy, ecc, attempts, tails = row[end:]
+    return (locked, state == HostState.DOWN,
+            dict(zip(uuids or (), zip(healthy or (), ecc or (), strict=True), strict=True)),
+            logs_requests_of(attempts, tails))
 
 
 def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | None
@@ -132,8 +150,12 @@ def host_heartbeat(
 ) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
-    The desired set is read afterwards (`selectors.host_desired_containers`), so it
-    reflects the transitions made here. `fresh`: whether to apply it, when the caller
+    The desired set is made afterwards (`selectors.host_desired_containers`), so it
+    reflects the transitions made here: from `outcome.holds` (the host's work as read
+    here, before the moves) with the moves applied, confirmed or read again (see
+    agents/api/views.py). `host` may be a bare `Host(pk=...)`: its row is read (locked)
+    here and returned as `outcome.host`; Host.DoesNotExist when it is gone, before anything
+    is written. `fresh`: whether to apply it, when the caller
     already decided that from the seq (the fast path claims seqs in Redis, see
     agents/fastpath.py); None: decided here from `Host.last_seq`. `buffer_samples`: GPU
     samples that change no GPU's health may go to the fast path's buffer (see
@@ -146,13 +168,17 @@ def host_heartbeat(
     # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
     # host) and could deadlock with a placement on this host.
     with transaction.atomic():
-        async_commit()
         if fresh is not None and connection.vendor == "postgresql":
-            locked, was_down = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
-                                          seq=hb.seq if fresh else None)
-            outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash)
+            locked, was_down, health, logs = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
+                                                        seq=hb.seq if fresh else None)
+            # (log tails in this heartbeat answer requests: the answer reads them again)
+            outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash,
+                                       logs_requests=None if hb.logs else logs)
         else:
+            async_commit()
             locked, was_down, outcome = _host_beat_orm(host.pk, hb=hb, now=now, fresh=fresh)
+            health = None
+        outcome.host = locked
         if was_down:
             logger.info("host back host=%s name=%s", locked.pk, locked.name)
             cycle_wanted(locked.region_id)  # capacity is back
@@ -161,7 +187,7 @@ def host_heartbeat(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
         )
         return outcome
-    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples)
+    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples, health=health)
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)
@@ -171,10 +197,11 @@ def host_heartbeat(
     if hb.containers is None and not hb.logs:
         return outcome  # the agent could not list its runtime: infer nothing
     # What this host runs, by container instance id (before this heartbeat's exits free it)
-    allocations = host_allocations(host=locked)
-    attempts = host_attempts(host=locked, allocations=allocations)
+    outcome.holds = host_holds(host=locked)
+    attempts = {h.attempt: h for h in outcome.holds}
     if hb.logs:
-        container_logs_store(host=locked, tails=hb.logs, now=now, attempts=attempts)
+        container_logs_store(host=locked, tails=hb.logs, now=now,
+                             attempts=host_attempts(host=locked, holds=outcome.holds))
     if hb.containers is None:
         return outcome  # the agent could not list its runtime: infer nothing
     outcome.transitions += containers_observe(host=locked, containers=hb.containers, attempts=attempts, now=now,
@@ -183,6 +210,4 @@ def host_heartbeat(
         containers_observed_times(containers=hb.containers, attempts=attempts, transitions=outcome.transitions,
                                   now=now)
         logger.info("heartbeat host=%s seq=%d transitions=%s", host.pk, hb.seq, outcome.transitions)
-    elif not samples.failed:
-        outcome.allocations = allocations  # nothing moved: the answer can reuse them
     return outcome

@@ -14,7 +14,7 @@ import pytest
 
 from agents.models import Gpu, Host
 from agents.protocol import Heartbeat, ObservedContainer
-from agents.selectors import host_allocations, host_attempts
+from agents.selectors import host_attempts
 from agents.services import containers
 from agents.services.heartbeat import host_heartbeat
 from scheduler.choices import State
@@ -48,7 +48,7 @@ def _setup(host: Host, tenant) -> Heartbeat:
             assert workload_transition(workload=w, to=State.STARTING, reason="setup")
         if before == State.RUNNING:
             assert workload_transition(workload=w, to=State.RUNNING, reason="setup")
-    attempts = host_attempts(host=host, allocations=host_allocations(host=host))
+    attempts = host_attempts(host=host)
     by_name = {w.name: iid for iid, w in attempts.items()}
     containers = [ObservedContainer(instance_id=by_name[name], state=reported, exit_code=code)
                   for name, _, _, reported, code in SCENARIO]
