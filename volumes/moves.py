@@ -27,7 +27,7 @@ from gpucloud.lib.db import model_columns, model_from_row
 from gpucloud.lib.errors import Conflict, InvalidInput
 from gpucloud.tenancy.audit import audit_record
 from scheduler.models import Workload
-from volumes.models import Volume, VolumeEvent, VolumeMove, VolumeMoveChunk
+from volumes.models import DOCKER_PREFIX, Volume, VolumeEvent, VolumeMove, VolumeMoveChunk
 from volumes.selectors import open_move
 from volumes.services import _attached_words, active_attachment
 
@@ -68,38 +68,66 @@ def move_start(*, volume: Volume, target: Host, user=None) -> VolumeMove:
 
 
 def _host_moves(host: Host, shared: dict | None) -> list[VolumeMove]:
-    """The moves a heartbeat answer needs for this host, in one query: those it sends or
-    receives, and those moved off it whose old copy is still there. Read once per answer
-    when the caller passes the answer's `shared` dict (agents.signals).
+    return _host_volume_work(host, shared)[0]
+
+
+def _host_volume_work(host: Host, shared: dict | None) -> tuple[list[VolumeMove], list[str]]:
+    """What a heartbeat answer needs of this host's volumes, in one query: the moves it sends
+    or receives, those moved off it whose old copy is still there, and the Docker names of its
+    purged volumes whose data it still holds. Read once per answer when the caller passes the
+    answer's `shared` dict (agents.signals).
 
     Written SQL that loads what `select_related("volume")` would: every heartbeat answer
-    that is not cached reads it, and the ORM's query cost more CPU to build than to run."""
-    key = ("volumes.moves", host.pk)
+    that is not cached reads it, and the ORM's queries cost more CPU to build than to run."""
+    key = ("volumes.work", host.pk)
     if shared is not None and key in shared:
         return shared[key]
     pk = Host._meta.pk.get_db_prep_value(host.pk, connection)
     with connection.cursor() as cur:
-        cur.execute(_host_moves_sql(), [pk, VolumeMove.COPYING, pk, VolumeMove.SENT, pk, VolumeMove.DONE])
+        cur.execute(_host_volume_work_sql(),
+                    [pk, VolumeMove.COPYING, pk, VolumeMove.SENT, pk, VolumeMove.DONE, pk])
         rows = cur.fetchall()
-    found = []
+    found: list[VolumeMove] = []
+    purged: list[str] = []
+    vol_id = 1 + len(VolumeMove._meta.concrete_fields) + [f.attname for f in Volume._meta.concrete_fields].index("id")
     for row in rows:
-        m, at = model_from_row(VolumeMove, row)
+        if row[0] == "p":  # a purged volume: its id, where the volume's columns start
+            purged.append(f"{DOCKER_PREFIX}{row[vol_id]}")
+            continue
+        m, at = model_from_row(VolumeMove, row, 1)
         m.volume, _ = model_from_row(Volume, row, at)
         found.append(m)
     if shared is not None:
-        shared[key] = found
-    return found
+        shared[key] = (found, purged)
+    return found, purged
 
 
 @cache
-def _host_moves_sql() -> str:
+def _host_volume_work_sql() -> str:
+    move_fields = VolumeMove._meta.concrete_fields
+    names = [f.attname for f in move_fields]
+    # ordinals (1: the kind): UNION's ORDER BY sees output columns, and both tables name `id`
+    created, ident = 2 + names.index("created_at"), 2 + names.index("id")
+    vol_fields = Volume._meta.concrete_fields
+    nulls = ", ".join("NULL" for _ in move_fields)
+    vol_id_only = ", ".join('v."id"' if f.attname == "id" else "NULL" for f in vol_fields)
     return (
-        f"SELECT {model_columns(VolumeMove, 'm')}, {model_columns(Volume, 'v')} "
+        f"SELECT 'm', {model_columns(VolumeMove, 'm')}, {model_columns(Volume, 'v')} "
         f"FROM {VolumeMove._meta.db_table} m JOIN {Volume._meta.db_table} v ON v.id = m.volume_id "
         "WHERE (m.source_id = %s AND m.state = %s) OR (m.target_id = %s AND m.state = %s) "
         "OR (m.source_id = %s AND m.state = %s AND m.source_removed_at IS NULL) "
-        "ORDER BY m.created_at, m.id"
+        f"UNION ALL SELECT 'p', {nulls}, {vol_id_only} FROM {Volume._meta.db_table} v "
+        "WHERE v.host_id = %s AND v.purged_at IS NOT NULL "
+        f"ORDER BY 1, {created}, {ident}"
     )
+
+
+def to_remove(*, host: Host, shared: dict | None = None) -> list[str]:
+    """Docker names of the volumes this host's agent removes: purged ones whose data it still
+    holds, then those moved off it whose old copy is still there."""
+    moves, purged = _host_volume_work(host, shared)
+    return purged + [m.volume.docker_name for m in moves
+                     if m.state == VolumeMove.DONE and m.source_id == host.pk and m.source_removed_at is None]
 
 
 def orders_for(*, host: Host, shared: dict | None = None) -> list[VolumeMoveOrder]:
@@ -115,12 +143,6 @@ def orders_for(*, host: Host, shared: dict | None = None) -> list[VolumeMoveOrde
                                        tenant_id=str(m.volume.tenant_id), size_bytes=m.size_bytes or 0,
                                        sha256=m.sha256))
     return out
-
-
-def moved_away(*, host: Host, shared: dict | None = None) -> list[str]:
-    """Docker names of volumes moved off this host whose old copy is still there."""
-    return [m.volume.docker_name for m in _host_moves(host, shared)
-            if m.state == VolumeMove.DONE and m.source_id == host.pk and m.source_removed_at is None]
 
 
 def source_reported(*, host_id: Any, present: set[str]) -> int:

@@ -37,7 +37,7 @@ def _measured(sender, *, measured, **kwargs) -> None:
 
 @receiver(volumes_to_remove)
 def _to_remove(sender, *, host, shared=None, **kwargs) -> list[str]:
-    return services.purged_on_host(host_id=host.pk) + moves.moved_away(host=host, shared=shared)
+    return moves.to_remove(host=host, shared=shared)
 
 
 @receiver(volume_moves_for)

@@ -16,9 +16,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from agents.fastpath import hosts_changed
-from agents.models import Host
 from gpucloud.catalogue.models import Region
-from gpucloud.lib.db import model_columns, model_from_row
 from gpucloud.lib.errors import Conflict, InvalidInput
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
@@ -246,16 +244,6 @@ def record_measured(*, measured: dict[str, tuple[datetime, list[str]]]) -> int:
             [hosts, ids, times],
         )
         return cur.rowcount
-
-
-def purged_on_host(*, host_id: Any) -> list[str]:
-    """Docker names of the purged volumes whose data the host still holds (its agent removes them)."""
-    # written SQL: every heartbeat answer that is not cached asks (the ORM's query cost more to build)
-    with connection.cursor() as cur:
-        cur.execute(f"SELECT {model_columns(Volume, 'v')} FROM {Volume._meta.db_table} v "
-                    "WHERE v.host_id = %s AND v.purged_at IS NOT NULL",
-                    [Host._meta.pk.get_db_prep_value(host_id, connection)])
-        return [model_from_row(Volume, row)[0].docker_name for row in cur.fetchall()]
 
 
 def removed_from_host(*, host_id: Any, present: set[str]) -> int:

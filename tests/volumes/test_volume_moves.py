@@ -183,3 +183,27 @@ def test_a_runtime_that_cannot_move_fails_the_move_and_the_volume_stays(make_sim
     assert Volume.objects.get(pk=vol.pk).host.name == "sim-a"
     assert selectors.open_move(vol.pk) is None
     services.refuse_if_moving(vol)  # attachable again at once
+
+
+def test_one_query_gives_an_answer_its_removals_and_orders(alice, catalog, settings):
+    """A heartbeat answer asks for the host's volume work once: purged volumes whose data it
+    still holds, old copies of volumes moved away, and its open moves, in one query."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    volume, _first, src, dst, _tokens = placed_volume(alice, settings)
+    purged = Volume.objects.create(tenant=alice.tenant, name="gone", size_gib=10, region=volume.region,
+                                   host=src, deleted_at=timezone.now(), purged_at=timezone.now())
+    elsewhere = Volume.objects.create(tenant=alice.tenant, name="other", size_gib=10, region=volume.region,
+                                      host=dst, deleted_at=timezone.now(), purged_at=timezone.now())
+    VolumeMove.objects.create(volume=volume, source=src, target=dst, state=VolumeMove.DONE)
+    shared: dict = {}
+    with CaptureQueriesContext(connection) as q:
+        assert removals(host=src, shared=shared) == sorted([purged.docker_name, volume.docker_name])
+        assert move_orders(host=src, shared=shared) == []
+    assert len(q.captured_queries) == 1
+    assert removals(host=dst) == [elsewhere.docker_name]
+    VolumeMove.objects.filter(volume=volume).update(source_removed_at=timezone.now())
+    Volume.objects.filter(pk=purged.pk).update(host=None)
+    assert removals(host=src) == []
