@@ -302,14 +302,16 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
     values: dict[str, Any] = {"state": to, "reason": reason[:500], **_timestamps(to, now), **(facts or {})}
     if to in HOLDING:
         values["queue_position"] = None
-    moved = bulk.set_state(ids, old=old, values=values)
+    actor = current_actor().label[:200]
+    why = reason[:500]
     if reasons:
+        moved = bulk.set_state(ids, old=old, values=values)
         for pk in moved:
             if reasons.get(pk):
                 Workload.objects.filter(pk=pk).update(reason=reasons[pk][:500])
-    actor = current_actor().label[:200]
-    why = reason[:500]
-    bulk.insert_events([(pk, old, to, ((reasons or {}).get(pk) or why)[:500], actor, now) for pk in moved])
+        bulk.insert_events([(pk, old, to, (reasons.get(pk) or why)[:500], actor, now) for pk in moved])
+    else:
+        moved = bulk.set_state_with_events(ids, old=old, values=values, reason=why, actor=actor, now=now)
     if old in HOLDING or to in HOLDING:
         hooks.holding_changed(moved, hosts)  # their hosts' heartbeat answers
     if old in HOLDING and to not in HOLDING:
