@@ -298,7 +298,7 @@ def host_heartbeat_view(request):
     if request.method == "POST" and response.status_code == 200:
         path = getattr(request, "heartbeat_path", "slow")
         (promstore.Batch().inc("gpucloud_heartbeats", (path,))
-         .observe("gpucloud_heartbeat_seconds", (path,), time.perf_counter() - t0).send())
+         .observe("gpucloud_heartbeat_seconds", (path,), time.perf_counter() - t0).send(coalesce=True))
     return response
 
 

@@ -9,13 +9,22 @@ Hash `<prefix>:metrics:<name>`, field `<label values joined by \\x1f>|<part>`: p
 counter; `s` (sum), `n` (count) and `b<i>` (observations in bucket i, not cumulative) of a
 histogram. Label values come from code (region ids, phase names), never from tenants.
 
+Heartbeats, the most frequent event, are counted per process and sent in one round trip at
+most every `COALESCE_S` (`Batch.send(coalesce=True)`): a flusher thread sends what is pending,
+and a scrape of the same process sends it first; a process killed loses at most that window.
+
 Without Redis (the SQLite laptop demo) nothing is recorded and nothing is exported.
 Recording never raises: a Redis outage loses counts, never a heartbeat or a cycle.
 """
 from __future__ import annotations
 
+import atexit
 import bisect
 import logging
+import os
+import threading
+import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -100,26 +109,89 @@ class Batch:
         self._ops += [(name, f"{key}|b{i}", 1), (name, f"{key}|n", 1), (name, f"{key}|s", value)]
         return self
 
-    def send(self) -> None:
-        r = _redis()
-        if r is None or not self._ops:
+    def send(self, *, coalesce: bool = False) -> None:
+        """Record the events: now, or with `coalesce` added to this process's pending counts,
+        which go to Redis in one round trip at most `COALESCE_S` later."""
+        if not self._ops:
             return
-        p = _prefix()
-        try:
-            pipe = r.pipeline(transaction=False)
-            for name, field, n in self._ops:
-                if field.endswith("|s"):
-                    pipe.hincrbyfloat(p + name, field, n)
-                else:
-                    pipe.hincrby(p + name, field, int(n))
-            pipe.execute()
-        except redis.RedisError:
-            logger.warning("platform metrics not recorded (Redis unavailable)", exc_info=True)
+        if coalesce and settings.REDIS_URL:
+            _pending.add(self._ops)
+        else:
+            _write(self._ops)
         self._ops.clear()
+
+
+def _write(ops: list[tuple[str, str, float]]) -> None:
+    r = _redis()
+    if r is None or not ops:
+        return
+    p = _prefix()
+    try:
+        pipe = r.pipeline(transaction=False)
+        for name, field, n in ops:
+            if field.endswith("|s"):
+                pipe.hincrbyfloat(p + name, field, n)
+            else:
+                pipe.hincrby(p + name, field, int(n))
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("platform metrics not recorded (Redis unavailable)", exc_info=True)
+
+
+COALESCE_S: Final = 0.5
+
+
+class _Pending:
+    """This process's coalesced counts, summed per (metric, field), and the thread that sends
+    them; a forked child starts with none (the parent sends its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums: dict[tuple[str, str], float] = defaultdict(float)
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, ops: list[tuple[str, str, float]]) -> None:
+        with self._lock:
+            for name, field, n in ops:
+                self._sums[(name, field)] += n
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="promstore-flush", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def flush(self) -> None:
+        with self._lock:
+            sums, self._sums = self._sums, defaultdict(float)
+        _write([(name, field, n) for (name, field), n in sums.items()])
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            time.sleep(COALESCE_S)  # gather what comes meanwhile
+            self.flush()
+
+    def reset_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._sums = defaultdict(float)
+        self._wake = threading.Event()
+        self._thread = None
+
+
+_pending = _Pending()
+os.register_at_fork(after_in_child=_pending.reset_in_child)
+atexit.register(_pending.flush)
+
+
+def flush() -> None:
+    """Send this process's coalesced counts now."""
+    _pending.flush()
 
 
 def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
     """Every family, read back in one round trip (empty families without Redis)."""
+    _pending.flush()  # this process's own coalesced counts are in what it exports
     r = _redis()
     raw: list[dict] = [{} for _ in FAMILIES]
     if r is not None:
