@@ -37,7 +37,7 @@ import math
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -1048,11 +1048,17 @@ class Simulator:
             # per-call cost no longer grows with the running work)
             return ClusterSnapshot(hosts=hv, allocations=(), tenants=self._tenant_views)
         # allocations touching the view, the rest summed per tenant
+        # of those, only the work the core could read one by one (a victim, work
+        # under notice, backfill's ends); the rest joins its tenant's summary
+        readable = self._readable(min_rank, now)
+        running = self.running
         allocs: dict[str, Allocation] = {}
         for hid in ids:
             for jid in hosts[hid].runs:
                 if jid not in allocs:
-                    allocs[jid] = self.running[jid].alloc
+                    run = running[jid]
+                    if readable is None or readable(run):
+                        allocs[jid] = run.alloc
         seen: dict[tuple[str, str], int] = defaultdict(int)
         for jid, a in allocs.items():
             run = self.running[jid]
@@ -1086,6 +1092,56 @@ class Simulator:
             allocations=(*allocs.values(), *rest),
             tenants=self._tenant_views,
         )
+
+    def _readable(self, min_rank: int, now: float) -> Callable[[_Run], bool] | None:
+        """Which running work on view hosts the core must get as its own
+        allocation (None: all of it). The core reads a running allocation one by
+        one only as a possible victim (``can_evict``), as work under notice, for
+        backfill's end times, for migration, and for dominant shares; the shares
+        need only the tenant's sums, which the summary allocations keep exact for
+        work without vCPUs or memory. So the rest is summed: work of a class no
+        queued request may preempt, or inside the class work that ``can_evict``
+        (relaxed as in ``_view``: any quantum, the first attained-service queue,
+        the shortest remaining time queued) refuses now."""
+        policy = self.policy
+        if policy.defrag or policy.reclaim or (policy.backfill and self.oracle):
+            return None
+        may_preempt = self.may_preempt
+        dynamic = self.dynamic
+        ts = policy.time_slice
+        las = ts == "las"
+        srtf = self.srtf
+        started_by = now - min([policy.min_run_s, *(q for _c, q in policy.slice_quantum)])
+        th0 = policy.las_thresholds[0] if policy.las_thresholds else 0.0
+        shortest = math.inf
+        if srtf:
+            # the order key of srtf starts with the remaining time (queue.order_key)
+            shortest = min(
+                (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst),
+                default=math.inf,
+            )
+
+        def readable(run: _Run) -> bool:
+            if run.preempting:
+                return True
+            job = run.js.job
+            if job.vcpus or job.memory_mib:
+                return True  # the summaries carry GPUs only
+            if not may_preempt:
+                return False
+            rank = dynamic.get(run.priority, -1)
+            if rank > min_rank:
+                return True
+            if rank < min_rank or not ts or run.start > started_by or not run.js.checkpoint:
+                return False
+            if las:
+                return run.js.attained + (now - run.start) * run.milli / WHOLE >= th0
+            if srtf:
+                end = run.alloc.expected_end
+                return end is not None and end - now > shortest
+            return True
+
+        return readable
 
     def _srtf_idle(self, ids: set[str], min_g: float, min_rank: int, now: float) -> bool:
         """Under srtf, whether ``plan()`` over these view hosts could only wait:
