@@ -21,7 +21,9 @@ on score and the core breaks ties by host id), hosts holding work the queue may
 preempt, for backfill the hosts whose work ends soonest, and the largest hosts
 the queue's shapes need so "could never fit" stays false. Work on hosts outside
 the view is summed per tenant into one allocation with no placement on a view
-host, so DRF shares and quota usage stay exact. The capacity denominators of
+host, so DRF shares and quota usage stay exact; so is the running work on view
+hosts that the core could not read one by one (``_readable``: no queued request may
+evict it, it is not under notice, backfill reads no end of it). The capacity denominators of
 DRF shares are those of the view (exact for one GPU model, approximate across
 models). docs/simulator.md lists what this approximation does and does not keep.
 The engine also keeps a ``PlanCache``: host views and allocations are rebuilt only
