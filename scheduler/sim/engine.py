@@ -1155,15 +1155,17 @@ class Simulator:
             return min_rank, None
         las = ts == "las"
         srtf = self.srtf
-        started_by = now - min([policy.min_run_s, *(q for _c, q in policy.slice_quantum)])
-        th0 = policy.las_thresholds[0] if policy.las_thresholds else 0.0
+        # each bound is widened by a second (or GPU-second): handing the core work it
+        # then refuses changes nothing, while a rounding the other way would hide a victim
+        started_by = now - min([policy.min_run_s, *(q for _c, q in policy.slice_quantum)]) + 1.0
+        th0 = (policy.las_thresholds[0] if policy.las_thresholds else 0.0) - 1.0
         shortest = math.inf
         if srtf:
             # the order key of srtf starts with the remaining time (queue.order_key)
             shortest = min(
                 (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst),
                 default=math.inf,
-            )
+            ) - 1.0
 
         def inside(run: _Run) -> bool:
             if run.start > started_by or not run.js.checkpoint:
