@@ -21,7 +21,9 @@ on score and the core breaks ties by host id), hosts holding work the queue may
 preempt, for backfill the hosts whose work ends soonest, and the largest hosts
 the queue's shapes need so "could never fit" stays false. Work on hosts outside
 the view is summed per tenant into one allocation with no placement on a view
-host, so DRF shares and quota usage stay exact. The capacity denominators of
+host, so DRF shares and quota usage stay exact; so is the running work on view
+hosts that the core could not read one by one (``_readable``: no queued request may
+evict it, it is not under notice, backfill reads no end of it). The capacity denominators of
 DRF shares are those of the view (exact for one GPU model, approximate across
 models). docs/simulator.md lists what this approximation does and does not keep.
 The engine also keeps a ``PlanCache``: host views and allocations are rebuilt only
@@ -37,7 +39,7 @@ import math
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -104,6 +106,8 @@ class JobState:
     checkpoint: bool = True
     #: GPU-seconds of progress thrown away by preemptions (restarts from scratch)
     lost: float = 0.0
+    #: the milli-GPUs it asks for in all (set by the simulator)
+    milli: int = 0
 
 
 class _Host:
@@ -121,6 +125,7 @@ class _Host:
         "free_mem",
         "nfree",
         "runs",
+        "victims",
         "view",
         "key",
         "uuids",
@@ -147,7 +152,9 @@ class _Host:
         self.free_vcpus = n.vcpus
         self.free_mem = n.memory_mib
         self.nfree = n.num_gpus
-        self.runs: dict[str, None] = {}
+        self.runs: dict[str, _Run] = {}
+        #: per dynamic class rank, the runs here not under notice (victim candidates)
+        self.victims = [0] * len(CLASS_RANK)
         self.view: HostView | None = None
         self.key = (n.region, n.gpu_model, n.num_gpus)
         self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
@@ -218,6 +225,8 @@ class _Run:
     priority: str
     preempting: bool = False
     version: int = 0
+    #: the rank of its class when that class's mode is dynamic, else -1
+    drank: int = -1
 
 
 @dataclass
@@ -410,6 +419,8 @@ class Simulator:
             ),
             default=0,
         )
+        #: some job asks for vCPUs or memory (the per-tenant summaries carry GPUs only)
+        self.res_jobs = any(j.vcpus or j.memory_mib for j in self.jobs)
         self.series_points = series_points
         self.demand_marks = sorted(demand_marks)
         self.drop_unplaced = (
@@ -547,7 +558,7 @@ class Simulator:
         self.preempted_gpu_s = 0.0
         self.requests: dict[str, PlacementRequest] = {}
         self.running: dict[str, _Run] = {}
-        self.tenant_runs: dict[str, dict[str, None]] = defaultdict(dict)
+        self.tenant_runs: dict[str, dict[str, _Run]] = defaultdict(dict)
         self.usage_milli: dict[tuple[str, str], int] = defaultdict(int)  # (tenant, model) -> milli
         self.tenant_used: dict[str, int] = defaultdict(int)
         self.demand: dict[str, int] = defaultdict(int)  # tenant -> queued + running jobs
@@ -617,6 +628,9 @@ class Simulator:
                 j = jobs[ai]
                 ai += 1
                 js = JobState(j, j.duration, checkpoint=self._checkpoints(j.job_id))
+                js.milli = (
+                    j.gpu_milli * j.nodes if j.gpus_per_node == 0 else j.gpus_per_node * WHOLE * j.nodes
+                )
                 self.state[j.job_id] = js
                 arrived += j.gpus * WHOLE
                 why = self._refusal(j)
@@ -816,15 +830,17 @@ class Simulator:
         for tn in self.dirty_tenants:
             g = self.guarantee_milli.get(tn, 0)
             cum = 0
-            for jid in self.tenant_runs.get(tn, ()):
-                r = self.running[jid]
+            for r in self.tenant_runs.get(tn, {}).values():
                 cls = "standard" if cum + r.milli <= g else "low"
                 if cls == "standard":
                     cum += r.milli
                 if cls != r.priority and not r.preempting:
                     self.rank_runs[CLASS_RANK[r.priority]] -= 1
                     self.rank_runs[CLASS_RANK[cls]] += 1
+                    self._count_victim(r, -1)
                     r.priority = cls
+                    r.drank = self.dynamic.get(cls, -1)
+                    self._count_victim(r, 1)
                     r.alloc = replace(
                         r.alloc, priority=cls, billing="spot" if cls == "low" else "on_demand"
                     )  # type: ignore[arg-type]
@@ -837,17 +853,12 @@ class Simulator:
                     # no job of the trace fits in what is left: the rest borrow
                     stop = i
                     break
-                js = queue[jid]
-                m = (
-                    js.job.gpu_milli * js.job.nodes
-                    if js.job.gpus_per_node == 0
-                    else js.job.gpus_per_node * WHOLE * js.job.nodes
-                )
+                m = queue[jid].milli
                 if cum + m <= g:
                     cum += m
-                    out[js.job.job_id] = "standard"
+                    out[jid] = "standard"
                 else:
-                    out[js.job.job_id] = "low"
+                    out[jid] = "low"
             std = self.std_queued.get(tn)
             if std and stop < len(tq):
                 # of the rest, only the ones classed standard until now change
@@ -968,42 +979,7 @@ class Simulator:
                     h = hosts[hid]
                     if h.nfree >= min_g or (frac and h.room >= min_m):
                         ids.add(hid)
-        # victims the queue could preempt (in the core's host order, a bounded prefix):
-        # the lowest host ids holding such work, found by walking the hosts in id
-        # order and stopping at the bound, not by testing every running job
-        victims: set[str] = set()
-        ts = self.policy.time_slice
-        if self.may_preempt and any(
-            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
-        ):
-            quanta = [q for _c, q in self.policy.slice_quantum]
-            started_by = now - min([self.policy.min_run_s, *quanta])
-            th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
-            las = ts == "las"
-            dynamic = self.dynamic
-            running = self.running
-            want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
-            for hid in self.busy:
-                h = hosts[hid]
-                for jid in h.runs:
-                    run = running[jid]
-                    if run.preempting:
-                        continue
-                    rank = dynamic.get(run.priority, -1)
-                    if rank < min_rank:
-                        continue
-                    if rank == min_rank:
-                        # inside the class: time-sliced work that may be evicted now
-                        if not ts or run.start > started_by or not run.js.checkpoint:
-                            continue
-                        if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
-                            continue  # still in the first attained-service queue
-                    victims.add(hid)
-                    break
-                else:
-                    continue
-                if len(victims) >= want:
-                    break
+        victims = self._victim_hosts(min_rank, need, now)
         # work without GPUs may go on any host with vCPUs and memory left
         if cpu_only:
             for h in hosts.values():
@@ -1047,16 +1023,44 @@ class Simulator:
             # the core would read no allocation: hand it none (same plan, and the
             # per-call cost no longer grows with the running work)
             return ClusterSnapshot(hosts=hv, allocations=(), tenants=self._tenant_views)
-        # allocations touching the view, the rest summed per tenant
+        return ClusterSnapshot(
+            hosts=hv,
+            allocations=self._allocations(ids, reqs, min_rank, now),
+            tenants=self._tenant_views,
+        )
+
+    def _allocations(
+        self, ids: set[str], reqs: list[PlacementRequest], min_rank: int, now: float
+    ) -> tuple[Allocation, ...]:
+        """The allocations touching the view, the rest summed per tenant."""
+        hosts = self.hosts
+        # of the allocations on view hosts only the work the core could read one by one (a victim, work
+        # under notice, backfill's ends); the rest joins its tenant's summary
+        readable = self._readable(min_rank, now)
         allocs: dict[str, Allocation] = {}
-        for hid in ids:
-            for jid in hosts[hid].runs:
-                if jid not in allocs:
-                    allocs[jid] = self.running[jid].alloc
         seen: dict[tuple[str, str], int] = defaultdict(int)
-        for jid, a in allocs.items():
-            run = self.running[jid]
-            seen[(a.tenant_id, run.model)] += run.milli
+        if readable is None:
+            for hid in ids:
+                for jid, run in hosts[hid].runs.items():
+                    if jid not in allocs:
+                        allocs[jid] = run.alloc
+                        seen[(run.js.job.tenant, run.model)] += run.milli
+        else:
+            above, inside = readable
+            res = self.res_jobs
+            for hid in ids:
+                for jid, run in hosts[hid].runs.items():
+                    if jid in allocs:
+                        continue
+                    r = run.drank
+                    if (
+                        r > above
+                        or run.preempting
+                        or (r == min_rank and inside is not None and inside(run))
+                        or (res and (run.js.job.vcpus or run.js.job.memory_mib))
+                    ):
+                        allocs[jid] = run.alloc
+                        seen[(run.js.job.tenant, run.model)] += run.milli
         rest = []
         summaries = self._summaries
         # only tenants in the queue: the core reads no other tenant's share (no
@@ -1081,11 +1085,99 @@ class Simulator:
                         priority="critical",  # never a victim: it stands for many
                     )
                 rest.append(a)
-        return ClusterSnapshot(
-            hosts=hv,
-            allocations=(*allocs.values(), *rest),
-            tenants=self._tenant_views,
-        )
+        return (*allocs.values(), *rest)
+
+    def _victim_hosts(
+        self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float
+    ) -> set[str]:
+        """Hosts holding work the queue could preempt, in the core's host order, a
+        bounded prefix: the lowest host ids holding such work, found by walking the
+        hosts in id order and stopping at the bound, not by testing every running job."""
+        hosts = self.hosts
+        victims: set[str] = set()
+        ts = self.policy.time_slice
+        if self.may_preempt and any(
+            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
+        ):
+            quanta = [q for _c, q in self.policy.slice_quantum]
+            started_by = now - min([self.policy.min_run_s, *quanta])
+            th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
+            las = ts == "las"
+            want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
+            above = min_rank + 1
+            for hid in self.busy:
+                h = hosts[hid]
+                counts = h.victims
+                if not any(counts[above:]):
+                    # inside the class only time-sliced work that may be evicted now
+                    if not ts or not 0 <= min_rank < len(counts) or not counts[min_rank]:
+                        continue
+                    found = False
+                    for run in h.runs.values():
+                        if run.start > started_by:
+                            break  # a host's runs are in start order: the rest started later
+                        if run.drank != min_rank or run.preempting or not run.js.checkpoint:
+                            continue
+                        if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
+                            continue  # still in the first attained-service queue
+                        found = True
+                        break
+                    if not found:
+                        continue
+                victims.add(hid)
+                if len(victims) >= want:
+                    break
+        return victims
+
+    def _readable(
+        self, min_rank: int, now: float
+    ) -> tuple[int, Callable[[_Run], bool] | None] | None:
+        """Which running work on view hosts the core must get as its own
+        allocation (None: all of it). The core reads a running allocation one by
+        one only as a possible victim (``can_evict``), as work under notice, for
+        backfill's end times, for migration, and for dominant shares; the shares
+        need only the tenant's sums, which the summary allocations keep exact for
+        work without vCPUs or memory. So the rest is summed: work of a class no
+        queued request may preempt, or inside the class work that ``can_evict``
+        (relaxed as in ``_view``: any quantum, the first attained-service queue,
+        the shortest remaining time queued) refuses now.
+
+        Answers (above, inside): work under notice, work with vCPUs or memory and
+        work of a dynamic class ranked above ``above`` is read; of the class
+        ``min_rank`` itself the work ``inside`` answers true for (None: none)."""
+        policy = self.policy
+        if policy.defrag or policy.reclaim or (policy.backfill and self.oracle):
+            return None
+        if not self.may_preempt:
+            return len(CLASS_RANK), None
+        ts = policy.time_slice
+        if not ts:
+            return min_rank, None
+        las = ts == "las"
+        srtf = self.srtf
+        # each bound is widened by a second (or GPU-second): handing the core work it
+        # then refuses changes nothing, while a rounding the other way would hide a victim
+        started_by = now - min([policy.min_run_s, *(q for _c, q in policy.slice_quantum)]) + 1.0
+        th0 = (policy.las_thresholds[0] if policy.las_thresholds else 0.0) - 1.0
+        shortest = math.inf
+        if srtf:
+            # the order key of srtf starts with the remaining time (queue.order_key)
+            shortest = min(
+                (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst),
+                default=math.inf,
+            ) - 1.0
+
+        def inside(run: _Run) -> bool:
+            if run.start > started_by or not run.js.checkpoint:
+                return False
+            if las:
+                return run.js.attained + (now - run.start) * run.milli / WHOLE >= th0
+            if srtf:
+                end = run.alloc.expected_end
+                return end is not None and end - now > shortest
+            return True
+
+        return min_rank, inside
 
     def _srtf_idle(self, ids: set[str], min_g: float, min_rank: int, now: float) -> bool:
         """Under srtf, whether ``plan()`` over these view hosts could only wait:
@@ -1101,14 +1193,11 @@ class Simulator:
         shortest = min(
             (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst), default=math.inf
         )
-        dynamic = self.dynamic
-        running = self.running
         for hid in ids:
-            for jid in hosts[hid].runs:
-                run = running[jid]
+            for run in hosts[hid].runs.values():
                 if run.preempting:
                     continue
-                rank = dynamic.get(run.priority, -1)
+                rank = run.drank
                 if rank > min_rank:
                     return False
                 if rank == min_rank and run.js.checkpoint:
@@ -1144,6 +1233,7 @@ class Simulator:
                 r = self.running.get(d.victim_id)
                 if r is None or r.preempting:
                     continue
+                self._count_victim(r, -1)
                 r.preempting = True
                 stop_by = now + d.notice_s
                 r.alloc = replace(
@@ -1170,6 +1260,14 @@ class Simulator:
         return placed, waited
 
     # ------------------------------------------------------------------ runs
+
+    def _count_victim(self, run: _Run, d: int) -> None:
+        """Keep each host's count of victim candidates by class (``_Host.victims``)."""
+        if run.drank < 0 or run.preempting:
+            return
+        hosts = self.hosts
+        for p in run.placements:
+            hosts[p.host_id].victims[run.drank] += d
 
     def _push(self, t: float, kind: str, jid: str, ver: int) -> None:
         self.event_seq += 1
@@ -1198,8 +1296,6 @@ class Simulator:
                 milli += p.milli
             h.free_vcpus -= j.vcpus
             h.free_mem -= j.memory_mib
-            h.runs[j.job_id] = None
-            self._reindex(h)
         if js.first_start is None:
             js.first_start = now
         prio = self.requests[j.job_id].priority if j.job_id in self.requests else j.priority
@@ -1220,11 +1316,17 @@ class Simulator:
             checkpointable=js.checkpoint,
         )
         run = _Run(js, now, placements, alloc, milli, j.gpu_model, prio)
+        run.drank = self.dynamic.get(prio, -1)
+        for p in placements:
+            h = self.hosts[p.host_id]
+            h.runs[j.job_id] = run
+            self._reindex(h)
+        self._count_victim(run, 1)
         old = self.running.get(j.job_id)
         run.version = (old.version + 1) if old else self.event_seq
         self.running[j.job_id] = run
         self.rank_runs[CLASS_RANK.get(prio, 1)] += 1
-        self.tenant_runs[j.tenant][j.job_id] = None
+        self.tenant_runs[j.tenant][j.job_id] = run
         self.usage_milli[(j.tenant, j.gpu_model)] += milli
         self.tenant_used[j.tenant] += milli
         self.used_milli += milli
@@ -1236,6 +1338,7 @@ class Simulator:
         js = run.js
         j = js.job
         del self.running[j.job_id]
+        self._count_victim(run, -1)
         self.rank_runs[CLASS_RANK.get(run.priority, 1)] -= 1
         del self.tenant_runs[j.tenant][j.job_id]
         for p in run.placements:
