@@ -90,16 +90,20 @@ class HostRes:
 class AllocState:
     """A running allocation plus what this cycle decided about it."""
 
-    __slots__ = ("alloc", "rank", "doomed", "end", "gpu_count", "milli")
+    __slots__ = ("alloc", "rank", "doomed", "end", "gpu_count", "milli", "home")
 
     def __init__(self, alloc: Allocation, now: float) -> None:
         self.alloc = alloc
         self.rank = CLASS_RANK.get(alloc.priority, 1)
         placements = alloc.placements
+        #: (host id, first GPU) of work on one node: where ``Fleet`` files it
+        self.home: tuple[str, str] | None = None
         if len(placements) == 1:
             p = placements[0]
             self.gpu_count = len(p.gpus)
             self.milli = self.gpu_count * p.milli
+            if p.gpus:
+                self.home = (p.host_id, p.gpus[0])
         else:
             self.gpu_count = sum(len(p.gpus) for p in placements)
             self.milli = sum(len(p.gpus) * p.milli for p in placements)
@@ -484,10 +488,11 @@ class Fleet:
             self.pools_by_model.setdefault(model, []).append(pool)
         self.allocs: dict[str, AllocState] = {}
         allocs = self.allocs
-        old = cache.allocs if cache is not None else None
+        old_get = cache.allocs.get if cache is not None else None
+        slices_get = slices_of.get
         for a in snapshot.allocations:
             rid = a.request_id
-            st = old.get(rid) if old is not None else None
+            st = old_get(rid) if old_get is not None else None
             if st is not None and st.alloc is a:
                 # what reset() would change: only work under notice (its end may
                 # read the clock) or chosen as a victim last cycle differs
@@ -496,24 +501,19 @@ class Fleet:
             else:
                 st = AllocState(a, now)
             allocs[rid] = st
-            placements = a.placements
-            if len(placements) == 1:
+            home = st.home
+            if home is not None:
                 # one placement: on one slice of one host, once (no duplicate to look for)
-                p = placements[0]
-                sl = slices_of.get(p.host_id)
-                if sl is None or not p.gpus:
-                    continue
-                if len(sl) == 1:
-                    if p.gpus[0] in sl[0].pos:
-                        sl[0].allocs.append(st)
-                    continue
-                u = p.gpus[0]
-                for hs in sl:
-                    if u in hs.pos:
-                        hs.allocs.append(st)
+                sl = slices_get(home[0])
+                if sl is not None:
+                    u = home[1]
+                    for hs in sl:
+                        if u in hs.pos:
+                            hs.allocs.append(st)
+                            break
                 continue
-            for p in placements:
-                sl = slices_of.get(p.host_id)
+            for p in a.placements:
+                sl = slices_get(p.host_id)
                 if sl is None or not p.gpus:
                     continue
                 u = p.gpus[0]
