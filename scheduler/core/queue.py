@@ -56,13 +56,16 @@ class ShareBook:
             a = st.alloc
             model = a.gpu_model or fleet.model_of(a)
             tenant = a.tenant_id
-            n = len(a.placements)
             g = gpu.get(tenant)
             if g is None:
                 g = gpu[tenant] = {}
+                cpu[tenant] = mem[tenant] = 0
             g[model] = g.get(model, 0) + st.milli
-            cpu[tenant] = cpu.get(tenant, 0) + a.vcpus * n
-            mem[tenant] = mem.get(tenant, 0) + a.memory_mib * n
+            # per node, on every node (most work asks for GPUs alone)
+            if a.vcpus:
+                cpu[tenant] += a.vcpus * len(a.placements)
+            if a.memory_mib:
+                mem[tenant] += a.memory_mib * len(a.placements)
         inv_cap = self.inv_cap
         for tenant, g in gpu.items():
             s = max(cpu[tenant] * self.inv_cpu, mem[tenant] * self.inv_mem, 0.0)

@@ -90,16 +90,20 @@ class HostRes:
 class AllocState:
     """A running allocation plus what this cycle decided about it."""
 
-    __slots__ = ("alloc", "rank", "doomed", "end", "gpu_count", "milli")
+    __slots__ = ("alloc", "rank", "doomed", "end", "gpu_count", "milli", "home")
 
     def __init__(self, alloc: Allocation, now: float) -> None:
         self.alloc = alloc
         self.rank = CLASS_RANK.get(alloc.priority, 1)
         placements = alloc.placements
+        #: (host id, first GPU) of work on one node: where ``Fleet`` files it
+        self.home: tuple[str, str] | None = None
         if len(placements) == 1:
             p = placements[0]
             self.gpu_count = len(p.gpus)
             self.milli = self.gpu_count * p.milli
+            if p.gpus:
+                self.home = (p.host_id, p.gpus[0])
         else:
             self.gpu_count = sum(len(p.gpus) for p in placements)
             self.milli = sum(len(p.gpus) * p.milli for p in placements)
@@ -158,6 +162,8 @@ class HostState:
         "share_memo",
         "owner",
         "open",
+        "shares0",
+        "pool_key",
     )
 
     def __init__(
@@ -168,6 +174,8 @@ class HostState:
         self.host_id = view.host_id
         self.region = view.region
         self.model = model
+        #: the key of its pool in ``Fleet.pools``
+        self.pool_key = (view.region, model)
         self.ready = view.ready
         self.total = n = len(gpus)
         if n:
@@ -200,6 +208,11 @@ class HostState:
             ]
         else:
             self.owner = [None] * n
+        #: GPUs carrying fractional shares when the slice was built: ``Pool.add``
+        #: indexes them without a scan (a slice is only ever added unbooked)
+        self.shares0: tuple[int, ...] = (
+            tuple(i for i, m in enumerate(milli) if 0 < m < WHOLE) if any(used) else ()
+        )
         self.util: tuple[float, ...] = util
         self.idle_since: tuple[float | None, ...] = idle
         self.load = sum(util) / n if n else 0.0
@@ -271,10 +284,15 @@ class Pool:
     def add(self, hs: HostState) -> None:
         hs.pool = self
         self.hosts.append(hs)
-        self.by_free[hs.free][hs] = None
-        for i in range(hs.total):
-            if not hs.whole[i] and 0 < hs.milli[i] < WHOLE:
-                self.shared_of(hs.owner[i])[(WHOLE - hs.milli[i]) // SHARE_BUCKET][(hs, i)] = None
+        by_free = self.by_free
+        free = hs.free
+        while len(by_free) <= free:  # a pool may be sized as its hosts come
+            by_free.append({})
+        by_free[free][hs] = None
+        # the slice is as built (a booked one is never reused), so the GPUs with
+        # shares are those of ``shares0``
+        for i in hs.shares0:
+            self.shared_of(hs.owner[i])[(WHOLE - hs.milli[i]) // SHARE_BUCKET][(hs, i)] = None
 
     # -- consumption -----------------------------------------------------------------
 
@@ -378,24 +396,32 @@ class Fleet:
         counts: dict[tuple[str, str], list[int]] = {}
         cached = cache.hosts if cache is not None else None
         max_vcpus = max_mem = cap_vcpus = cap_mem = 0
+        hits = misses = 0
         cap_milli = self.cap_milli
         slices_of = self.slices
+        pools = self.pools
+        touched = self.touched
         hosts: Sequence[HostView] = snapshot.hosts
         ids = [v.host_id for v in hosts]
         if ids != sorted(ids):
             hosts = sorted(hosts, key=lambda h: h.host_id)
+        # hosts are taken in host id order, so every index bucket starts in host
+        # id order: the tie-break of the walk
         for view in hosts:
             entry = cached.get(view.host_id) if cached is not None else None
             if entry is not None and entry[0] is view:
                 res = entry[1]
                 slices = entry[2]
                 for hs in slices:
-                    # cycle-local marks of the last cycle
-                    hs.allocs = []
-                    hs.placed = []
-                    hs.reserved_at = None
-                    hs.reserved_for = None
-                cache.hits += 1  # type: ignore[union-attr]
+                    # cycle-local marks of the last cycle, cleared only where set
+                    if hs.allocs:
+                        hs.allocs = []
+                    if hs.placed:
+                        hs.placed = []
+                    if hs.reserved_at is not None:
+                        hs.reserved_at = None
+                        hs.reserved_for = None
+                hits += 1
             else:
                 res = HostRes(
                     view.free_vcpus, view.free_memory_mib, view.total_vcpus, view.total_memory_mib
@@ -409,25 +435,34 @@ class Fleet:
                 slices = [HostState(view, model, res, len(models) == 1) for model in models]
                 if cached is not None:
                     cached[view.host_id] = (view, res, slices)
-                    cache.misses += 1  # type: ignore[union-attr]
-            if res.total_vcpus > max_vcpus:
-                max_vcpus = res.total_vcpus
-            if res.total_mem > max_mem:
-                max_mem = res.total_mem
+                    misses += 1
+            tv = res.total_vcpus
+            tm = res.total_mem
+            if tv > max_vcpus:
+                max_vcpus = tv
+            if tm > max_mem:
+                max_mem = tm
             ready = view.ready
             if ready:
-                cap_vcpus += res.total_vcpus
-                cap_mem += res.total_mem
+                cap_vcpus += tv
+                cap_mem += tm
             for hs in slices:
-                key = (view.region, hs.model)
-                lst = counts.get(key)
-                if lst is None:
+                key = hs.pool_key
+                pool = pools.get(key)
+                if pool is None:
+                    # max_gpus is known once every host was seen (set below)
+                    pool = pools[key] = Pool(key[0], key[1], 0, touched)
                     counts[key] = [hs.total]
                 else:
-                    lst.append(hs.total)
+                    counts[key].append(hs.total)
                 if ready:
-                    cap_milli[hs.model] = cap_milli.get(hs.model, 0) + hs.total * WHOLE
+                    model = key[1]
+                    cap_milli[model] = cap_milli.get(model, 0) + hs.total * WHOLE
+                    pool.add(hs)
             slices_of[view.host_id] = slices
+        if cache is not None:
+            cache.hits += hits
+            cache.misses += misses
         self.max_vcpus = max_vcpus
         self.max_mem = max_mem
         self.cap_vcpus = cap_vcpus
@@ -444,28 +479,41 @@ class Fleet:
                     totals[key2] = list(lst)
                 else:
                     t.extend(lst)
-            self.pools[(region, model)] = Pool(region, model, mx, self.touched)
-        pools = self.pools
-        # hosts are in host id order here (slices_of was filled in that order), so
-        # every index bucket starts in host id order: the tie-break of the walk
-        for slices in slices_of.values():
-            for hs in slices:
-                if hs.ready:
-                    pools[(hs.region, hs.model)].add(hs)
+            pool = pools[(region, model)]
+            pool.max_gpus = mx
+            by_free = pool.by_free
+            while len(by_free) <= mx:
+                by_free.append({})
         for (_region, model), pool in sorted(pools.items()):
             self.pools_by_model.setdefault(model, []).append(pool)
         self.allocs: dict[str, AllocState] = {}
         allocs = self.allocs
-        old = cache.allocs if cache is not None else None
+        old_get = cache.allocs.get if cache is not None else None
+        slices_get = slices_of.get
         for a in snapshot.allocations:
-            st = old.get(a.request_id) if old is not None else None
+            rid = a.request_id
+            st = old_get(rid) if old_get is not None else None
             if st is not None and st.alloc is a:
-                st.reset(now)
+                # what reset() would change: only work under notice (its end may
+                # read the clock) or chosen as a victim last cycle differs
+                if st.doomed or a.preempting:
+                    st.reset(now)
             else:
                 st = AllocState(a, now)
-            allocs[a.request_id] = st
+            allocs[rid] = st
+            home = st.home
+            if home is not None:
+                # one placement: on one slice of one host, once (no duplicate to look for)
+                sl = slices_get(home[0])
+                if sl is not None:
+                    u = home[1]
+                    for hs in sl:
+                        if u in hs.pos:
+                            hs.allocs.append(st)
+                            break
+                continue
             for p in a.placements:
-                sl = slices_of.get(p.host_id)
+                sl = slices_get(p.host_id)
                 if sl is None or not p.gpus:
                     continue
                 u = p.gpus[0]

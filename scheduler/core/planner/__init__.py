@@ -17,7 +17,8 @@ split and kube-scheduler's PostFilter:
                    decisions, and the memos later requests reuse
     admission.py   decide, refusal (invalid, never_fits), admit, admit_pinned, wait, reject
     placement.py   find, find_in, candidates, walk, why, commit
-    preemption.py  BlastRadius (the cap), may_preempt, can_evict, find_victims,
+    preemption.py  BlastRadius (the cap), may_preempt, can_evict (evictable over a
+                   host's work, slice_key once per cycle), find_victims,
                    host_victims, greedy, lost_work, give_notice
     backfill.py    earliest_fit, reserve, mark_reserved
     fit.py         fits_now, fits_with, fits_counts (what preemption and backfill ask)

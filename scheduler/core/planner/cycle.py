@@ -87,6 +87,7 @@ class CycleState:
         "victim_hosts",
         "time_slice_keys",
         "service_queues",
+        "slice_keys",
         "dynamic",
         "slice_quantum",
     )
@@ -178,6 +179,8 @@ class CycleState:
         self.time_slice_keys: dict[str, float] = {}
         #: request id of running work -> its attained-service queue now
         self.service_queues: dict[str, int] = {}
+        #: running work -> its side of the time-slice test (preemption.slice_key)
+        self.slice_keys: dict[AllocState, float] = {}
         #: class -> whether its running work may be preempted (its mode is dynamic)
         self.dynamic = {c: policy.mode_for(c) == "dynamic" for c in CLASS_RANK}
         self.slice_quantum: dict[str, float] = dict(policy.slice_quantum)

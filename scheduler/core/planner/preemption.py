@@ -168,6 +168,18 @@ def can_evict(cycle: CycleState, a: AllocState, rank: int, mine: float) -> bool:
         return True
     if a.rank < rank or mine == INF:
         return False
+    return slice_key(cycle, a) > mine
+
+
+def slice_key(cycle: CycleState, a: AllocState) -> float:
+    """Running work's side of ``can_evict`` inside its class: a request of the
+    same class whose time-slice key is below it may evict ``a``; -INF for work
+    that is never time-sliced (yet). Depends on the clock only, so it is
+    worked out once per cycle (``CycleState.slice_keys``)."""
+    keys = cycle.slice_keys
+    got = keys.get(a)
+    if got is not None:
+        return got
     al = a.alloc
     policy = cycle.policy
     now = cycle.now
@@ -177,10 +189,44 @@ def can_evict(cycle: CycleState, a: AllocState, rank: int, mine: float) -> bool:
         or not al.checkpointable
         or now - al.started_at < cycle.slice_quantum.get(al.priority, policy.min_run_s)
     ):
-        return False
-    if policy.time_slice == "las":
-        return service_queue(cycle, a) > mine
-    return al.expected_end is not None and al.expected_end - now > mine
+        got = -INF
+    elif policy.time_slice == "las":
+        got = float(service_queue(cycle, a))
+    elif al.expected_end is not None:
+        got = al.expected_end - now
+    else:
+        got = -INF
+    keys[a] = got
+    return got
+
+
+def evictable(
+    cycle: CycleState, allocs: Iterable[AllocState], rank: int, mine: float, first: bool = False
+) -> list[AllocState]:
+    """The work of ``allocs`` a request of class ``rank`` with time-slice key
+    ``mine`` may preempt (``first``: only the first such): ``can_evict`` over a
+    host's work, written out (it runs for every host a victim search looks at)."""
+    dynamic = cycle.dynamic
+    keys = cycle.slice_keys
+    out = []
+    for a in allocs:
+        if a.doomed:
+            continue
+        ar = a.rank
+        if ar < rank or not dynamic.get(a.alloc.priority, False):
+            continue
+        if ar == rank:
+            if mine == INF:
+                continue
+            k = keys.get(a)
+            if k is None:
+                k = slice_key(cycle, a)
+            if k <= mine:
+                continue
+        out.append(a)
+        if first:
+            break
+    return out
 
 
 def known_no_victims(cycle: CycleState, key: tuple[object, ...], shape: VictimShape) -> str | None:
@@ -244,7 +290,7 @@ def host_victims(
     the preemptible index once it stopped iterating that index."""
     rank = CLASS_RANK.get(req.priority, 1)
     mine = time_slice_key(cycle, req)
-    elig = [a for a in hs.allocs if can_evict(cycle, a, rank, mine)]
+    elig = evictable(cycle, hs.allocs, rank, mine)
     if not elig:
         if stale is not None:
             stale.append(hs)
@@ -403,7 +449,7 @@ def preemptible_hosts(cycle: CycleState, pool: Pool, rank: int, mine: float) -> 
     if hosts is None:
         hosts = {}
         for hs in pool.hosts:
-            if any(can_evict(cycle, a, rank, probe) for a in hs.allocs):
+            if evictable(cycle, hs.allocs, rank, probe, first=True):
                 hosts[hs] = None
         cycle.victim_hosts[key] = hosts
     return hosts
