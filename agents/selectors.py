@@ -186,6 +186,8 @@ def host_holds(*, host: Host) -> list[Hold]:
     One query, in written SQL that groups the allocations in the database (a GPU's index
     instead of its row): every heartbeat that changes something reads it, and a model
     instance per allocation, its workload and its GPU cost more CPU than PostgreSQL took."""
+    if connection.vendor != "postgresql":
+        return _host_holds_portable(host)
     with connection.cursor() as cur:
         cur.execute(_HOLDS_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
         rows = cur.fetchall()
@@ -198,6 +200,40 @@ def host_holds(*, host: Host) -> list[Hold]:
     return out
 
 
+def _host_holds_portable(host: Host) -> list[Hold]:
+    """`host_holds` elsewhere than on PostgreSQL (the SQLite demo): the allocations row by
+    row, grouped here, each workload loaded as the ORM loads it; no row version (so
+    `host_holds_after` reads again)."""
+    a, g, it = Allocation._meta.db_table, Gpu._meta.db_table, InstanceType._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT {model_columns(Workload, 'w')}, a.id, a.milli, a.gpu_id, g.\"index\", a.vcpus, a.memory_mib, "
+            f"it.vcpus, it.memory_gib FROM {a} a JOIN {g} g ON g.uuid = a.gpu_id "
+            f"JOIN {Workload._meta.db_table} w ON w.id = a.workload_id JOIN {it} it ON it.id = w.instance_type_id "
+            "WHERE a.host_id = %s AND a.active ORDER BY a.id",
+            [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        rows = cur.fetchall()
+    width = len(Workload._meta.concrete_fields)
+    # workload id -> [model, first, milli, [(index, id, gpu)], vcpus, mem, it_vcpus, it_mem]
+    groups: dict[Any, list] = {}
+    for row in rows:
+        aid, milli, gpu, index, vcpus, mem, it_vcpus, it_mem_gib = row[width:]
+        got = groups.get(row[0])
+        if got is None:
+            got = groups[row[0]] = [model_from_row(Workload, row)[0], aid, milli, [], 0, 0, it_vcpus, it_mem_gib]
+        got[3].append((index, aid, gpu))
+        got[4] += vcpus or 0
+        got[5] += mem or 0
+    out = []
+    for w, first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib in groups.values():
+        h = Hold(tuple(getattr(w, f.attname) for f in Workload._meta.concrete_fields), first=first,
+                 gpus=[gpu for _i, _a, gpu in sorted(gpus)], milli=milli, vcpus=int(vcpus or it_vcpus),
+                 memory_mib=int(mem or it_mem_gib * 1024), xmin="")
+        h._model = w
+        out.append(h)
+    return out
+
+
 def host_holds_after(*, host: Host, holds: list[Hold], moved: set[str]) -> list[Hold]:
     """`host_holds(host=host)` after this heartbeat moved the workloads `moved` (ids as text):
     `holds` (read before the moves) confirmed by a narrow read, else read again.
@@ -207,6 +243,8 @@ def host_holds_after(*, host: Host, holds: list[Hold], moved: set[str]) -> list[
     unless this heartbeat moved it) keeps what was read of it, with the state and notice
     read now; a hold that is gone is left out; anything else (new work placed here meanwhile,
     a row changed by someone else) reads everything again."""
+    if connection.vendor != "postgresql":
+        return host_holds(host=host)
     with connection.cursor() as cur:
         cur.execute(_HOLDS_NOW_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
         rows = cur.fetchall()
@@ -370,9 +408,16 @@ def host_logs_requests(*, host: Host) -> list[LogsRequest]:
     """Log tails wanted from `host` (sent in the heartbeat answer). One indexed query (written
     SQL: every answer that is not cached asks, and the ORM's query cost more to build than to
     run); a changed heartbeat's host UPDATE reads the same (`logs_requested_sql`)."""
+    pk = Host._meta.pk.get_db_prep_value(host.pk, connection)
     with connection.cursor() as cur:
-        cur.execute(logs_requested_sql(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
-        return logs_requests_of(*cur.fetchone())
+        if connection.vendor == "postgresql":
+            cur.execute(logs_requested_sql(), [pk])
+            return logs_requests_of(*cur.fetchone())
+        # elsewhere (the SQLite demo): one row per tail, in the same order
+        cur.execute(f"SELECT attempt_id, requested_tail FROM {ContainerLog._meta.db_table} "
+                    "WHERE host_id = %s AND requested_at IS NOT NULL ORDER BY requested_at, workload_id", [pk])
+        rows = cur.fetchall()
+    return logs_requests_of([r[0] for r in rows], [r[1] for r in rows])
 
 
 @cache
