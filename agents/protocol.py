@@ -443,6 +443,10 @@ class GpuSample:
 
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> GpuSample:
+        if type(data) is dict and cls is GpuSample:
+            plain = _sample_plain(data)
+            if plain is not None:
+                return plain
         r = _Reader(data, path)
         return cls(
             uuid=r.str_("uuid"),
@@ -457,6 +461,53 @@ class GpuSample:
             ecc_uncorrected=r.opt_int("ecc_uncorrected", maximum=INT64_MAX),
             xid_events=r.list_("xid_events", _int_item),
         )
+
+
+class _NotPlain(Exception):
+    """A sample value the plain reading leaves to the generic reader."""
+
+
+def _number(v: object) -> float | None:
+    """A plain sample number, as `_Reader.opt_float` reads it."""
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        return float(v)
+    if v is None:
+        return None
+    raise _NotPlain
+
+
+def _count(v: object, maximum: int) -> int | None:
+    """A plain count, as `_Reader.opt_int` (no minimum) reads it."""
+    if v is None:
+        return None
+    if type(v) is int and v <= maximum:
+        return v
+    raise _NotPlain
+
+
+def _sample_plain(d: dict[str, Any]) -> GpuSample | None:
+    """The common sample (an ASCII uuid, no error text, no XID events, plain numbers), read
+    without the generic reader: every heartbeat carries one per GPU. None for anything else,
+    which `GpuSample.from_dict` reads (and refuses) as it always did: the same values."""
+    uuid, healthy, xids = d.get("uuid"), d.get("healthy"), d.get("xid_events")
+    if (type(uuid) is not str or not uuid or not uuid.isascii() or "\x00" in uuid
+            or not (healthy is None or type(healthy) is bool) or d.get("error") is not None
+            or not (xids is None or (type(xids) is list and not xids))):
+        return None
+    try:
+        return GpuSample(
+            uuid=uuid, healthy=True if healthy is None else healthy, error=None,
+            gpu_util=_number(d.get("gpu_util")), mem_util=_number(d.get("mem_util")),
+            mem_used_mib=_count(d.get("mem_used_mib"), INT32_MAX),
+            temperature_c=_number(d.get("temperature_c")), power_w=_number(d.get("power_w")),
+            ecc_corrected=_count(d.get("ecc_corrected"), INT64_MAX),
+            ecc_uncorrected=_count(d.get("ecc_uncorrected"), INT64_MAX),
+            xid_events=[],
+        )
+    except _NotPlain:
+        return None
 
 
 # --- containers ------------------------------------------------------------------------

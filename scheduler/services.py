@@ -290,7 +290,9 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
                          hosts: Iterable[UUID | str] | None = None) -> list[UUID]:
     """The bulk form of `workload_transition` for the scheduling cycle: one UPDATE, one INSERT.
 
-    Call inside atomic(). Returns the ids that moved (those still in `old`). `facts`: other
+    Call inside atomic() (a move between holding states may go without where it is one
+    statement, `bulk.state_with_events_is_one_statement`). Returns the ids that moved (those
+    still in `old`). `facts`: other
     fields the same UPDATE sets on them (a reported exit code), as `workload_transition`'s.
     `hosts`: the hosts where they hold allocations, when the caller knows (a heartbeat's own
     host for its single-host work), saving the fast path's query for them.

@@ -1,0 +1,75 @@
+"""A GPU sample read by the plain reading (`agents.protocol._sample_plain`, the common shape of
+every heartbeat's samples) is the sample the generic reader gives, and whatever the plain
+reading leaves alone is refused by the generic reader with the same error."""
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from agents.protocol import INT32_MAX, INT64_MAX, GpuSample, Heartbeat, ProtocolError
+
+_BASE = {"uuid": "GPU-1", "healthy": True, "error": None, "gpu_util": 50.5, "mem_util": 1, "mem_used_mib": 512,
+         "temperature_c": 40.0, "power_w": 70, "ecc_corrected": 0, "ecc_uncorrected": 0, "xid_events": []}
+
+_CASES = [
+    {},
+    {"healthy": False},
+    {"healthy": None},
+    {"healthy": 1},
+    {"healthy": "yes"},
+    {"uuid": ""},
+    {"uuid": None},
+    {"uuid": 7},
+    {"uuid": "GPU-\x00"},
+    {"uuid": "GPU-é"},
+    {"uuid": "GPU-\ud800"},
+    {"error": "Xid 79"},
+    {"error": ""},
+    {"error": 3},
+    {"gpu_util": None},
+    {"gpu_util": True},
+    {"gpu_util": -1},
+    {"gpu_util": "50"},
+    {"mem_util": 2**70},
+    {"mem_used_mib": -5},
+    {"mem_used_mib": INT32_MAX},
+    {"mem_used_mib": INT32_MAX + 1},
+    {"mem_used_mib": 1.5},
+    {"mem_used_mib": False},
+    {"ecc_uncorrected": INT64_MAX},
+    {"ecc_uncorrected": INT64_MAX + 1},
+    {"ecc_corrected": None},
+    {"ecc_corrected": True},
+    {"xid_events": None},
+    {"xid_events": [79]},
+    {"xid_events": [True]},
+    {"xid_events": ""},
+    {"xid_events": {}},
+    {"xid_events": 0},
+    {"temperature_c": [1]},
+    {"power_w": 1e308},
+    {"unknown": "ignored"},
+]
+
+
+def _read(data: object) -> GpuSample | str:
+    try:
+        return GpuSample.from_dict(data, "gpus[0]")
+    except ProtocolError as exc:
+        return f"ProtocolError: {exc}"
+
+
+@pytest.mark.parametrize("change", _CASES, ids=[repr(c) for c in _CASES])
+def test_a_sample_reads_the_same_by_the_plain_and_the_generic_reading(change):
+    data = {**_BASE, **change}
+    for missing in ([], [k for k, v in change.items() if v is None]):
+        d = {k: v for k, v in data.items() if k not in missing}
+        # a mapping that is not a dict takes the generic reader
+        assert _read(d) == _read(MappingProxyType(d))
+
+
+def test_a_heartbeat_of_plain_samples_round_trips():
+    hb = Heartbeat(host_id="h", seq=3, gpus=[GpuSample(uuid=f"GPU-{i}", gpu_util=float(i), mem_used_mib=i,
+                                                       ecc_uncorrected=0) for i in range(8)], agent_version="v")
+    assert Heartbeat.from_dict(hb.to_dict()) == hb
