@@ -724,6 +724,10 @@ class ObservedContainer:
 
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> ObservedContainer:
+        if type(data) is dict and cls is ObservedContainer:
+            plain = _container_plain(data)
+            if plain is not None:
+                return plain
         r = _Reader(data, path)
         return cls(
             instance_id=r.str_("instance_id"),
@@ -735,6 +739,34 @@ class ObservedContainer:
             error=r.opt_str("error", text=True),
             host_ports=r.int_map("host_ports"),
         )
+
+
+def _id_text(v: object) -> str | None:
+    """A plain optional id or time (ASCII, no NUL), as `_Reader.opt_str` reads it."""
+    if v is None:
+        return None
+    if type(v) is str and v.isascii() and "\x00" not in v:
+        return v
+    raise _NotPlain
+
+
+def _container_plain(d: dict[str, Any]) -> ObservedContainer | None:
+    """The common container report (ASCII ids and times, a known state, no error text, no
+    published ports), read without the generic reader, as `_sample_plain`. None for anything
+    else, which `ObservedContainer.from_dict` reads (and refuses) as it always did."""
+    iid, state, ports = d.get("instance_id"), d.get("state"), d.get("host_ports")
+    if (type(iid) is not str or not iid or type(state) is not str or state not in CONTAINER_STATES
+            or d.get("error") is not None or not (ports is None or (type(ports) is dict and not ports))):
+        return None
+    try:
+        return ObservedContainer(
+            instance_id=cast(str, _id_text(iid)), state=cast(ContainerState, state),
+            container_id=_id_text(d.get("container_id")), exit_code=_count(d.get("exit_code"), INT32_MAX),
+            started_at=_id_text(d.get("started_at")), finished_at=_id_text(d.get("finished_at")),
+            error=None, host_ports={},
+        )
+    except _NotPlain:
+        return None
 
 
 # --- logs ------------------------------------------------------------------------------

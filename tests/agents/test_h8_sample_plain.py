@@ -1,13 +1,14 @@
-"""A GPU sample read by the plain reading (`agents.protocol._sample_plain`, the common shape of
-every heartbeat's samples) is the sample the generic reader gives, and whatever the plain
-reading leaves alone is refused by the generic reader with the same error."""
+"""A GPU sample or a container report read by the plain reading (`agents.protocol._sample_plain`,
+`_container_plain`: the common shapes of every heartbeat's) is what the generic reader gives,
+and whatever the plain reading leaves alone is refused by the generic reader with the same
+error."""
 from __future__ import annotations
 
 from types import MappingProxyType
 
 import pytest
 
-from agents.protocol import INT32_MAX, INT64_MAX, GpuSample, Heartbeat, ProtocolError
+from agents.protocol import INT32_MAX, INT64_MAX, GpuSample, Heartbeat, ObservedContainer, ProtocolError
 
 _BASE = {"uuid": "GPU-1", "healthy": True, "error": None, "gpu_util": 50.5, "mem_util": 1, "mem_used_mib": 512,
          "temperature_c": 40.0, "power_w": 70, "ecc_corrected": 0, "ecc_uncorrected": 0, "xid_events": []}
@@ -67,6 +68,63 @@ def test_a_sample_reads_the_same_by_the_plain_and_the_generic_reading(change):
         d = {k: v for k, v in data.items() if k not in missing}
         # a mapping that is not a dict takes the generic reader
         assert _read(d) == _read(MappingProxyType(d))
+
+
+_CONTAINER = {"instance_id": "w.1", "container_id": "abc", "state": "exited", "exit_code": 0,
+              "started_at": "2026-12-05T10:00:00Z", "finished_at": "2026-12-05T10:01:00Z", "error": None,
+              "host_ports": {}}
+
+_CONTAINER_CASES = [
+    {},
+    {"instance_id": ""},
+    {"instance_id": None},
+    {"instance_id": 5},
+    {"instance_id": "w.\x00"},
+    {"instance_id": "w.é"},
+    {"instance_id": "w.\ud800"},
+    {"container_id": None},
+    {"container_id": ""},
+    {"container_id": "é"},
+    {"container_id": 1},
+    {"state": "running"},
+    {"state": "created"},
+    {"state": "missing"},
+    {"state": "paused"},
+    {"state": None},
+    {"state": 1},
+    {"exit_code": None},
+    {"exit_code": -1},
+    {"exit_code": 137},
+    {"exit_code": INT32_MAX + 1},
+    {"exit_code": True},
+    {"exit_code": 0.0},
+    {"started_at": None},
+    {"started_at": "x\x00"},
+    {"finished_at": 3},
+    {"error": "image not found"},
+    {"error": "bad\x00byte"},
+    {"error": 5},
+    {"host_ports": None},
+    {"host_ports": {"8888": 32768}},
+    {"host_ports": {"8888": "x"}},
+    {"host_ports": []},
+    {"unknown": 1},
+]
+
+
+def _read_container(data: object) -> ObservedContainer | str:
+    try:
+        return ObservedContainer.from_dict(data, "containers[0]")
+    except ProtocolError as exc:
+        return f"ProtocolError: {exc}"
+
+
+@pytest.mark.parametrize("change", _CONTAINER_CASES, ids=[repr(c) for c in _CONTAINER_CASES])
+def test_a_container_report_reads_the_same_by_the_plain_and_the_generic_reading(change):
+    data = {**_CONTAINER, **change}
+    for missing in ([], [k for k, v in change.items() if v is None]):
+        d = {k: v for k, v in data.items() if k not in missing}
+        assert _read_container(d) == _read_container(MappingProxyType(d))
 
 
 def test_a_heartbeat_of_plain_samples_round_trips():
