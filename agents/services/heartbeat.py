@@ -147,7 +147,7 @@ def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | No
 
 def host_heartbeat(
     *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
-    bulk: bool = True, buffer_samples: bool = False,
+    bulk: bool = True, buffer_samples: bool = False, samples_later: list[bytes] | None = None,
 ) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
@@ -160,7 +160,8 @@ def host_heartbeat(
     already decided that from the seq (the fast path claims seqs in Redis, see
     agents/fastpath.py); None: decided here from `Host.last_seq`. `buffer_samples`: GPU
     samples that change no GPU's health may go to the fast path's buffer (see
-    `gpu_samples_apply`; the view's, when the fast path is on).
+    `gpu_samples_apply`; the view's, when the fast path is on); `samples_later`: their record
+    goes there, for the caller to push (`gpu_samples_apply`'s `later`).
     """
     if hb.host_id != str(host.pk):
         raise TokenRefused("This host token belongs to another host.")
@@ -190,7 +191,8 @@ def host_heartbeat(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
         )
         return outcome
-    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples, health=health)
+    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples, health=health,
+                                later=samples_later)
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)
