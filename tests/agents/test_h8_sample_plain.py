@@ -54,20 +54,25 @@ _CASES = [
 ]
 
 
-def _read(data: object) -> GpuSample | str:
+def _read(cls: type, data: object, path: str) -> object:
     try:
-        return GpuSample.from_dict(data, "gpus[0]")
+        return cls.from_dict(data, path)
     except ProtocolError as exc:
         return f"ProtocolError: {exc}"
 
 
-@pytest.mark.parametrize("change", _CASES, ids=[repr(c) for c in _CASES])
-def test_a_sample_reads_the_same_by_the_plain_and_the_generic_reading(change):
-    data = {**_BASE, **change}
+def _both_ways(cls: type, base: dict, change: dict, path: str) -> None:
+    """`base` with `change`, and without the keys `change` sets to None: read the same by the
+    plain reading (a dict) and the generic one (a mapping that is not a dict takes it)."""
+    data = {**base, **change}
     for missing in ([], [k for k, v in change.items() if v is None]):
         d = {k: v for k, v in data.items() if k not in missing}
-        # a mapping that is not a dict takes the generic reader
-        assert _read(d) == _read(MappingProxyType(d))
+        assert _read(cls, d, path) == _read(cls, MappingProxyType(d), path)
+
+
+@pytest.mark.parametrize("change", _CASES, ids=[repr(c) for c in _CASES])
+def test_a_sample_reads_the_same_by_the_plain_and_the_generic_reading(change):
+    _both_ways(GpuSample, _BASE, change, "gpus[0]")
 
 
 _CONTAINER = {"instance_id": "w.1", "container_id": "abc", "state": "exited", "exit_code": 0,
@@ -112,19 +117,9 @@ _CONTAINER_CASES = [
 ]
 
 
-def _read_container(data: object) -> ObservedContainer | str:
-    try:
-        return ObservedContainer.from_dict(data, "containers[0]")
-    except ProtocolError as exc:
-        return f"ProtocolError: {exc}"
-
-
 @pytest.mark.parametrize("change", _CONTAINER_CASES, ids=[repr(c) for c in _CONTAINER_CASES])
 def test_a_container_report_reads_the_same_by_the_plain_and_the_generic_reading(change):
-    data = {**_CONTAINER, **change}
-    for missing in ([], [k for k, v in change.items() if v is None]):
-        d = {k: v for k, v in data.items() if k not in missing}
-        assert _read_container(d) == _read_container(MappingProxyType(d))
+    _both_ways(ObservedContainer, _CONTAINER, change, "containers[0]")
 
 
 def test_a_heartbeat_of_plain_samples_round_trips():

@@ -6,16 +6,7 @@ from __future__ import annotations
 from agents import fastpath
 from agents.models import GpuSample, Host
 from scheduler.choices import State
-from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
-    beat_body,
-    place,
-    post,
-    region,
-    register_body,
-    registered,
-    state,
-    triggered,
-)
+from tests.agents.test_agent_api import beat_body, place, post, region, registered, state, triggered  # noqa: F401
 from tests.agents.test_fastpath import HB, beat, running, sample
 
 
