@@ -357,17 +357,26 @@ def parse(request) -> Parsed | None:
     return Parsed(hb, token_hash, digest, record, late, volumes_digest)
 
 
-def samples_buffer(*, host_id: UUID | str, when: datetime, samples: list[GpuSampleMsg]) -> bool:
-    """Buffer a slow heartbeat's GPU samples as an unchanged one's are (no seq: the slow path
-    applied that), for the flush to write. False when Redis refused: write them yourself."""
-    rec = orjson.dumps([when.timestamp(), None, [
+def samples_record(*, host_id: UUID | str, when: datetime, samples: list[GpuSampleMsg]) -> bytes:
+    """A slow heartbeat's GPU samples as the buffer holds an unchanged one's (no seq: the slow
+    path applied that), for the flush to write (`samples_push`, or with `remember`)."""
+    return f"{host_id}|".encode() + orjson.dumps([when.timestamp(), None, [
         [s.uuid, s.gpu_util, s.mem_util, s.mem_used_mib, s.temperature_c, s.power_w] for s in samples]])
+
+
+def samples_push(records: list[bytes]) -> bool:
+    """Buffer `samples_record`s. False when Redis refused: write them yourself."""
     try:
-        _redis().rpush(f"{_prefix()}buf", f"{host_id}|".encode() + rec)
+        _redis().rpush(f"{_prefix()}buf", *records)
     except redis.RedisError:
-        logger.exception("heartbeat samples buffer failed host=%s", host_id)
+        logger.exception("heartbeat samples buffer failed records=%d", len(records))
         return False
     return True
+
+
+def samples_buffer(*, host_id: UUID | str, when: datetime, samples: list[GpuSampleMsg]) -> bool:
+    """`samples_push` of one heartbeat's samples."""
+    return samples_push([samples_record(host_id=host_id, when=when, samples=samples)])
 
 
 def heartbeat_digest(hb: Heartbeat, containers: Any) -> str:
@@ -439,7 +448,8 @@ def claim_of(reply: list, parsed: Parsed | None) -> Claim:
     return Claim(kind)
 
 
-def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool, alone: bool = False) -> None:
+def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool, alone: bool = False,
+             samples: list[bytes] | None = None) -> None:
     """After a slow heartbeat: the next one with the same digest may be answered `answer`
     while the host's version is still `answer_version`; the token, while it is still
     `claim.version` (read before the host row that proved the token current); the volume
@@ -447,10 +457,14 @@ def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool
     `alone`: the moves from `claim.version` to `answer_version` were the heartbeat's own
     (`only_own`), which leave the token as it was: it stays known while the version is
     still `answer_version`, and the next heartbeat is known by its token without the
-    database."""
+    database. `samples`: `samples_record`s to buffer in the same round trip (first, so they
+    are in the buffer before an answer could be given from this one); emptied once Redis took
+    them, left as they are where it refused them (the caller writes them, as `samples_push`'s)."""
     p = _prefix()
     current = answer_version if alone else claim.version
     pipe = _redis().pipeline(transaction=False)
+    if samples:
+        pipe.rpush(f"{p}buf", *samples)
     if claim.digest:
         hk = f"{p}h:{_cfg()}:{claim.host_id}"
         pipe.hset(hk, mapping={"ver": answer_version, "digest": claim.digest, "ans": answer})
@@ -461,7 +475,16 @@ def remember(*, claim: Claim, answer_version: str, answer: bytes, token_ok: bool
     if token_ok and claim.token_hash:
         pipe.set(f"{p}tok:{claim.token_hash}", f"{claim.host_id}|{current}",
                  ex=FASTPATH_MAX_AGE_S)
-    pipe.execute()
+    results = pipe.execute(raise_on_error=False)
+    if samples:
+        took, results = results[0], results[1:]
+        if isinstance(took, Exception):
+            logger.error("heartbeat samples buffer failed host=%s: %s", claim.host_id, took)
+        else:
+            samples.clear()
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
 
 
 # --- the flush: buffered heartbeats -> PostgreSQL ------------------------------------------

@@ -443,6 +443,10 @@ class GpuSample:
 
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> GpuSample:
+        if type(data) is dict and cls is GpuSample:
+            plain = _sample_plain(data)
+            if plain is not None:
+                return plain
         r = _Reader(data, path)
         return cls(
             uuid=r.str_("uuid"),
@@ -457,6 +461,53 @@ class GpuSample:
             ecc_uncorrected=r.opt_int("ecc_uncorrected", maximum=INT64_MAX),
             xid_events=r.list_("xid_events", _int_item),
         )
+
+
+class _NotPlain(Exception):
+    """A sample value the plain reading leaves to the generic reader."""
+
+
+def _number(v: object) -> float | None:
+    """A plain sample number, as `_Reader.opt_float` reads it."""
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        return float(v)
+    if v is None:
+        return None
+    raise _NotPlain
+
+
+def _count(v: object, maximum: int) -> int | None:
+    """A plain count, as `_Reader.opt_int` (no minimum) reads it."""
+    if v is None:
+        return None
+    if type(v) is int and v <= maximum:
+        return v
+    raise _NotPlain
+
+
+def _sample_plain(d: dict[str, Any]) -> GpuSample | None:
+    """The common sample (an ASCII uuid, no error text, no XID events, plain numbers), read
+    without the generic reader: every heartbeat carries one per GPU. None for anything else,
+    which `GpuSample.from_dict` reads (and refuses) as it always did: the same values."""
+    uuid, healthy, xids = d.get("uuid"), d.get("healthy"), d.get("xid_events")
+    if (type(uuid) is not str or not uuid or not uuid.isascii() or "\x00" in uuid
+            or not (healthy is None or type(healthy) is bool) or d.get("error") is not None
+            or not (xids is None or (type(xids) is list and not xids))):
+        return None
+    try:
+        return GpuSample(
+            uuid=uuid, healthy=True if healthy is None else healthy, error=None,
+            gpu_util=_number(d.get("gpu_util")), mem_util=_number(d.get("mem_util")),
+            mem_used_mib=_count(d.get("mem_used_mib"), INT32_MAX),
+            temperature_c=_number(d.get("temperature_c")), power_w=_number(d.get("power_w")),
+            ecc_corrected=_count(d.get("ecc_corrected"), INT64_MAX),
+            ecc_uncorrected=_count(d.get("ecc_uncorrected"), INT64_MAX),
+            xid_events=[],
+        )
+    except _NotPlain:
+        return None
 
 
 # --- containers ------------------------------------------------------------------------
@@ -673,6 +724,10 @@ class ObservedContainer:
 
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> ObservedContainer:
+        if type(data) is dict and cls is ObservedContainer:
+            plain = _container_plain(data)
+            if plain is not None:
+                return plain
         r = _Reader(data, path)
         return cls(
             instance_id=r.str_("instance_id"),
@@ -684,6 +739,34 @@ class ObservedContainer:
             error=r.opt_str("error", text=True),
             host_ports=r.int_map("host_ports"),
         )
+
+
+def _id_text(v: object) -> str | None:
+    """A plain optional id or time (ASCII, no NUL), as `_Reader.opt_str` reads it."""
+    if v is None:
+        return None
+    if type(v) is str and v.isascii() and "\x00" not in v:
+        return v
+    raise _NotPlain
+
+
+def _container_plain(d: dict[str, Any]) -> ObservedContainer | None:
+    """The common container report (ASCII ids and times, a known state, no error text, no
+    published ports), read without the generic reader, as `_sample_plain`. None for anything
+    else, which `ObservedContainer.from_dict` reads (and refuses) as it always did."""
+    iid, state, ports = d.get("instance_id"), d.get("state"), d.get("host_ports")
+    if (type(iid) is not str or not iid or type(state) is not str or state not in CONTAINER_STATES
+            or d.get("error") is not None or not (ports is None or (type(ports) is dict and not ports))):
+        return None
+    try:
+        return ObservedContainer(
+            instance_id=cast(str, _id_text(iid)), state=cast(ContainerState, state),
+            container_id=_id_text(d.get("container_id")), exit_code=_count(d.get("exit_code"), INT32_MAX),
+            started_at=_id_text(d.get("started_at")), finished_at=_id_text(d.get("finished_at")),
+            error=None, host_ports={},
+        )
+    except _NotPlain:
+        return None
 
 
 # --- logs ------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from agents.models import ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
 from agents.protocol import LOG_TAIL_MAX_LINES, DesiredContainer, LogsRequest, Mount
 from gpucloud.catalogue.models import InstanceType, Price, Region
 from gpucloud.catalogue.selectors import prices_in_force
-from gpucloud.lib.db import Epoch, model_columns, model_from_row
+from gpucloud.lib.db import Epoch, model_columns, model_from_row, pg_array
 from scheduler import core, snapshot
 from scheduler.choices import HOLDING, State
 from scheduler.cycle import policy_for
@@ -95,11 +95,15 @@ def tenant_network(tenant_id: UUID | str) -> str:
     return f"gpucloud-t-{tenant_id}"
 
 
-# The workload's fields a heartbeat and its answer read (the one-by-one steps, the gangs and
-# the log tails get the whole model, `Hold.workload`, built when first asked for).
+# The workload's fields a heartbeat and its answer read, all that the hold reads select (the
+# one-by-one steps, the gangs and the log tails get the whole model, `Hold.workload`, read when
+# first asked for).
 _HOLD_FIELDS: Final = ("id", "state", "kind", "nodes", "stop_by", "tenant_id", "name", "image", "command", "env",
                        "ports", "mounts", "checkpoint_signal", "checkpoint_grace_s")
 _JSON_FIELDS: Final = frozenset({"command", "env", "ports", "mounts"})
+_HOLD_ATTRS: Final = tuple("_state" if n == "state" else "_stop_by" if n == "stop_by" else "pk" if n == "id" else n
+                           for n in _HOLD_FIELDS)
+_HOLD_JSON: Final = tuple(i for i, n in enumerate(_HOLD_FIELDS) if n in _JSON_FIELDS)
 
 
 class Hold:
@@ -109,32 +113,34 @@ class Hold:
     `vcpus` / `memory_mib`: its booking here, the instance type's when the rows carry none
     (hand-made rows); `xmin`: the workload row's version as read (`host_holds_after`).
 
-    The workload's fields that heartbeats read are attributes (`pk`, `state`, `kind`,
-    `nodes`, `stop_by`, `env`, ...); `workload` is the model, built from the same row only
-    when a step needs it (most heartbeats never do: a model of 40 fields cost more than the
-    rest of the read). `state` and `stop_by` are the model's once it is built."""
+    The workload's fields that heartbeats read (`_HOLD_FIELDS`) are attributes (`pk`,
+    `state`, `kind`, `nodes`, `stop_by`, `env`, ...); `workload` is the model, read when a step
+    first needs it, for every hold of the same read at once (`_models_load`: most heartbeats
+    never need it, and 42 columns per workload cost more to load than the rest of the read).
+    `state` and `stop_by` are the model's once it is built."""
 
-    __slots__ = ("_row", "_model", "_state", "_stop_by", "first", "gpus", "milli", "vcpus", "memory_mib", "xmin",
+    __slots__ = ("_model", "_group", "_state", "_stop_by", "first", "gpus", "milli", "vcpus", "memory_mib", "xmin",
                  "pk", "kind", "nodes", "tenant_id", "name", "image", "command", "env", "ports", "mounts",
                  "checkpoint_signal", "checkpoint_grace_s")
 
     def __init__(self, row: tuple, *, first: int, gpus: list[str], milli: int, vcpus: int, memory_mib: int,
                  xmin: str) -> None:
-        self._row, self._model = row, None
+        """`row`: the `_HOLD_FIELDS` in that order."""
+        self._model: Workload | None = None
+        self._group: list[Hold] | None = None  # the holds read with it, whose models load together
         self.first, self.gpus, self.milli, self.vcpus, self.memory_mib, self.xmin = (
             first, gpus, milli, vcpus, memory_mib, xmin)
-        for name, i in _hold_columns():
-            value = row[i]
-            if name in _JSON_FIELDS and isinstance(value, str):
-                value = _json(value)
-            setattr(self, "_state" if name == "state" else "_stop_by" if name == "stop_by"
-                    else "pk" if name == "id" else name, value)
+        for attr, value in zip(_HOLD_ATTRS, row, strict=True):
+            setattr(self, attr, value)
+        for i in _HOLD_JSON:
+            if isinstance(row[i], str):
+                setattr(self, _HOLD_ATTRS[i], _json(row[i]))
 
     @property
     def workload(self) -> Workload:
         if self._model is None:
-            self._model = model_from_row(Workload, self._row)[0]
-            self._model.state, self._model.stop_by = self._state, self._stop_by
+            _models_load(self._group or [self])
+        assert self._model is not None
         return self._model
 
     @property
@@ -162,6 +168,34 @@ class Hold:
         return attempt_id(self.pk, self.first)
 
 
+def _models_load(holds: list[Hold]) -> None:
+    """The workload models of `holds` that have none yet, in one query, each with the state
+    and notice its hold has now (a heartbeat's own moves included). A workload deleted since
+    the read gets a model of the hold's fields alone: no guarded update finds its row."""
+    todo = [h for h in holds if h._model is None]
+    if not todo:
+        return
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute(f"SELECT {model_columns(Workload, 'w')} FROM {Workload._meta.db_table} w "
+                        "WHERE w.id = ANY(%s::uuid[])", [pg_array(h.pk for h in todo)])
+        else:
+            cur.execute(f"SELECT {model_columns(Workload, 'w')} FROM {Workload._meta.db_table} w "
+                        f"WHERE w.id IN ({', '.join(['%s'] * len(todo))})",
+                        [Workload._meta.pk.get_db_prep_value(h.pk, connection) for h in todo])
+        rows = cur.fetchall()
+    models = {}
+    for row in rows:
+        m = model_from_row(Workload, row)[0]
+        models[m.pk] = m
+    for h in todo:
+        m = models.get(h.pk)
+        if m is None:
+            m = Workload(**{f: getattr(h, a) for f, a in zip(_HOLD_FIELDS, _HOLD_ATTRS, strict=True)})
+        m.state, m.stop_by = h._state, h._stop_by
+        h._model = m
+
+
 def _json(text: str) -> Any:
     """A JSON column's value, as JSONField.from_db_value gives it (orjson: a fifth of the time;
     the standard parser for what orjson refuses, such as integers past 64 bits)."""
@@ -171,11 +205,10 @@ def _json(text: str) -> Any:
         return json.loads(text)
 
 
-@cache
-def _hold_columns() -> tuple[tuple[str, int], ...]:
-    """(field, its index in `model_columns(Workload)`) of `_HOLD_FIELDS`."""
-    index = {f.attname: i for i, f in enumerate(Workload._meta.concrete_fields)}
-    return tuple((name, index[name]) for name in _HOLD_FIELDS)
+def _grouped(holds: list[Hold]) -> list[Hold]:
+    for h in holds:
+        h._group = holds
+    return holds
 
 
 def host_holds(*, host: Host) -> list[Hold]:
@@ -184,20 +217,21 @@ def host_holds(*, host: Host) -> list[Hold]:
     heartbeat reads it once.
 
     One query, in written SQL that groups the allocations in the database (a GPU's index
-    instead of its row): every heartbeat that changes something reads it, and a model
-    instance per allocation, its workload and its GPU cost more CPU than PostgreSQL took."""
+    instead of its row) and reads only the workload's `_HOLD_FIELDS`: every heartbeat that
+    changes something reads it, and a model instance per allocation, its workload and its
+    GPU cost more CPU than PostgreSQL took."""
     if connection.vendor != "postgresql":
         return _host_holds_portable(host)
     with connection.cursor() as cur:
         cur.execute(_HOLDS_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
         rows = cur.fetchall()
-    width = len(Workload._meta.concrete_fields)
+    width = len(_HOLD_FIELDS)
     out = []
     for row in rows:
         first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib, xmin = row[width:]
-        out.append(Hold(row, first=first, gpus=list(gpus), milli=milli, vcpus=int(vcpus or it_vcpus),
+        out.append(Hold(row[:width], first=first, gpus=list(gpus), milli=milli, vcpus=int(vcpus or it_vcpus),
                         memory_mib=int(mem or it_mem_gib * 1024), xmin=xmin))
-    return out
+    return _grouped(out)
 
 
 def _host_holds_portable(host: Host) -> list[Hold]:
@@ -226,12 +260,12 @@ def _host_holds_portable(host: Host) -> list[Hold]:
         got[5] += mem or 0
     out = []
     for w, first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib in groups.values():
-        h = Hold(tuple(getattr(w, f.attname) for f in Workload._meta.concrete_fields), first=first,
+        h = Hold(tuple(getattr(w, name) for name in _HOLD_FIELDS), first=first,
                  gpus=[gpu for _i, _a, gpu in sorted(gpus)], milli=milli, vcpus=int(vcpus or it_vcpus),
                  memory_mib=int(mem or it_mem_gib * 1024), xmin="")
         h._model = w
         out.append(h)
-    return out
+    return _grouped(out)
 
 
 def host_holds_after(*, host: Host, holds: list[Hold], moved: set[str]) -> list[Hold]:
@@ -288,7 +322,8 @@ def _holds_from() -> str:
 
 @cache
 def _HOLDS_SQL() -> str:  # noqa: N802
-    return (f"SELECT {model_columns(Workload, 'w')}, f.first, f.milli, f.gpus, f.vcpus, f.mem, "
+    cols = ", ".join(f'w."{Workload._meta.get_field(name).column}"' for name in _HOLD_FIELDS)
+    return (f"SELECT {cols}, f.first, f.milli, f.gpus, f.vcpus, f.mem, "
             f"it.vcpus, it.memory_gib, w.xmin::text FROM {_holds_from()}"
             f"JOIN {InstanceType._meta.db_table} it ON it.id = w.instance_type_id ORDER BY f.first")
 

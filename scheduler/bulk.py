@@ -86,6 +86,12 @@ def set_state(ids: list[UUID], *, old: str, values: dict[str, Any]) -> list[UUID
     return moved
 
 
+def state_with_events_is_one_statement(n: int) -> bool:
+    """Is `set_state_with_events` of `n` ids one statement (a transaction of its own outside
+    atomic())? On PostgreSQL, up to a chunk."""
+    return _pg() and n <= _CHUNK
+
+
 def set_state_with_events(ids: list[UUID], *, old: str, values: dict[str, Any], reason: str, actor: str,
                           now: datetime) -> list[UUID]:
     """`set_state`, then `insert_events` of one reason for those that moved, in one statement on

@@ -290,7 +290,9 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
                          hosts: Iterable[UUID | str] | None = None) -> list[UUID]:
     """The bulk form of `workload_transition` for the scheduling cycle: one UPDATE, one INSERT.
 
-    Call inside atomic(). Returns the ids that moved (those still in `old`). `facts`: other
+    Call inside atomic() (a move between holding states may go without where it is one
+    statement, `bulk.state_with_events_is_one_statement`). Returns the ids that moved (those
+    still in `old`). `facts`: other
     fields the same UPDATE sets on them (a reported exit code), as `workload_transition`'s.
     `hosts`: the hosts where they hold allocations, when the caller knows (a heartbeat's own
     host for its single-host work), saving the fast path's query for them.
@@ -417,12 +419,14 @@ def _release_allocations_pg(workload_ids: list[UUID], now: datetime) -> int:
         # hosts before GPUs: the heartbeat locks its host first and the applier claims hosts
         # before GPUs; taking the GPUs first deadlocked with a heartbeat of the same host
         hosts = sorted((h for h, (v, m) in per_host.items() if v or m), key=str)
+        # (every array as one literal, `pg_array`: psycopg's list dumpers cost more CPU than
+        # the statement; a heartbeat's release is one host and a few GPUs)
         if hosts:
             cur.execute(
                 f"UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus - v.vcpus, "
                 "used_memory_mib = h.used_memory_mib - v.mem "
                 "FROM unnest(%s::uuid[], %s::int8[], %s::int8[]) AS v(id, vcpus, mem) WHERE h.id = v.id",
-                [pg_array(hosts), [per_host[h][0] for h in hosts], [per_host[h][1] for h in hosts]],
+                [pg_array(hosts), pg_array(per_host[h][0] for h in hosts), pg_array(per_host[h][1] for h in hosts)],
             )
         gpus = sorted(per_gpu)
         # a GPU held at 1000 milli is either whole or full of shares; both leave it empty
@@ -431,7 +435,7 @@ def _release_allocations_pg(workload_ids: list[UUID], now: datetime) -> int:
             "whole = CASE WHEN v.milli = 1000 THEN false ELSE g.whole END, "
             "used_milli = CASE WHEN v.milli = 1000 THEN 0 ELSE g.used_milli - v.milli END "
             "FROM unnest(%s::text[], %s::int[]) AS v(uuid, milli) WHERE g.uuid = v.uuid",
-            [gpus, [per_gpu[g] for g in gpus]],
+            [pg_array(gpus), pg_array(per_gpu[g] for g in gpus)],
         )
     return len(rows)
 

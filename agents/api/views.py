@@ -16,6 +16,7 @@ naming another host) goes on to the DRF view below, which writes those errors.
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
 
@@ -24,6 +25,7 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import connection
 from django.http import HttpResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
@@ -52,6 +54,7 @@ from agents.selectors import (
     host_holds_after,
     host_logs_requests,
 )
+from agents.services.gpus import gpu_samples_apply
 from agents.services.heartbeat import host_heartbeat
 from agents.services.registration import host_register
 from agents.signals import move_orders, removals
@@ -190,10 +193,28 @@ class HostHeartbeatApi(_AgentApi):
 
 def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None) -> dict:
     """Apply the heartbeat `hb` of `host` (authenticated, its seq claimed when `claim`) and
-    make its answer: the HeartbeatResponse as a dict; remembered for the fast path."""
+    make its answer: the HeartbeatResponse as a dict; remembered for the fast path.
+
+    With the fast path, GPU samples that move no GPU's health go to its buffer in the round
+    trip that remembers the answer (one less per changed heartbeat); whatever happens before
+    it, they are buffered on the way out, or written here where Redis refuses them."""
+    now = timezone.now()
+    later: list[bytes] = []
+    try:
+        return _heartbeat_apply(host=host, hb=hb, claim=claim, now=now, later=later)
+    finally:
+        if later and not fastpath.samples_push(later):
+            gpu_samples_apply(host=host, samples=hb.gpus, now=now)
+
+
+def _heartbeat_apply(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None, now: datetime,
+                     later: list[bytes]) -> dict:
+    """`_heartbeat_answer`'s work; the samples' buffer record is left in `later` until
+    `remember` took it (then emptied)."""
     with fastpath.own_bumps(host_id=host.pk) as own:
-        outcome = host_heartbeat(host=host, hb=hb, fresh=None if claim is None else claim.fresh,
-                                 buffer_samples=claim is not None)
+        outcome = host_heartbeat(host=host, hb=hb, now=now, fresh=None if claim is None else claim.fresh,
+                                 buffer_samples=claim is not None,
+                                 samples_later=later if claim is not None else None)
     host = outcome.host or host
     answer_version = claim.version if claim is not None else ""
     alone = claim is not None
@@ -228,6 +249,7 @@ def _heartbeat_answer(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None
             answer=orjson.dumps(body),
             token_ok=bool(claim.token_hash) and outcome.token_hash == claim.token_hash,
             alone=alone,
+            samples=later,  # (emptied once buffered)
         )
     return body
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Final
 
@@ -24,6 +25,7 @@ from agents.models import Host
 from agents.protocol import ObservedContainer
 from agents.selectors import Hold
 from gpucloud.lib.db import pg_array, pg_cursor
+from scheduler.bulk import state_with_events_is_one_statement
 from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
 from scheduler.container import END, MOVE, STOP, Report, Step, container_next
 from scheduler.hooks import cycle_wanted
@@ -160,7 +162,12 @@ def _apply_bulk(host: Host, groups: dict, now: datetime, transitions: list[tuple
         old, to, reason, exit_code = key
         # Not a state: the exit code is a fact reported alongside it.
         facts = None if exit_code is None else {"exit_code": exit_code}
-        with transaction.atomic():
+        # A move that keeps the GPUs held (to RUNNING) is, on PostgreSQL, one statement: the
+        # workloads' UPDATE and their events' INSERT, a transaction of its own without the
+        # BEGIN and COMMIT round trips (and the fast path's hosts bumped once, after it).
+        # One that frees them releases them in the same transaction.
+        alone = to in HOLDING and state_with_events_is_one_statement(len(groups[key]))
+        with nullcontext() if alone else transaction.atomic():
             moved = set(workloads_transition(ids=[w.pk for w in groups[key]], old=old, to=to, reason=reason,
                                              now=now, facts=facts, hosts=[host.pk]))
             freed = freed or (bool(moved) and to not in HOLDING)

@@ -71,7 +71,8 @@ GpuHealth = dict[str, tuple[bool, int | None]]
 
 
 def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
-                      buffer: bool = False, health: GpuHealth | None = None) -> SamplesOutcome:
+                      buffer: bool = False, health: GpuHealth | None = None,
+                      later: list[bytes] | None = None) -> SamplesOutcome:
     """Store the samples (one INSERT), update each GPU's last measurement (one UPDATE), in one
     transaction of their own.
 
@@ -80,14 +81,20 @@ def gpu_samples_apply(*, host: Host, samples: list[GpuSampleMsg], now: datetime,
     instead (`fastpath.samples_buffer`: written by its flush within a second, as an unchanged
     heartbeat's are), saving a changed heartbeat that transaction and the GPU rows' load.
     `health`: the host's GPUs' health when the caller read it already (else it is read here).
+    `later`: with `buffer`, where the buffer's record goes instead, for the caller to push with
+    a round trip it makes anyway (`fastpath.remember`; `fastpath.samples_push`, and where that
+    fails this again without `buffer`).
     The work on the GPUs that became unhealthy now is the caller's to fail (`gpus_fail_work`).
     """
     out = SamplesOutcome()
     if not samples:
         return out
-    if buffer and _health_unmoved(host, samples, health) and fastpath.samples_buffer(
-            host_id=host.pk, when=now, samples=samples):
-        return out
+    if buffer and _health_unmoved(host, samples, health):
+        if later is not None:
+            later.append(fastpath.samples_record(host_id=host.pk, when=now, samples=samples))
+            return out
+        if fastpath.samples_buffer(host_id=host.pk, when=now, samples=samples):
+            return out
     rows = {g.uuid: g for g in _host_gpus(host)}
     changed, failed, history = [], out.failed, []
     for s in samples:

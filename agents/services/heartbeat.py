@@ -90,7 +90,8 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
     time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
     host as written, whether it was DOWN, its GPUs' health and the log tails wanted from it
     (read in the same statement). The same rules as `host_heartbeat`'s own.
-    Call inside atomic(): it also makes the transaction's commit asynchronous (`async_commit`)."""
+    Its transaction commits asynchronously (`async_commit`): the statement's own, outside
+    atomic(), else the caller's."""
     t = Host._meta.db_table
     with connection.cursor() as cur:
         cur.execute(
@@ -146,7 +147,7 @@ def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | No
 
 def host_heartbeat(
     *, host: Host, hb: Heartbeat, now: datetime | None = None, fresh: bool | None = None,
-    bulk: bool = True, buffer_samples: bool = False,
+    bulk: bool = True, buffer_samples: bool = False, samples_later: list[bytes] | None = None,
 ) -> HeartbeatOutcome:
     """Record a heartbeat of `host` (already authenticated): liveness, samples, container states.
 
@@ -159,7 +160,8 @@ def host_heartbeat(
     already decided that from the seq (the fast path claims seqs in Redis, see
     agents/fastpath.py); None: decided here from `Host.last_seq`. `buffer_samples`: GPU
     samples that change no GPU's health may go to the fast path's buffer (see
-    `gpu_samples_apply`; the view's, when the fast path is on).
+    `gpu_samples_apply`; the view's, when the fast path is on); `samples_later`: their record
+    goes there, for the caller to push (`gpu_samples_apply`'s `later`).
     """
     if hb.host_id != str(host.pk):
         raise TokenRefused("This host token belongs to another host.")
@@ -167,27 +169,30 @@ def host_heartbeat(
     # Three short steps, not one long transaction: holding the host row while writing its
     # GPU rows would take locks in the opposite order to the scheduler's apply (GPUs, then
     # host) and could deadlock with a placement on this host.
-    with transaction.atomic():
-        if fresh is not None and connection.vendor == "postgresql":
-            locked, was_down, health, logs = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
-                                                        seq=hb.seq if fresh else None)
-            # (log tails in this heartbeat answer requests: the answer reads them again)
-            outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash,
-                                       logs_requests=None if hb.logs else logs)
-        else:
+    if fresh is not None and connection.vendor == "postgresql":
+        # One statement, a transaction of its own (no BEGIN and COMMIT round trips around it)
+        # unless the caller's atomic() holds one.
+        locked, was_down, health, logs = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
+                                                    seq=hb.seq if fresh else None)
+        # (log tails in this heartbeat answer requests: the answer reads them again)
+        outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash,
+                                   logs_requests=None if hb.logs else logs)
+    else:
+        with transaction.atomic():
             async_commit()
             locked, was_down, outcome = _host_beat_orm(host.pk, hb=hb, now=now, fresh=fresh)
-            health = None
-        outcome.host = locked
-        if was_down:
-            logger.info("host back host=%s name=%s", locked.pk, locked.name)
-            cycle_wanted(locked.region_id)  # capacity is back
+        health = None
+    outcome.host = locked
+    if was_down:
+        logger.info("host back host=%s name=%s", locked.pk, locked.name)
+        cycle_wanted(locked.region_id)  # capacity is back (after commit)
     if not outcome.applied:
         logger.info(
             "late heartbeat ignored host=%s seq=%d last=%d", host.pk, hb.seq, locked.last_seq
         )
         return outcome
-    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples, health=health)
+    samples = gpu_samples_apply(host=locked, samples=hb.gpus, now=now, buffer=buffer_samples, health=health,
+                                later=samples_later)
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)
