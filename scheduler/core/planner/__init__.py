@@ -79,7 +79,7 @@ def plan(
             if cycle is None or sys.exc_info()[0] is not None:
                 cache.clear()  # half-built or half-booked state: start afresh
             else:
-                cache.forget(cycle.fleet.touched)
+                cache.keep(cycle.fleet, cycle.decisions, cycle.any_reserved)
 
 
 def _run(cycle: CycleState) -> Plan:
