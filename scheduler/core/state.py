@@ -450,7 +450,7 @@ class PlanCache:
     changes. Not thread-safe: one cache per planning loop.
     """
 
-    __slots__ = ("hosts", "allocs", "key", "hits", "misses", "fleet")
+    __slots__ = ("hosts", "allocs", "key", "hits", "misses", "fleet", "policy_memo")
 
     def __init__(self) -> None:
         self.hosts: dict[str, tuple[HostView, HostRes, list[HostState]]] = {}
@@ -461,6 +461,8 @@ class PlanCache:
         self.misses = 0
         #: the last whole cycle's fleet, for the next one to take over
         self.fleet: Fleet | None = None
+        #: (policy, its read-only figures by class) for the planner's setup
+        self.policy_memo: tuple[object, dict[str, bool], dict[str, float]] | None = None
 
     def clear(self) -> None:
         self.hosts.clear()

@@ -133,5 +133,5 @@ def _leave_unexamined(cycle: CycleState, order: Order, misses: int) -> None:
     if not rest:
         return
     reason = f"not examined this cycle: {plural(misses, 'request')} ahead of it could not start"
-    cycle.decisions.extend(Wait(r.request_id, reason) for r in rest)
+    cycle.decisions.extend([Wait(r.request_id, reason) for r in rest])
     cycle.counts["waiting"] += len(rest)

@@ -183,7 +183,6 @@ def picture(fleet: Fleet) -> dict[str, object]:
             m: [(p.region, p.model) for p in pools] for m, pools in fleet.pools_by_model.items()
         },
         "max_gpus": fleet.max_gpus,
-        "totals": fleet.totals,
         "max": (fleet.max_vcpus, fleet.max_mem),
         "cap": (fleet.cap_milli, fleet.cap_vcpus, fleet.cap_mem),
         "allocs": {
@@ -226,11 +225,22 @@ def test_an_updated_fleet_is_the_fleet_a_fresh_build_gives(seed: int) -> None:
             if hid not in views:
                 old = cache.hosts.get(hid)
                 views[hid] = old[0] if old is not None and rng.random() < 0.5 else make_view(rng, hid)
-        if rng.random() < 0.5:
+        # running work: all new, or most of it stays (the same objects), some ends,
+        # some starts anywhere in the order, some changes; rarely the order changes
+        roll = rng.random()
+        if roll < 0.15:
             allocs = make_allocs(rng, views)
         else:
-            allocs = [a for a in allocs if all(p.host_id in views for p in a.placements)]
-            allocs = [replace(a, preempting=False) if rng.random() < 0.1 else a for a in allocs]
+            allocs = [
+                a
+                for a in allocs
+                if all(p.host_id in views for p in a.placements) and rng.random() < 0.9
+            ]
+            allocs = [replace(a, preempting=False) if rng.random() < 0.05 else a for a in allocs]
+            for a in make_allocs(rng, views)[: rng.randrange(4)]:
+                allocs.insert(rng.randrange(len(allocs) + 1), replace(a, request_id=f"n{_step}-{a.request_id}"))
+            if roll > 0.9:
+                rng.shuffle(allocs)
     assert updated == 29  # every step after the first took over the last fleet
 
 
