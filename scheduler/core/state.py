@@ -705,6 +705,7 @@ class Fleet:
             self._build(snapshot, cache)
             return
         if not refile:
+            cache.hits += len(self._filed)  # every host's state reused
             return
         pools = self.pools
         n_pools = len(pools)
@@ -713,7 +714,7 @@ class Fleet:
             if hid in filed:
                 self._unfile(hid)
         cached = cache.hosts
-        hits = misses = 0
+        misses = 0
         for hid in sorted(refile):
             view = by_host.get(hid)  # type: ignore[assignment]
             if view is None:
@@ -721,13 +722,13 @@ class Fleet:
             entry = cached.get(hid)
             if entry is not None and entry[0] is view:
                 _clear_marks(entry[2])
-                hits += 1
             else:
                 entry = (view, *_host_state(view))
                 cached[hid] = entry
                 misses += 1
             self._file(hid, entry)
-        cache.hits += hits
+        # hosts kept as filed count as reused too
+        cache.hits += len(filed) - misses
         cache.misses += misses
         empty = [key for key, pool in pools.items() if not pool.sizes]
         for key in empty:

@@ -207,8 +207,10 @@ def test_an_updated_fleet_is_the_fleet_a_fresh_build_gives(seed: int) -> None:
             rng.shuffle(hosts)
         snapshot = ClusterSnapshot(hosts=tuple(hosts), allocations=tuple(allocs))
         updating = cache.fleet is not None
+        seen = cache.hits + cache.misses
         fleet = Fleet(snapshot, NOW, cache)
         assert picture(fleet) == picture(Fleet(snapshot, NOW))
+        assert cache.hits + cache.misses == seen + len(hosts)  # each host reused or built
         updated += updating
         places = book(rng, fleet)
         cache.keep(fleet, places, reserved=True)
