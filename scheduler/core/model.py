@@ -211,7 +211,9 @@ class PlacementRequest:
 
     @property
     def total_milli(self) -> int:
-        return self.milli_per_node * self.nodes
+        # milli_per_node inlined: read for every request of every cycle
+        g = self.gpus_per_node
+        return (self.gpu_milli if g == 0 else g * WHOLE) * self.nodes
 
 
 # --------------------------------------------------------------------------- decisions

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -32,6 +34,7 @@ from .model import (
     ClusterSnapshot,
     HostPlacement,
     HostView,
+    Place,
 )
 
 # a C-level getter of every field of a GPU: building the state for 100k GPUs is
@@ -261,7 +264,7 @@ class HostState:
 class Pool:
     """Ready hosts with GPUs of one model in one region, indexed by free capacity."""
 
-    __slots__ = ("region", "model", "hosts", "by_free", "shared", "max_gpus", "touched")
+    __slots__ = ("region", "model", "hosts", "by_free", "shared", "max_gpus", "touched", "sizes")
 
     def __init__(
         self, region: str, model: str, max_gpus: int, touched: set[str] | None = None
@@ -273,6 +276,8 @@ class Pool:
         self.hosts: list[HostState] = []
         self.by_free: list[dict[HostState, None]] = [{} for _ in range(max_gpus + 1)]
         self.shared: dict[str | None, list[dict[tuple[HostState, int], None]]] = {}
+        #: GPUs per slice -> slices of this pool, ready or not (kept for a PlanCache only)
+        self.sizes: dict[int, int] = {}
 
     def shared_of(self, owner: str | None) -> list[dict[tuple[HostState, int], None]]:
         """The share buckets of GPUs whose shares ``owner`` owns (None: open ones)."""
@@ -293,6 +298,48 @@ class Pool:
         # shares are those of ``shares0``
         for i in hs.shares0:
             self.shared_of(hs.owner[i])[(WHOLE - hs.milli[i]) // SHARE_BUCKET][(hs, i)] = None
+
+    # -- an incremental fleet (PlanCache) ----------------------------------------------
+    #
+    # ``add`` appends, which keeps every bucket in host id order only while hosts come
+    # in that order (a fresh build). Between cycles a cached fleet re-files a few
+    # hosts: ``insert`` puts each where a fresh build would have it, ``remove`` takes
+    # a slice out of wherever this cycle's bookings moved it.
+
+    def insert(self, hs: HostState) -> None:
+        """``add`` at the slice's place in host id order."""
+        hs.pool = self
+        hid = hs.host_id
+        hosts = self.hosts
+        if not hosts or hosts[-1].host_id < hid:
+            hosts.append(hs)
+        else:
+            hosts.insert(bisect_left(hosts, hid, key=_HOST_ID), hs)
+        by_free = self.by_free
+        free = hs.free
+        while len(by_free) <= free:
+            by_free.append({})
+        _insert_sorted(by_free, free, hs, hid, _HOST_ID)
+        for i in hs.shares0:
+            _insert_sorted(
+                self.shared_of(hs.owner[i]),
+                (WHOLE - hs.milli[i]) // SHARE_BUCKET,
+                (hs, i),
+                (hid, i),
+                _SHARE_KEY,
+            )
+
+    def remove(self, hs: HostState) -> None:
+        """Take a slice out of every index, as this cycle left it."""
+        self.hosts.remove(hs)
+        del self.by_free[hs.free][hs]
+        milli = hs.milli
+        whole = hs.whole
+        owner = hs.owner
+        for i in range(hs.total):
+            m = milli[i]
+            if 0 < m < WHOLE and not whole[i]:
+                del self.shared[owner[i]][(WHOLE - m) // SHARE_BUCKET][(hs, i)]
 
     # -- consumption -----------------------------------------------------------------
 
@@ -334,6 +381,53 @@ class Pool:
             self.by_free[hs.free][hs] = None
 
 
+def _host_id(hs: HostState) -> str:
+    return hs.host_id
+
+
+def _share_key(entry: tuple[HostState, int]) -> tuple[str, int]:
+    return (entry[0].host_id, entry[1])
+
+
+_HOST_ID = _host_id
+_SHARE_KEY = _share_key
+
+
+def _insert_sorted(buckets: list, b: int, item: object, key: object, key_of) -> None:  # type: ignore[type-arg, no-untyped-def]
+    """Put ``item`` into the ordered set ``buckets[b]`` where its ``key`` sorts."""
+    bucket = buckets[b]
+    if not bucket or key_of(next(reversed(bucket))) < key:
+        bucket[item] = None
+        return
+    items = list(bucket)
+    items.insert(bisect_left(items, key, key=key_of), item)
+    buckets[b] = dict.fromkeys(items)
+
+
+def _clear_marks(slices: list[HostState]) -> None:
+    """Cycle-local marks a reused slice kept from its last cycle, cleared only where set."""
+    for hs in slices:
+        if hs.allocs:
+            hs.allocs = []
+        if hs.placed:
+            hs.placed = []
+        if hs.reserved_at is not None:
+            hs.reserved_at = None
+            hs.reserved_for = None
+
+
+def _host_state(view: HostView) -> tuple[HostRes, list[HostState]]:
+    """A host's resources and its slices, one per GPU model, as its view says."""
+    res = HostRes(view.free_vcpus, view.free_memory_mib, view.total_vcpus, view.total_memory_mib)
+    gpus = view.gpus
+    first = gpus[0].model if gpus else ""
+    if all(g.model == first for g in gpus):
+        models = [first] if gpus else []
+    else:
+        models = sorted({g.model for g in gpus})
+    return res, [HostState(view, model, res, len(models) == 1) for model in models]
+
+
 class PlanCache:
     """Working state ``plan()`` may keep between calls (opt-in, for callers that
     plan many times over a slowly changing fleet, like the trace simulator).
@@ -346,12 +440,17 @@ class PlanCache:
     applied the plan), and cycle-local marks (reservations, allocations) are reset
     on reuse, so a plan with a cache equals the plan without one.
 
+    The last cycle's ``Fleet`` is kept too (``keep``): the next one takes over its
+    pools, index buckets and fleet figures and re-files only the hosts whose view
+    changed, came or left, and those the last cycle booked - each where a fresh
+    build would put it, so the tie-breaks by host id stay the same.
+
     Score totals cached on a host depend on the scoring plugins and the request
     mix, so the cache is emptied whenever ``key`` (placement spec and mix)
     changes. Not thread-safe: one cache per planning loop.
     """
 
-    __slots__ = ("hosts", "allocs", "key", "hits", "misses")
+    __slots__ = ("hosts", "allocs", "key", "hits", "misses", "fleet", "policy_memo")
 
     def __init__(self) -> None:
         self.hosts: dict[str, tuple[HostView, HostRes, list[HostState]]] = {}
@@ -360,30 +459,76 @@ class PlanCache:
         self.key: object = None
         self.hits = 0
         self.misses = 0
+        #: the last whole cycle's fleet, for the next one to take over
+        self.fleet: Fleet | None = None
+        #: (policy, its read-only figures by class) for the planner's setup
+        self.policy_memo: tuple[object, dict[str, bool], dict[str, float]] | None = None
 
     def clear(self) -> None:
         self.hosts.clear()
         self.allocs = {}
+        self.fleet = None
 
     def forget(self, host_ids: Iterable[str]) -> None:
         pop = self.hosts.pop
         for h in host_ids:
             pop(h, None)
 
+    def keep(self, fleet: Fleet, decisions: Iterable[object], reserved: bool) -> None:
+        """After a whole cycle: drop what it booked and keep ``fleet`` for the next.
+
+        Hosts of every ``Place`` count as booked, also work without GPUs (it took
+        vCPUs and memory but booked no GPU); ``reserved``: some host was reserved."""
+        touched = fleet.touched
+        for d in decisions:
+            if type(d) is Place:
+                for p in d.placements:
+                    touched.add(p.host_id)
+        self.forget(touched)
+        fleet.reserved = reserved
+        # (a fleet built from a snapshot with two views of a host is not kept)
+        self.fleet = fleet if fleet._views is not None else None
+
+
+def _count(counts: dict[int, int], n: int, by: int) -> None:
+    left = counts.get(n, 0) + by
+    if left:
+        counts[n] = left
+    else:
+        del counts[n]
+
 
 class Fleet:
-    """All working state of one cycle."""
+    """All working state of one cycle.
+
+    Built from the snapshot, or - with a ``PlanCache`` that kept the last cycle's
+    fleet - taken over from that one and brought up to the snapshot (``_update``);
+    both give the same structures (``tests/scheduler/core/test_h6_fleet_cache.py``).
+    """
 
     def __init__(
         self, snapshot: ClusterSnapshot, now: float, cache: PlanCache | None = None
     ) -> None:
+        #: the slices that hold allocations this cycle (cleared by the next fleet)
+        self.held: list[HostState] = []
+        #: some host was reserved in this fleet's cycle (set by ``PlanCache.keep``)
+        self.reserved = False
+        old = cache.fleet if cache is not None else None
+        if old is not None and cache is not None:
+            cache.fleet = None  # in use: plan() hands it back after a whole cycle
+            self._update(old, snapshot, cache)
+        else:
+            self._build(snapshot, cache)
+        self._file_allocs(snapshot, now, cache)
+
+    def _build(self, snapshot: ClusterSnapshot, cache: PlanCache | None) -> None:
         self.slices: dict[str, list[HostState]] = {}
         self.pools: dict[tuple[str, str], Pool] = {}
         self.pools_by_model: dict[str, list[Pool]] = {}
         # fleet capabilities (all hosts, ready or not) for "could never place" checks
         self.max_gpus: dict[tuple[str, str | None], int] = {}
-        # (model, region or None) -> GPUs per host of every host, for hosts_with()
-        self.totals: dict[tuple[str, str | None], list[int]] = {}
+        # (model, region or None) -> GPUs per host -> hosts with that many, for hosts_with()
+        self.totals: dict[tuple[str, str | None], dict[int, int]] = {}
         self._hosts_with: dict[tuple[str, str | None, int], int] = {}
         self.max_vcpus = 0
         self.max_mem = 0
@@ -393,6 +538,15 @@ class Fleet:
         self.cap_mem = 0
         #: host ids whose capacity this cycle consumed (a PlanCache drops them)
         self.touched: set[str] = set()
+        # what an update needs besides (only with a cache): the views by object id
+        # and by host id, each host's (view, res, slices), counts of hosts by vCPUs
+        # and by memory, and of ready slices by model
+        self._views: dict[int, HostView] | None = None
+        self._by_host: dict[str, HostView] = {}
+        self._filed: dict[str, tuple[HostView, HostRes, list[HostState]]] = {}
+        self._vcpus_n: dict[int, int] = {}
+        self._mem_n: dict[int, int] = {}
+        self._ready_models: dict[str, int] = {}
         counts: dict[tuple[str, str], list[int]] = {}
         cached = cache.hosts if cache is not None else None
         max_vcpus = max_mem = cap_vcpus = cap_mem = 0
@@ -412,27 +566,10 @@ class Fleet:
             if entry is not None and entry[0] is view:
                 res = entry[1]
                 slices = entry[2]
-                for hs in slices:
-                    # cycle-local marks of the last cycle, cleared only where set
-                    if hs.allocs:
-                        hs.allocs = []
-                    if hs.placed:
-                        hs.placed = []
-                    if hs.reserved_at is not None:
-                        hs.reserved_at = None
-                        hs.reserved_for = None
+                _clear_marks(slices)
                 hits += 1
             else:
-                res = HostRes(
-                    view.free_vcpus, view.free_memory_mib, view.total_vcpus, view.total_memory_mib
-                )
-                gpus = view.gpus
-                first = gpus[0].model if gpus else ""
-                if all(g.model == first for g in gpus):
-                    models = [first] if gpus else []
-                else:
-                    models = sorted({g.model for g in gpus})
-                slices = [HostState(view, model, res, len(models) == 1) for model in models]
+                res, slices = _host_state(view)
                 if cached is not None:
                     cached[view.host_id] = (view, res, slices)
                     misses += 1
@@ -460,36 +597,208 @@ class Fleet:
                     cap_milli[model] = cap_milli.get(model, 0) + hs.total * WHOLE
                     pool.add(hs)
             slices_of[view.host_id] = slices
-        if cache is not None:
-            cache.hits += hits
-            cache.misses += misses
         self.max_vcpus = max_vcpus
         self.max_mem = max_mem
         self.cap_vcpus = cap_vcpus
         self.cap_mem = cap_mem
+        for key, lst in counts.items():
+            pools[key].sizes = Counter(lst)
+        self._figures()
+        self._order_pools()
+        if cache is not None:
+            cache.hits += hits
+            cache.misses += misses
+            if len(set(ids)) == len(ids):  # else a bad snapshot: the next call builds afresh
+                self._views = dict(zip(map(id, snapshot.hosts), snapshot.hosts, strict=True))
+                self._by_host = {v.host_id: v for v in hosts}
+                self._filed = {hid: cached[hid] for hid in ids}  # type: ignore[index]
+                vcpus_n = self._vcpus_n
+                mem_n = self._mem_n
+                ready_models = self._ready_models
+                for view, res, slices in self._filed.values():
+                    _count(vcpus_n, res.total_vcpus, 1)
+                    _count(mem_n, res.total_mem, 1)
+                    if view.ready:
+                        for hs in slices:
+                            ready_models[hs.model] = ready_models.get(hs.model, 0) + 1
+
+    def _figures(self) -> None:
+        """max_gpus, totals and each pool's max_gpus from the pools' sizes."""
         totals = self.totals
         max_gpus = self.max_gpus
-        for (region, model), lst in counts.items():
-            mx = max(lst)
+        totals.clear()
+        max_gpus.clear()
+        self._hosts_with.clear()
+        for (region, model), pool in self.pools.items():
+            sizes = pool.sizes
+            mx = max(sizes)
             for key2 in ((model, region), (model, None)):
                 if max_gpus.get(key2, 0) < mx:
                     max_gpus[key2] = mx
                 t = totals.get(key2)
                 if t is None:
-                    totals[key2] = list(lst)
+                    totals[key2] = dict(sizes)
                 else:
-                    t.extend(lst)
-            pool = pools[(region, model)]
+                    for n, k in sizes.items():
+                        t[n] = t.get(n, 0) + k
             pool.max_gpus = mx
             by_free = pool.by_free
             while len(by_free) <= mx:
                 by_free.append({})
-        for (_region, model), pool in sorted(pools.items()):
-            self.pools_by_model.setdefault(model, []).append(pool)
+            if len(by_free) > mx + 1:
+                del by_free[mx + 1 :]  # empty: no slice has more free GPUs than mx
+
+    def _order_pools(self) -> None:
+        by_model: dict[str, list[Pool]] = {}
+        for (_region, model), pool in sorted(self.pools.items()):
+            by_model.setdefault(model, []).append(pool)
+        self.pools_by_model = by_model
+
+    def _update(self, old: Fleet, snapshot: ClusterSnapshot, cache: PlanCache) -> None:
+        """Take over ``old`` (the last cycle's fleet) and bring it up to ``snapshot``."""
+        self.slices = old.slices
+        self.pools = old.pools
+        self.pools_by_model = old.pools_by_model
+        self.max_gpus = old.max_gpus
+        self.totals = old.totals
+        self._hosts_with = old._hosts_with
+        self.max_vcpus = old.max_vcpus
+        self.max_mem = old.max_mem
+        self.cap_milli = old.cap_milli
+        self.cap_vcpus = old.cap_vcpus
+        self.cap_mem = old.cap_mem
+        self.touched = touched = old.touched  # the pools share it
+        self._views = views = old._views
+        self._by_host = by_host = old._by_host
+        self._filed = old._filed
+        self._vcpus_n = old._vcpus_n
+        self._mem_n = old._mem_n
+        self._ready_models = old._ready_models
+        assert views is not None
+        for hs in old.held:
+            hs.allocs = []
+        if old.reserved:
+            for _view, _res, slices in self._filed.values():
+                for hs in slices:
+                    if hs.reserved_at is not None:
+                        hs.reserved_at = None
+                        hs.reserved_for = None
+        hosts = snapshot.hosts
+        new = dict(zip(map(id, hosts), hosts, strict=True))
+        if len(new) != len(hosts):
+            self._build(snapshot, cache)  # one view twice: not a fleet to update
+            return
+        refile = set(touched)
+        touched.clear()
+        for i in views.keys() - new.keys():
+            view = views.pop(i)
+            hid = view.host_id
+            if by_host.get(hid) is view:
+                del by_host[hid]
+            refile.add(hid)
+        for i in new.keys() - views.keys():
+            view = views[i] = new[i]
+            by_host[view.host_id] = view
+            refile.add(view.host_id)
+        if len(by_host) != len(views):
+            # two views of one host in the snapshot: not a fleet to update
+            self._build(snapshot, cache)
+            return
+        if not refile:
+            cache.hits += len(self._filed)  # every host's state reused
+            return
+        pools = self.pools
+        n_pools = len(pools)
+        filed = self._filed
+        for hid in refile:
+            if hid in filed:
+                self._unfile(hid)
+        cached = cache.hosts
+        misses = 0
+        for hid in sorted(refile):
+            view = by_host.get(hid)  # type: ignore[assignment]
+            if view is None:
+                continue
+            entry = cached.get(hid)
+            if entry is not None and entry[0] is view:
+                _clear_marks(entry[2])
+            else:
+                entry = (view, *_host_state(view))
+                cached[hid] = entry
+                misses += 1
+            self._file(hid, entry)
+        # hosts kept as filed count as reused too
+        cache.hits += len(filed) - misses
+        cache.misses += misses
+        empty = [key for key, pool in pools.items() if not pool.sizes]
+        for key in empty:
+            del pools[key]
+        self._figures()
+        self.max_vcpus = max(self._vcpus_n, default=0)
+        self.max_mem = max(self._mem_n, default=0)
+        if empty or len(pools) != n_pools:
+            self._order_pools()
+
+    def _unfile(self, hid: str) -> None:
+        view, res, slices = self._filed.pop(hid)
+        del self.slices[hid]
+        tv = res.total_vcpus
+        tm = res.total_mem
+        _count(self._vcpus_n, tv, -1)
+        _count(self._mem_n, tm, -1)
+        ready = view.ready
+        if ready:
+            self.cap_vcpus -= tv
+            self.cap_mem -= tm
+        cap_milli = self.cap_milli
+        ready_models = self._ready_models
+        for hs in slices:
+            pool = self.pools[hs.pool_key]
+            _count(pool.sizes, hs.total, -1)
+            if ready:
+                model = hs.model
+                left = ready_models[model] - 1
+                if left:
+                    ready_models[model] = left
+                    cap_milli[model] -= hs.total * WHOLE
+                else:
+                    del ready_models[model]
+                    del cap_milli[model]
+                pool.remove(hs)
+
+    def _file(self, hid: str, entry: tuple[HostView, HostRes, list[HostState]]) -> None:
+        view, res, slices = entry
+        self._filed[hid] = entry
+        self.slices[hid] = slices
+        tv = res.total_vcpus
+        tm = res.total_mem
+        _count(self._vcpus_n, tv, 1)
+        _count(self._mem_n, tm, 1)
+        ready = view.ready
+        if ready:
+            self.cap_vcpus += tv
+            self.cap_mem += tm
+        pools = self.pools
+        cap_milli = self.cap_milli
+        ready_models = self._ready_models
+        for hs in slices:
+            key = hs.pool_key
+            pool = pools.get(key)
+            if pool is None:
+                pool = pools[key] = Pool(key[0], key[1], 0, self.touched)
+            _count(pool.sizes, hs.total, 1)
+            if ready:
+                model = key[1]
+                ready_models[model] = ready_models.get(model, 0) + 1
+                cap_milli[model] = cap_milli.get(model, 0) + hs.total * WHOLE
+                pool.insert(hs)
+
+    def _file_allocs(self, snapshot: ClusterSnapshot, now: float, cache: PlanCache | None) -> None:
         self.allocs: dict[str, AllocState] = {}
         allocs = self.allocs
+        held = self.held
         old_get = cache.allocs.get if cache is not None else None
-        slices_get = slices_of.get
+        slices_get = self.slices.get
         for a in snapshot.allocations:
             rid = a.request_id
             st = old_get(rid) if old_get is not None else None
@@ -509,6 +818,8 @@ class Fleet:
                     u = home[1]
                     for hs in sl:
                         if u in hs.pos:
+                            if not hs.allocs:
+                                held.append(hs)
                             hs.allocs.append(st)
                             break
                 continue
@@ -519,9 +830,11 @@ class Fleet:
                 u = p.gpus[0]
                 for hs in sl:
                     if u in hs.pos:
-                        held = hs.allocs
-                        if st not in held:
-                            held.append(st)
+                        on = hs.allocs
+                        if st not in on:
+                            if not on:
+                                held.append(hs)
+                            on.append(st)
         if cache is not None:
             cache.allocs = allocs
 
@@ -531,7 +844,7 @@ class Fleet:
         n = self._hosts_with.get(key)
         if n is None:
             n = self._hosts_with[key] = sum(
-                1 for t in self.totals.get((model, region), ()) if t >= c
+                k for t, k in self.totals.get((model, region), {}).items() if t >= c
             )
         return n
 

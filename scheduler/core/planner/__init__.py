@@ -79,7 +79,7 @@ def plan(
             if cycle is None or sys.exc_info()[0] is not None:
                 cache.clear()  # half-built or half-booked state: start afresh
             else:
-                cache.forget(cycle.fleet.touched)
+                cache.keep(cycle.fleet, cycle.decisions, cycle.any_reserved)
 
 
 def _run(cycle: CycleState) -> Plan:
@@ -133,5 +133,5 @@ def _leave_unexamined(cycle: CycleState, order: Order, misses: int) -> None:
     if not rest:
         return
     reason = f"not examined this cycle: {plural(misses, 'request')} ahead of it could not start"
-    cycle.decisions.extend(Wait(r.request_id, reason) for r in rest)
+    cycle.decisions.extend([Wait(r.request_id, reason) for r in rest])
     cycle.counts["waiting"] += len(rest)

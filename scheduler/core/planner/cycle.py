@@ -181,9 +181,19 @@ class CycleState:
         self.service_queues: dict[str, int] = {}
         #: running work -> its side of the time-slice test (preemption.slice_key)
         self.slice_keys: dict[AllocState, float] = {}
+        # the policy's figures by class: read only, so a cache keeps them for the
+        # same policy object
+        memo = cache.policy_memo if cache is not None else None
         #: class -> whether its running work may be preempted (its mode is dynamic)
-        self.dynamic = {c: policy.mode_for(c) == "dynamic" for c in CLASS_RANK}
-        self.slice_quantum: dict[str, float] = dict(policy.slice_quantum)
+        self.dynamic: dict[str, bool]
+        self.slice_quantum: dict[str, float]
+        if memo is not None and memo[0] is policy:
+            _policy, self.dynamic, self.slice_quantum = memo
+        else:
+            self.dynamic = {c: policy.mode_for(c) == "dynamic" for c in CLASS_RANK}
+            self.slice_quantum = dict(policy.slice_quantum)
+            if cache is not None:
+                cache.policy_memo = (policy, self.dynamic, self.slice_quantum)
 
     def choose_hot_filters(self) -> None:
         """The filters the candidate loop runs. Besides ``indexed`` filters it
