@@ -417,6 +417,11 @@ def victims_in(
     gang = req.nodes > 1
     g = req.gpus_per_node
     rid = req.request_id
+    # once the cap refused a set (its words are written), a host whose every
+    # victim alone is over the cap can only say None: the cycle's side table
+    # answers that without reading the host's work again
+    refused_once = cap.bounded
+    side = side_table(cycle) if refused_once else {}
     for pool in pools:
         hosts: Iterable[HostState]
         if gang:
@@ -433,6 +438,12 @@ def victims_in(
                 # a gang may combine free hosts with hosts that need victims
                 options.append(((0, 0.0, 0), hs.host_id, hs, []))
             else:
+                if (
+                    refused_once
+                    and cap.smallest_refused is not None
+                    and none_alone(side, cycle, hs, rank, mine, cap)
+                ):
+                    continue  # host_victims would say None: nothing here fits the cap alone
                 vs = host_victims(cycle, req, hs, cap, stale)
                 if vs is None:
                     continue
@@ -470,6 +481,75 @@ def victims_in(
         for _c, _h, hs, _vs in picked:
             mark_reserved(cycle, hs, now, req.request_id)
     return [victims[k] for k in sorted(victims)]
+
+
+#: (host, class rank, time-slice key) -> the least each measure of
+#: ``BlastRadius.allows_alone`` reads over the host's evictable work: GPUs (milli)
+#: of any, GPUs of work without an expected end, GPU-seconds of work with one;
+#: None when it has none
+AloneMins = tuple[float, float, float] | None
+
+#: the cycle being planned and its side table. CycleState has no field for it;
+#: a plan() call that finds another cycle here starts a new table (so calls on
+#: several threads only ever miss, never read another cycle's facts).
+_side: tuple[CycleState, dict[tuple[HostState, int, float], AloneMins]] | None = None
+
+
+def side_table(cycle: CycleState) -> dict[tuple[HostState, int, float], AloneMins]:
+    """The victim searches' per-cycle side table (see ``none_alone``)."""
+    global _side
+    side = _side
+    if side is None or side[0] is not cycle:
+        side = _side = (cycle, {})
+    return side[1]
+
+
+def alone_mins(cycle: CycleState, hs: HostState, rank: int, mine: float) -> AloneMins:
+    """``AloneMins`` of ``hs`` now. Work only leaves the evictable set within a
+    cycle (``doomed``), so these minima only grow: read later, they are lower
+    bounds."""
+    elig = evictable(cycle, hs.allocs, rank, mine)
+    if not elig:
+        return None
+    now = cycle.now
+    milli = noend = gpu_s = INF
+    for a in elig:
+        m = a.milli
+        if m < milli:
+            milli = m
+        end = a.alloc.expected_end
+        if end is None:
+            if m < noend:
+                noend = m
+        else:
+            x = m * max(0.0, end - now)
+            if x < gpu_s:
+                gpu_s = x
+    return milli, noend, gpu_s
+
+
+def none_alone(
+    side: dict[tuple[HostState, int, float], AloneMins],
+    cycle: CycleState,
+    hs: HostState,
+    rank: int,
+    mine: float,
+    cap: BlastRadius,
+) -> bool:
+    """Is none of the work of ``hs`` that a request of class ``rank`` and key
+    ``mine`` may evict allowed alone by ``cap`` (``allows_alone`` false for
+    each)? Then ``host_victims`` finds none within the cap, and says so with
+    None once the cap has refused a set (``smallest_refused``)."""
+    key = (hs, rank, mine)
+    if key in side:
+        mins = side[key]
+    else:
+        mins = side[key] = alone_mins(cycle, hs, rank, mine)
+    if mins is None:
+        return False  # nothing evictable: host_victims files it as stale
+    if cap.need_gpu_s is None:
+        return mins[0] > cap.max_victim_milli
+    return mins[1] > cap.max_victim_milli and mins[2] > cap.max_victim_gpu_s
 
 
 def preemptible_hosts(cycle: CycleState, pool: Pool, rank: int, mine: float) -> dict[HostState, None]:
