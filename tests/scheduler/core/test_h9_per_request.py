@@ -102,7 +102,9 @@ def test_the_memoised_queue_keys_are_the_rule_for_every_request_object_and_polic
 
 def test_a_request_equal_to_a_memoised_one_but_another_object_is_worked_out_anew() -> None:
     pol = get_policy("las")
-    old = PlacementRequest(request_id="a", tenant_id="t1", gpu_model="H100", attained_service=40_000.0, submitted_at=NOW)
+    old = PlacementRequest(
+        request_id="a", tenant_id="t1", gpu_model="H100", attained_service=40_000.0, submitted_at=NOW
+    )
     assert las_level(pol, old, NOW) == 2
     # the same id but another attained service: a new object, never the old one's entry
     new = replace(old, attained_service=10.0)
