@@ -15,6 +15,7 @@ the work it throws away (``lost_work``), then the number of victims.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from functools import partial
 
@@ -421,7 +422,8 @@ def victims_in(
     # victim alone is over the cap can only say None: the cycle's side table
     # answers that without reading the host's work again
     refused_once = cap.bounded
-    side = side_table(cycle) if refused_once else {}
+    sides = side_tables(cycle)
+    side = sides[0]
     for pool in pools:
         hosts: Iterable[HostState]
         if gang:
@@ -438,6 +440,8 @@ def victims_in(
                 # a gang may combine free hosts with hosts that need victims
                 options.append(((0, 0.0, 0), hs.host_id, hs, []))
             else:
+                if cannot_yield(sides[1], cycle, hs, rank, mine, g):
+                    continue  # host_victims would say None: too little evictable here
                 if (
                     refused_once
                     and cap.smallest_refused is not None
@@ -489,19 +493,81 @@ def victims_in(
 #: None when it has none
 AloneMins = tuple[float, float, float] | None
 
-#: the cycle being planned and its side table. CycleState has no field for it;
-#: a plan() call that finds another cycle here starts a new table (so calls on
+#: (host, class rank) -> what a request of that class could evict there, for any
+#: time-slice key: work of lower classes (how many, their GPUs), and the slice
+#: keys of its own class's work in ascending order with the GPUs held by the work
+#: at and after each (``cannot_yield``)
+Evictable = tuple[int, int, list[float], list[int]]
+
+Sides = tuple[dict[tuple[HostState, int, float], AloneMins], dict[tuple[HostState, int], Evictable]]
+
+#: the cycle being planned and its side tables. CycleState has no field for them;
+#: a plan() call that finds another cycle here starts new tables (so calls on
 #: several threads only ever miss, never read another cycle's facts).
-_side: tuple[CycleState, dict[tuple[HostState, int, float], AloneMins]] | None = None
+_side: tuple[CycleState, Sides] | None = None
 
 
-def side_table(cycle: CycleState) -> dict[tuple[HostState, int, float], AloneMins]:
-    """The victim searches' per-cycle side table (see ``none_alone``)."""
+def side_tables(cycle: CycleState) -> Sides:
+    """The victim searches' per-cycle side tables (``none_alone``, ``cannot_yield``)."""
     global _side
     side = _side
     if side is None or side[0] is not cycle:
-        side = _side = (cycle, {})
+        side = _side = (cycle, ({}, {}))
     return side[1]
+
+
+def side_table(cycle: CycleState) -> dict[tuple[HostState, int, float], AloneMins]:
+    return side_tables(cycle)[0]
+
+
+def evictable_summary(cycle: CycleState, hs: HostState, rank: int) -> Evictable:
+    """``Evictable`` of ``hs`` now. Work only leaves the evictable set within a
+    cycle (``doomed``), so read later the counts and GPUs are upper bounds."""
+    dynamic = cycle.dynamic
+    # without time slicing every request's key is INF: its own class is never evicted
+    sliced = bool(cycle.policy.time_slice)
+    lower_n = lower_gpus = 0
+    same: list[tuple[float, int]] = []
+    for a in hs.allocs:
+        if a.doomed:
+            continue
+        ar = a.rank
+        if ar < rank or not dynamic.get(a.alloc.priority, False):
+            continue
+        if ar > rank:
+            lower_n += 1
+            lower_gpus += a.gpu_count
+        elif sliced:
+            same.append((slice_key(cycle, a), a.gpu_count))
+    same.sort()
+    keys = [k for k, _g in same]
+    after = [0] * (len(same) + 1)  # after[i]: GPUs of same[i:]
+    for i in range(len(same) - 1, -1, -1):
+        after[i] = after[i + 1] + same[i][1]
+    return lower_n, lower_gpus, keys, after
+
+
+def cannot_yield(
+    side: dict[tuple[HostState, int], Evictable],
+    cycle: CycleState,
+    hs: HostState,
+    rank: int,
+    mine: float,
+    g: int,
+) -> bool:
+    """Would ``host_victims`` answer None for a request of class ``rank``, key
+    ``mine`` and ``g`` GPUs per node before looking at any set: nothing there it
+    may evict (``evictable``), or too few GPUs even with all of it (its bound)?"""
+    key = (hs, rank)
+    got = side.get(key)
+    if got is None:
+        got = side[key] = evictable_summary(cycle, hs, rank)
+    lower_n, lower_gpus, keys, after = got
+    # the work of its own class with a slice key above ``mine`` (none for INF)
+    i = len(keys) if mine == INF else bisect_right(keys, mine)
+    if lower_n == 0 and i == len(keys):
+        return True
+    return g > 0 and hs.free + lower_gpus + after[i] < g
 
 
 def alone_mins(cycle: CycleState, hs: HostState, rank: int, mine: float) -> AloneMins:

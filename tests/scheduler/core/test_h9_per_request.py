@@ -20,11 +20,13 @@ from scheduler.core.model import CLASS_RANK, WHOLE
 from scheduler.core.planner.cycle import CycleState
 from scheduler.core.planner.preemption import (
     BlastRadius,
+    cannot_yield,
     evictable,
     greedy,
     host_victims,
     none_alone,
     side_table,
+    side_tables,
     time_slice_key,
     victim_key,
 )
@@ -419,3 +421,44 @@ def test_the_side_table_belongs_to_one_cycle() -> None:
     assert side_table(one) is side
     assert side_table(two) == {}
     assert side_table(one) == {}  # the other cycle took the slot: start afresh
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    case=busy_host(),
+    policy=st.sampled_from(("srtf", "las", "gpucloud", "priority", "fifo")),
+    gpus=st.sampled_from((0, 1, 2, 4, 8)),
+    priority=st.sampled_from(("critical", "standard", "low")),
+    duration=st.sampled_from((None, 100.0, 3000.0, 60_000.0)),
+    attained=st.sampled_from((0.0, 5000.0)),
+    later=st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_the_side_table_skips_only_hosts_with_too_little(case, policy, gpus, priority, duration, attained, later):  # type: ignore[no-untyped-def]
+    """``cannot_yield`` answers, fresh, exactly host_victims's first two tests (nothing
+    evictable; too few GPUs with all of it), and read later in the cycle it only
+    skips hosts where host_victims finds nothing."""
+    snap, doomed = case
+    pol = get_policy(policy).with_(las_thresholds=(2000.0, 20_000.0))
+    req = PlacementRequest(
+        request_id="q", tenant_id="t2", gpu_model="H100", gpus_per_node=gpus,
+        gpu_milli=WHOLE if gpus else 500, priority=priority,  # type: ignore[arg-type]
+        kind="job", expected_duration=duration, attained_service=attained, submitted_at=NOW,
+    )
+    cycle = CycleState(snap, [req], pol, NOW)
+    allocs = list(cycle.fleet.allocs.values())
+    for a, d in zip(allocs, doomed, strict=True):
+        a.doomed = d
+    hs = cycle.fleet.host_slice("h0", "H100")
+    assert hs is not None
+    rank = CLASS_RANK.get(priority, 1)
+    mine = time_slice_key(cycle, req)
+    side = side_tables(cycle)[1]
+    elig = evictable(cycle, hs.allocs, rank, mine)
+    fresh = not elig or (gpus > 0 and hs.free + sum(a.gpu_count for a in elig) < gpus)
+    assert cannot_yield(side, cycle, hs, rank, mine, gpus) == fresh
+    for a, d in zip(allocs, later, strict=False):
+        a.doomed = a.doomed or d
+    if cannot_yield(side, cycle, hs, rank, mine, gpus):
+        radius = BlastRadius(req, pol.preempt_cap, NOW)
+        assert host_victims(cycle, req, hs, radius, []) is None
+        assert radius.smallest_refused is None
