@@ -15,7 +15,6 @@ the work it throws away (``lost_work``), then the number of victims.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from functools import partial
 
@@ -418,12 +417,6 @@ def victims_in(
     gang = req.nodes > 1
     g = req.gpus_per_node
     rid = req.request_id
-    # once the cap refused a set (its words are written), a host whose every
-    # victim alone is over the cap can only say None: the cycle's side table
-    # answers that without reading the host's work again
-    refused_once = cap.bounded
-    sides = side_tables(cycle)
-    side = sides[0]
     for pool in pools:
         hosts: Iterable[HostState]
         if gang:
@@ -440,14 +433,6 @@ def victims_in(
                 # a gang may combine free hosts with hosts that need victims
                 options.append(((0, 0.0, 0), hs.host_id, hs, []))
             else:
-                if cannot_yield(sides[1], cycle, hs, rank, mine, g):
-                    continue  # host_victims would say None: too little evictable here
-                if (
-                    refused_once
-                    and cap.smallest_refused is not None
-                    and none_alone(side, cycle, hs, rank, mine, cap)
-                ):
-                    continue  # host_victims would say None: nothing here fits the cap alone
                 vs = host_victims(cycle, req, hs, cap, stale)
                 if vs is None:
                     continue
@@ -485,137 +470,6 @@ def victims_in(
         for _c, _h, hs, _vs in picked:
             mark_reserved(cycle, hs, now, req.request_id)
     return [victims[k] for k in sorted(victims)]
-
-
-#: (host, class rank, time-slice key) -> the least each measure of
-#: ``BlastRadius.allows_alone`` reads over the host's evictable work: GPUs (milli)
-#: of any, GPUs of work without an expected end, GPU-seconds of work with one;
-#: None when it has none
-AloneMins = tuple[float, float, float] | None
-
-#: (host, class rank) -> what a request of that class could evict there, for any
-#: time-slice key: work of lower classes (how many, their GPUs), and the slice
-#: keys of its own class's work in ascending order with the GPUs held by the work
-#: at and after each (``cannot_yield``)
-Evictable = tuple[int, int, list[float], list[int]]
-
-Sides = tuple[dict[tuple[HostState, int, float], AloneMins], dict[tuple[HostState, int], Evictable]]
-
-#: the cycle being planned and its side tables. CycleState has no field for them;
-#: a plan() call that finds another cycle here starts new tables (so calls on
-#: several threads only ever miss, never read another cycle's facts).
-_side: tuple[CycleState, Sides] | None = None
-
-
-def side_tables(cycle: CycleState) -> Sides:
-    """The victim searches' per-cycle side tables (``none_alone``, ``cannot_yield``)."""
-    global _side
-    side = _side
-    if side is None or side[0] is not cycle:
-        side = _side = (cycle, ({}, {}))
-    return side[1]
-
-
-def side_table(cycle: CycleState) -> dict[tuple[HostState, int, float], AloneMins]:
-    return side_tables(cycle)[0]
-
-
-def evictable_summary(cycle: CycleState, hs: HostState, rank: int) -> Evictable:
-    """``Evictable`` of ``hs`` now. Work only leaves the evictable set within a
-    cycle (``doomed``), so read later the counts and GPUs are upper bounds."""
-    dynamic = cycle.dynamic
-    # without time slicing every request's key is INF: its own class is never evicted
-    sliced = bool(cycle.policy.time_slice)
-    lower_n = lower_gpus = 0
-    same: list[tuple[float, int]] = []
-    for a in hs.allocs:
-        if a.doomed:
-            continue
-        ar = a.rank
-        if ar < rank or not dynamic.get(a.alloc.priority, False):
-            continue
-        if ar > rank:
-            lower_n += 1
-            lower_gpus += a.gpu_count
-        elif sliced:
-            same.append((slice_key(cycle, a), a.gpu_count))
-    same.sort()
-    keys = [k for k, _g in same]
-    after = [0] * (len(same) + 1)  # after[i]: GPUs of same[i:]
-    for i in range(len(same) - 1, -1, -1):
-        after[i] = after[i + 1] + same[i][1]
-    return lower_n, lower_gpus, keys, after
-
-
-def cannot_yield(
-    side: dict[tuple[HostState, int], Evictable],
-    cycle: CycleState,
-    hs: HostState,
-    rank: int,
-    mine: float,
-    g: int,
-) -> bool:
-    """Would ``host_victims`` answer None for a request of class ``rank``, key
-    ``mine`` and ``g`` GPUs per node before looking at any set: nothing there it
-    may evict (``evictable``), or too few GPUs even with all of it (its bound)?"""
-    key = (hs, rank)
-    got = side.get(key)
-    if got is None:
-        got = side[key] = evictable_summary(cycle, hs, rank)
-    lower_n, lower_gpus, keys, after = got
-    # the work of its own class with a slice key above ``mine`` (none for INF)
-    i = len(keys) if mine == INF else bisect_right(keys, mine)
-    if lower_n == 0 and i == len(keys):
-        return True
-    return g > 0 and hs.free + lower_gpus + after[i] < g
-
-
-def alone_mins(cycle: CycleState, hs: HostState, rank: int, mine: float) -> AloneMins:
-    """``AloneMins`` of ``hs`` now. Work only leaves the evictable set within a
-    cycle (``doomed``), so these minima only grow: read later, they are lower
-    bounds."""
-    elig = evictable(cycle, hs.allocs, rank, mine)
-    if not elig:
-        return None
-    now = cycle.now
-    milli = noend = gpu_s = INF
-    for a in elig:
-        m = a.milli
-        if m < milli:
-            milli = m
-        end = a.alloc.expected_end
-        if end is None:
-            if m < noend:
-                noend = m
-        else:
-            x = m * max(0.0, end - now)
-            if x < gpu_s:
-                gpu_s = x
-    return milli, noend, gpu_s
-
-
-def none_alone(
-    side: dict[tuple[HostState, int, float], AloneMins],
-    cycle: CycleState,
-    hs: HostState,
-    rank: int,
-    mine: float,
-    cap: BlastRadius,
-) -> bool:
-    """Is none of the work of ``hs`` that a request of class ``rank`` and key
-    ``mine`` may evict allowed alone by ``cap`` (``allows_alone`` false for
-    each)? Then ``host_victims`` finds none within the cap, and says so with
-    None once the cap has refused a set (``smallest_refused``)."""
-    key = (hs, rank, mine)
-    if key in side:
-        mins = side[key]
-    else:
-        mins = side[key] = alone_mins(cycle, hs, rank, mine)
-    if mins is None:
-        return False  # nothing evictable: host_victims files it as stale
-    if cap.need_gpu_s is None:
-        return mins[0] > cap.max_victim_milli
-    return mins[1] > cap.max_victim_milli and mins[2] > cap.max_victim_gpu_s
 
 
 def preemptible_hosts(cycle: CycleState, pool: Pool, rank: int, mine: float) -> dict[HostState, None]:

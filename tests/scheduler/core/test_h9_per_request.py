@@ -20,13 +20,9 @@ from scheduler.core.model import CLASS_RANK, WHOLE
 from scheduler.core.planner.cycle import CycleState
 from scheduler.core.planner.preemption import (
     BlastRadius,
-    cannot_yield,
     evictable,
     greedy,
     host_victims,
-    none_alone,
-    side_table,
-    side_tables,
     time_slice_key,
     victim_key,
 )
@@ -93,13 +89,13 @@ def test_the_memoised_queue_keys_are_the_rule_for_every_request_object_and_polic
         get_policy("gpucloud"),
         get_policy("las").with_(las_thresholds=(100.0, 5000.0), las_starve_s=10.0),
     ]
-    for _round in range(2):  # the second round reads the memo
+    _las_memo.clear()
+    for _round in range(2):  # the first round fills the memo, the second reads it
         for now in nows:
             for pol in policies:
                 for r in reqs:
                     assert las_level(pol, r, now) == las_level_rule(pol, r, now)
                     assert remaining_time(r) == remaining_rule(r)
-        _las_memo.clear() if _round else None
 
 
 def test_a_request_equal_to_a_memoised_one_but_another_object_is_worked_out_anew() -> None:
@@ -364,101 +360,3 @@ def test_the_one_pass_victim_search_finds_what_the_rule_found(case, policy, cap,
             )
         )
     assert got[1] == got[0]
-
-
-@settings(max_examples=500, deadline=None)
-@given(
-    case=busy_host(),
-    policy=st.sampled_from(("las", "gpucloud", "priority")),
-    cap=st.sampled_from((1.0, 2.0)),
-    gpus=st.sampled_from((1, 2, 4, 8)),
-    priority=st.sampled_from(("critical", "standard", "low")),
-    duration=st.sampled_from((None, 100.0, 3000.0)),
-    later=st.lists(st.booleans(), min_size=8, max_size=8),
-)
-def test_the_side_table_skips_only_hosts_the_victim_search_refuses(case, policy, cap, gpus, priority, duration, later):  # type: ignore[no-untyped-def]
-    """``none_alone`` (read from the cycle's side table, filled before more work
-    got notice) answers what the cap's own test answers now, or is a safe
-    "no": when it says a host has nothing the cap allows alone, host_victims
-    finds nothing there and, once the cap refused a set, adds no words."""
-    snap, doomed = case
-    pol = get_policy(policy).with_(las_thresholds=(2000.0, 20_000.0), preempt_cap=cap)
-    req = PlacementRequest(
-        request_id="q", tenant_id="t2", gpu_model="H100", gpus_per_node=gpus, priority=priority,  # type: ignore[arg-type]
-        kind="job", expected_duration=duration, submitted_at=NOW,
-    )
-    cycle = CycleState(snap, [req], pol, NOW)
-    allocs = list(cycle.fleet.allocs.values())
-    for a, d in zip(allocs, doomed, strict=True):
-        a.doomed = d
-    hs = cycle.fleet.host_slice("h0", "H100")
-    assert hs is not None
-    rank = CLASS_RANK.get(priority, 1)
-    mine = time_slice_key(cycle, req)
-    radius = BlastRadius(req, pol.preempt_cap, NOW)
-    side = side_table(cycle)
-    elig = evictable(cycle, hs.allocs, rank, mine)
-    # read fresh: exactly the cap's own test over what may be evicted
-    assert none_alone(side, cycle, hs, rank, mine, radius) == (
-        bool(elig) and not any(radius.allows_alone(a) for a in elig)
-    )
-    # more work gets notice later in the cycle: the remembered answer stays safe
-    for a, d in zip(allocs, later, strict=False):
-        a.doomed = a.doomed or d
-    if none_alone(side, cycle, hs, rank, mine, radius):
-        radius.smallest_refused = (1e18, False)  # some earlier host already said why
-        assert host_victims(cycle, req, hs, radius, []) is None
-        assert radius.smallest_refused == (1e18, False)
-
-
-def test_the_side_table_belongs_to_one_cycle() -> None:
-    snap = ClusterSnapshot(hosts=(make_host("h0"),))
-    pol = get_policy("gpucloud")
-    one = CycleState(snap, [], pol, NOW)
-    two = CycleState(snap, [], pol, NOW)
-    side = side_table(one)
-    side[(one.fleet.host_slice("h0", "H100"), 1, INF)] = None  # type: ignore[index]
-    assert side_table(one) is side
-    assert side_table(two) == {}
-    assert side_table(one) == {}  # the other cycle took the slot: start afresh
-
-
-@settings(max_examples=500, deadline=None)
-@given(
-    case=busy_host(),
-    policy=st.sampled_from(("srtf", "las", "gpucloud", "priority", "fifo")),
-    gpus=st.sampled_from((0, 1, 2, 4, 8)),
-    priority=st.sampled_from(("critical", "standard", "low")),
-    duration=st.sampled_from((None, 100.0, 3000.0, 60_000.0)),
-    attained=st.sampled_from((0.0, 5000.0)),
-    later=st.lists(st.booleans(), min_size=8, max_size=8),
-)
-def test_the_side_table_skips_only_hosts_with_too_little(case, policy, gpus, priority, duration, attained, later):  # type: ignore[no-untyped-def]
-    """``cannot_yield`` answers, fresh, exactly host_victims's first two tests (nothing
-    evictable; too few GPUs with all of it), and read later in the cycle it only
-    skips hosts where host_victims finds nothing."""
-    snap, doomed = case
-    pol = get_policy(policy).with_(las_thresholds=(2000.0, 20_000.0))
-    req = PlacementRequest(
-        request_id="q", tenant_id="t2", gpu_model="H100", gpus_per_node=gpus,
-        gpu_milli=WHOLE if gpus else 500, priority=priority,  # type: ignore[arg-type]
-        kind="job", expected_duration=duration, attained_service=attained, submitted_at=NOW,
-    )
-    cycle = CycleState(snap, [req], pol, NOW)
-    allocs = list(cycle.fleet.allocs.values())
-    for a, d in zip(allocs, doomed, strict=True):
-        a.doomed = d
-    hs = cycle.fleet.host_slice("h0", "H100")
-    assert hs is not None
-    rank = CLASS_RANK.get(priority, 1)
-    mine = time_slice_key(cycle, req)
-    side = side_tables(cycle)[1]
-    elig = evictable(cycle, hs.allocs, rank, mine)
-    fresh = not elig or (gpus > 0 and hs.free + sum(a.gpu_count for a in elig) < gpus)
-    assert cannot_yield(side, cycle, hs, rank, mine, gpus) == fresh
-    for a, d in zip(allocs, later, strict=False):
-        a.doomed = a.doomed or d
-    if cannot_yield(side, cycle, hs, rank, mine, gpus):
-        radius = BlastRadius(req, pol.preempt_cap, NOW)
-        assert host_victims(cycle, req, hs, radius, []) is None
-        assert radius.smallest_refused is None
