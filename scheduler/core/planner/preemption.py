@@ -292,58 +292,25 @@ def host_victims(
     the preemptible index once it stopped iterating that index."""
     rank = CLASS_RANK.get(req.priority, 1)
     mine = time_slice_key(cycle, req)
-    bounded = cap.multiple != INF
-    # one pass over the host's work: ``evictable``, the GPUs it holds, and of it
-    # what the cap allows alone (``allows_alone``) - every host a search looks at
-    # runs this, and most fail the GPU bound below
-    dynamic = cycle.dynamic
-    keys = cycle.slice_keys
-    now = cap.now
-    need_gpu_s = cap.need_gpu_s
-    max_milli = cap.max_victim_milli
-    max_gpu_s = cap.max_victim_gpu_s
-    elig: list[AllocState] = []
-    within: list[AllocState] = []
-    elig_gpus = within_gpus = 0
-    for a in hs.allocs:
-        if a.doomed:
-            continue
-        ar = a.rank
-        al = a.alloc
-        if ar < rank or not dynamic.get(al.priority, False):
-            continue
-        if ar == rank:
-            if mine == INF:
-                continue
-            k = keys.get(a)
-            if k is None:
-                k = slice_key(cycle, a)
-            if k <= mine:
-                continue
-        elig.append(a)
-        elig_gpus += a.gpu_count
-        if bounded:
-            end = al.expected_end
-            if (
-                a.milli <= max_milli
-                if end is None or need_gpu_s is None
-                else a.milli * max(0.0, end - now) <= max_gpu_s
-            ):
-                within.append(a)
-                within_gpus += a.gpu_count
+    elig = evictable(cycle, hs.allocs, rank, mine)
     if not elig:
         if stale is not None:
             stale.append(hs)
         return None
-    g = req.gpus_per_node
-    if g > 0 and hs.free + elig_gpus < g:
-        return None  # cheap bound before the exact check
+    if req.gpus_per_node > 0:
+        # cheap bound before the exact check
+        if hs.free + sum(a.gpu_count for a in elig) < req.gpus_per_node:
+            return None
     key = partial(victim_key, cycle.now)
-    if not bounded:
+    if not cap.bounded:
         elig.sort(key=key)
         return greedy(cycle, req, hs, elig)
     # bounded blast radius: no victim that alone evicts more than the cap
-    if len(within) < len(elig) and (not within or (g > 0 and hs.free + within_gpus < g)):
+    within = [a for a in elig if cap.allows_alone(a)]
+    g = req.gpus_per_node
+    if len(within) < len(elig) and (
+        not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)
+    ):
         if cap.smallest_refused is None:  # the first host that would need more says why, once
             elig.sort(key=key)
             full = greedy(cycle, req, hs, elig)

@@ -10,7 +10,6 @@ import heapq
 import math
 from collections import deque
 from dataclasses import replace
-from functools import partial
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,14 +17,6 @@ from hypothesis import strategies as st
 from scheduler.core import Allocation, ClusterSnapshot, HostPlacement, PlacementRequest, get_policy
 from scheduler.core.model import CLASS_RANK, WHOLE
 from scheduler.core.planner.cycle import CycleState
-from scheduler.core.planner.preemption import (
-    BlastRadius,
-    evictable,
-    greedy,
-    host_victims,
-    time_slice_key,
-    victim_key,
-)
 from scheduler.core.policy import Policy
 from scheduler.core.queue import (
     FairOrder,
@@ -36,7 +27,6 @@ from scheduler.core.queue import (
     order_key,
     remaining_time,
 )
-from scheduler.core.state import INF, AllocState, HostState
 from scheduler.core.testing import make_host, occupy
 
 NOW = 100_000.0
@@ -249,114 +239,3 @@ def test_a_static_order_sorts_by_order_key(reqs, policy):  # type: ignore[no-unt
     while (r := order.pop()) is not None:
         served.append(r)
     assert served == sorted(reqs, key=lambda r: order_key(pol, r, NOW))
-
-
-# ------------------------------------------------------------------ the victim search
-
-
-def host_victims_rule(
-    cycle: CycleState, req: PlacementRequest, hs: HostState, cap: BlastRadius, stale: list[HostState]
-) -> list[AllocState] | None:
-    """host_victims as first written: evictable, then the bounds and the cap in steps."""
-    rank = CLASS_RANK.get(req.priority, 1)
-    elig = evictable(cycle, hs.allocs, rank, time_slice_key(cycle, req))
-    if not elig:
-        stale.append(hs)
-        return None
-    if req.gpus_per_node > 0 and hs.free + sum(a.gpu_count for a in elig) < req.gpus_per_node:
-        return None
-    key = partial(victim_key, cycle.now)
-    if not cap.bounded:
-        elig.sort(key=key)
-        return greedy(cycle, req, hs, elig)
-    within = [a for a in elig if cap.allows_alone(a)]
-    g = req.gpus_per_node
-    if len(within) < len(elig) and (not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)):
-        if cap.smallest_refused is None:
-            elig.sort(key=key)
-            full = greedy(cycle, req, hs, elig)
-            if full is not None:
-                cap.refuse(full)
-        return None
-    within.sort(key=key)
-    chosen = greedy(cycle, req, hs, within)
-    if chosen is not None and not cap.allows(chosen):
-        over = chosen
-        chosen = greedy(cycle, req, hs, sorted(within, key=lambda a: (a.milli, key(a))))
-        if chosen is None or not cap.allows(chosen):
-            cap.refuse(over)
-            return None
-    if chosen is None and len(within) < len(elig) and cap.smallest_refused is None:
-        elig.sort(key=key)
-        full = greedy(cycle, req, hs, elig)
-        if full is not None:
-            cap.refuse(full)
-    return chosen
-
-
-@st.composite
-def busy_host(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[bool]]:
-    allocs = []
-    doomed = []
-    gpu = 0
-    i = 0
-    while gpu < 8 and draw(st.integers(0, 5)):
-        n = min(draw(st.sampled_from((1, 2, 4, 8))), 8 - gpu)
-        allocs.append(
-            Allocation(
-                request_id=f"r{i}",
-                tenant_id="t",
-                gpu_model="H100",
-                placements=(HostPlacement("h0", tuple(f"h0-g{gpu + j}" for j in range(n))),),
-                priority=draw(st.sampled_from(("critical", "standard", "low"))),
-                billing=draw(st.sampled_from(("on_demand", "spot"))),
-                kind=draw(st.sampled_from(("job", "job", "instance"))),
-                restartable=draw(st.booleans()),
-                checkpointable=draw(st.booleans()),
-                started_at=NOW - draw(st.sampled_from((10.0, 900.0, 5000.0, 50_000.0))),
-                expected_end=draw(st.sampled_from((None, NOW + 50.0, NOW + 5000.0, NOW + 80_000.0))),
-                attained_service=draw(st.sampled_from((0.0, 3000.0, 40_000.0))),
-            )
-        )
-        doomed.append(draw(st.sampled_from((False, False, True))))
-        gpu += n
-        i += 1
-    return occupy(ClusterSnapshot(hosts=(make_host("h0", gpus=8),)), allocs), doomed
-
-
-@settings(max_examples=1000, deadline=None)
-@given(
-    case=busy_host(),
-    policy=st.sampled_from(("srtf", "las", "gpucloud", "priority")),
-    cap=st.sampled_from((1.0, 2.0, INF)),
-    gpus=st.sampled_from((1, 2, 4, 8)),
-    priority=st.sampled_from(("critical", "standard", "low")),
-    duration=st.sampled_from((None, 100.0, 3000.0)),
-    attained=st.sampled_from((0.0, 5000.0)),
-)
-def test_the_one_pass_victim_search_finds_what_the_rule_found(case, policy, cap, gpus, priority, duration, attained):  # type: ignore[no-untyped-def]
-    snap, doomed = case
-    pol = get_policy(policy).with_(las_thresholds=(2000.0, 20_000.0), preempt_cap=cap)
-    req = PlacementRequest(
-        request_id="q", tenant_id="t2", gpu_model="H100", gpus_per_node=gpus, priority=priority, kind="job",  # type: ignore[arg-type]
-        expected_duration=duration, attained_service=attained, submitted_at=NOW,
-    )
-    got = []
-    for search in (host_victims_rule, host_victims):
-        cycle = CycleState(snap, [req], pol, NOW)
-        for a, d in zip(cycle.fleet.allocs.values(), doomed, strict=True):
-            a.doomed = d
-        hs = cycle.fleet.host_slice("h0", "H100")
-        assert hs is not None
-        radius = BlastRadius(req, pol.preempt_cap, NOW)
-        stale: list[HostState] = []
-        victims = search(cycle, req, hs, radius, stale)
-        got.append(
-            (
-                None if victims is None else [a.alloc.request_id for a in victims],
-                radius.smallest_refused,
-                radius.words(req),
-                len(stale),
-            )
-        )
-    assert got[1] == got[0]
