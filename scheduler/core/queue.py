@@ -276,7 +276,7 @@ def las_promote_at(policy: Policy, req: PlacementRequest) -> float:
 # request (and policy), so the id it is filed under cannot be reused while the
 # entry lives; a lookup checks identity, never equality. Bounded: cleared when full.
 
-_MEMO_MAX = 1 << 16
+_MEMO_MAX = 1 << 14  # the simulator hands plan() ~50 heads a call, rotating slowly
 #: id(request) -> (request, policy, attained-service queue, promotion time)
 _las_memo: dict[int, tuple[PlacementRequest, Policy, int, float]] = {}
 #: id(request) -> (request, remaining time)
