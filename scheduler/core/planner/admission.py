@@ -241,7 +241,7 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
         cycle.failed_shapes.setdefault(key, []).append((shape, no_room))
     # no room now: preempt lower classes, or wait for victims already under notice
     capped: str | None = ""
-    if policy.preemption and policy.mode != "static":  # may_preempt
+    if may_preempt(cycle):
         pending = [a for a in cycle.under_notice.get(req.request_id, ()) if a.doomed]
         if pending:
             reserve_hosts_of(cycle, req, pending)
