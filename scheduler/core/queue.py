@@ -140,6 +140,17 @@ class Order:
         """Called after each decision; static orders ignore it."""
 
 
+class _Lane:
+    """One lane of a ``FairOrder``: each tenant's requests by age, and a heap of
+    the tenants keyed by (share, age of the oldest, tenant, version)."""
+
+    __slots__ = ("heap", "queues")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, float, str, int]] = []
+        self.queues: dict[str, deque[PlacementRequest]] = {}
+
+
 class FairOrder(Order):
     """Class, then (for ``gpucloud``) attained-service queue, then weighted
     dominant share (live), then age. ``lane`` gives each request its lane; lanes
@@ -149,37 +160,59 @@ class FairOrder(Order):
         self,
         reqs: Iterable[PlacementRequest],
         book: ShareBook,
-        lane: Callable[[PlacementRequest], tuple[int, ...]],
+        lane: Callable[[PlacementRequest], tuple[int, ...]] | None,
     ) -> None:
+        """``lane`` None: one lane for all."""
         super().__init__([])
         book.load()
         self.book = book
         self.version: dict[str, int] = {}
-        lanes: dict[tuple[int, ...], dict[str, list[PlacementRequest]]] = {}
-        for r in reqs:
-            lanes.setdefault(lane(r), {}).setdefault(r.tenant_id, []).append(r)
-        self.ranks = sorted(lanes)
-        self.queues: dict[tuple[int, ...], dict[str, deque[PlacementRequest]]] = {}
-        self.heaps: dict[tuple[int, ...], list[tuple[float, float, str, int]]] = {}
-        for rank in self.ranks:
-            qs: dict[str, deque[PlacementRequest]] = {}
-            heap: list[tuple[float, float, str, int]] = []
-            for tenant, lst in lanes[rank].items():
-                lst.sort(key=_AGE)
+        by_lane: dict[tuple[int, ...], dict[str, list[PlacementRequest]]] = {}
+        if lane is None:
+            tenants: dict[str, list[PlacementRequest]] = {}
+            for r in reqs:
+                lst = tenants.get(r.tenant_id)
+                if lst is None:
+                    tenants[r.tenant_id] = [r]
+                else:
+                    lst.append(r)
+            if tenants:
+                by_lane[(0,)] = tenants
+        else:
+            for r in reqs:
+                key = lane(r)
+                tenants = by_lane.get(key)  # type: ignore[assignment]
+                if tenants is None:
+                    tenants = by_lane[key] = {}
+                lst = tenants.get(r.tenant_id)
+                if lst is None:
+                    tenants[r.tenant_id] = [r]
+                else:
+                    lst.append(r)
+        share_of = book.share_of
+        self._lanes: list[_Lane] = []
+        for key in sorted(by_lane):
+            ln = _Lane()
+            qs = ln.queues
+            heap = ln.heap
+            for tenant, lst in by_lane[key].items():
+                if len(lst) > 1:
+                    lst.sort(key=_AGE)
                 qs[tenant] = deque(lst)
-                heap.append((book.share(tenant), lst[0].submitted_at, tenant, 0))
+                heap.append((share_of.get(tenant, 0.0), lst[0].submitted_at, tenant, 0))
             heapq.heapify(heap)
-            self.queues[rank] = qs
-            self.heaps[rank] = heap
-        self._ri = 0
-        self._current: tuple[tuple[int, ...], str] | None = None
+            self._lanes.append(ln)
+        self._li = 0
+        #: the served tenant and its queue, between pop() and done()
+        self._current: tuple[str, deque[PlacementRequest]] | None = None
         #: the served tenant's next entry, pushed by the next pop()
         self._pending: tuple[float, float, str, int] | None = None
 
     def pop(self) -> PlacementRequest | None:
-        while self._ri < len(self.ranks):
-            rank = self.ranks[self._ri]
-            heap = self.heaps[rank]
+        lanes = self._lanes
+        while self._li < len(lanes):
+            ln = lanes[self._li]
+            heap = ln.heap
             pending = self._pending
             if pending is not None:
                 # done() left the tenant's next entry here: push and pop in one sift
@@ -188,35 +221,34 @@ class FairOrder(Order):
             elif heap:
                 entry = heapq.heappop(heap)
             else:
-                self._ri += 1
+                self._li += 1
                 continue
             version = self.version
             while True:
                 share, age, tenant, ver = entry
-                current = version.get(tenant, 0)
-                if ver == current:
+                if ver == version.get(tenant, 0):
                     break
                 # the tenant placed work since this entry was pushed: refresh
-                q = self.queues[rank][tenant]
                 entry = heapq.heappushpop(
-                    heap, (self.book.share(tenant), q[0].submitted_at, tenant, current)
+                    heap,
+                    (self.book.share(tenant), ln.queues[tenant][0].submitted_at, tenant, version[tenant]),
                 )
-            self._current = (rank, tenant)
-            return self.queues[rank][tenant].popleft()
+            q = ln.queues[tenant]
+            self._current = (tenant, q)
+            return q.popleft()
         return None
 
     def done(self, req: PlacementRequest, placed: bool) -> None:
-        assert self._current is not None
-        rank, tenant = self._current
-        book = self.book
+        current = self._current
+        assert current is not None
+        tenant, q = current
         if placed:
-            book.charge(req)
+            self.book.charge(req)
             ver = self.version[tenant] = self.version.get(tenant, 0) + 1
         else:
             ver = self.version.get(tenant, 0)
-        q = self.queues[rank][tenant]
         if q:
-            self._pending = (book.share_of.get(tenant, 0.0), q[0].submitted_at, tenant, ver)
+            self._pending = (self.book.share_of.get(tenant, 0.0), q[0].submitted_at, tenant, ver)
         self._current = None
 
 
@@ -235,23 +267,59 @@ def las_promote_at(policy: Policy, req: PlacementRequest) -> float:
     return req.submitted_at + max(policy.las_starve_s, policy.las_starve_factor * per_gpu)
 
 
+# ---------------------------------------------------------------- per-request memos
+#
+# A waiting request's attained-service queue, its promotion time and its remaining
+# time depend on the request and the policy alone, not on the clock; the simulator
+# hands plan() the same request objects call after call (and the live loop new
+# ones), so they are worked out once per request object. An entry holds its
+# request (and policy), so the id it is filed under cannot be reused while the
+# entry lives; a lookup checks identity, never equality. Bounded: cleared when full.
+
+_MEMO_MAX = 1 << 14  # the simulator hands plan() ~50 heads a call, rotating slowly
+#: id(request) -> (request, policy, attained-service queue, promotion time)
+_las_memo: dict[int, tuple[PlacementRequest, Policy, int, float]] = {}
+#: id(request) -> (request, remaining time)
+_remaining_memo: dict[int, tuple[PlacementRequest, float]] = {}
+
+
+def _las_facts(policy: Policy, req: PlacementRequest) -> tuple[PlacementRequest, Policy, int, float]:
+    """(req, policy, its attained-service queue, when the guard promotes it), memoised."""
+    got = _las_memo.get(id(req))
+    if got is None or got[0] is not req or got[1] is not policy:
+        got = (req, policy, las_queue(req.attained_service, policy.las_thresholds), las_promote_at(policy, req))
+        if len(_las_memo) >= _MEMO_MAX:
+            _las_memo.clear()
+        _las_memo[id(req)] = got
+    return got
+
+
 def las_level(policy: Policy, req: PlacementRequest, now: float) -> int:
     """The attained-service queue of a waiting request (0 = served first)."""
-    a = req.attained_service
-    if a <= 0.0:
+    if req.attained_service <= 0.0:
         return 0
-    level = las_queue(a, policy.las_thresholds)
-    if level and now >= las_promote_at(policy, req):
+    _r, _p, level, promote_at = _las_facts(policy, req)
+    if level and now >= promote_at:
         return 0
     return level
 
 
-def remaining_time(req: PlacementRequest) -> float:
-    """SRTF's key: expected duration minus the service already received (per GPU)."""
+def _remaining_time(req: PlacementRequest) -> float:
     if req.expected_duration is None:
         return math.inf
     per_gpu = max(req.total_milli / WHOLE, 1e-9)
     return max(req.expected_duration - req.attained_service / per_gpu, 0.0)
+
+
+def remaining_time(req: PlacementRequest) -> float:
+    """SRTF's key: expected duration minus the service already received (per GPU)."""
+    got = _remaining_memo.get(id(req))
+    if got is None or got[0] is not req:
+        got = (req, _remaining_time(req))
+        if len(_remaining_memo) >= _MEMO_MAX:
+            _remaining_memo.clear()
+        _remaining_memo[id(req)] = got
+    return got[1]
 
 
 def fair_orders(policy: Policy) -> bool:
@@ -302,12 +370,18 @@ def make_order(
 
         return FairOrder(reqs, book, lane)
     if kind == "drf":
-        return FairOrder(reqs, book, _ONE_LANE)
+        return FairOrder(reqs, book, None)
     if kind not in QUEUE_ORDERS:
         raise ValueError(f"unknown queue order {kind!r}")
-    reqs.sort(key=lambda r: order_key(policy, r, now))
+    reqs.sort(key=_static_key(policy, now))
     return Order(reqs)
 
 
-def _ONE_LANE(r: PlacementRequest) -> tuple[int, ...]:
-    return (0,)
+def _static_key(policy: Policy, now: float) -> Callable[[PlacementRequest], tuple[object, ...]]:
+    """``order_key`` of a static order, as a function of the request alone."""
+    kind = policy.queue_order
+    if kind == "fifo":
+        return _AGE
+    if kind == "srtf":
+        return lambda r: (remaining_time(r), r.submitted_at, r.request_id)
+    return lambda r: order_key(policy, r, now)

@@ -143,7 +143,11 @@ def wait(cycle: CycleState, req: PlacementRequest, reason: str, *, capacity: boo
         if ahead:
             reason = f"{reason}; {plural(ahead, 'request')} ahead of you"
         cycle.waiting_ahead[model] = ahead + 1
-        cycle.waiting_milli[model] = cycle.waiting_milli.get(model, 0) + req.total_milli
+        g = req.gpus_per_node
+        # req.total_milli written out: a wait is the most common decision
+        cycle.waiting_milli[model] = cycle.waiting_milli.get(model, 0) + (
+            g * WHOLE if g else req.gpu_milli
+        ) * req.nodes
     cycle.decisions.append(Wait(req.request_id, reason))
     cycle.counts["waiting"] += 1
     return False
@@ -235,8 +239,8 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
             return True
         no_room = found
         cycle.failed_shapes.setdefault(key, []).append((shape, no_room))
-    failure = why(cycle, req, no_room.fails, no_room.examined)
     # no room now: preempt lower classes, or wait for victims already under notice
+    capped: str | None = ""
     if may_preempt(cycle):
         pending = [a for a in cycle.under_notice.get(req.request_id, ()) if a.doomed]
         if pending:
@@ -256,8 +260,11 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
             # victims only ever get fewer within a cycle, so this shape stays unservable
             capped = cap.words(req)
             cycle.no_victims.setdefault(victims_key, []).append((victim_shape, capped))
-        if capped:
-            failure = f"{failure}; {capped}"
+    # the words only now that the request waits for room (before reserve(), which
+    # moves the reserved start that a "reserved" reason names)
+    failure = why(cycle, req, no_room.fails, no_room.examined)
+    if capped:
+        failure = f"{failure}; {capped}"
     if not cycle.is_blocked(req):
         cycle.blocked[(model, req.region)] = req.request_id
         if policy.backfill:

@@ -5,6 +5,7 @@ earliest, and later work may use them only if it ends before that start
 
 from __future__ import annotations
 
+import heapq
 import operator
 from collections.abc import Sequence
 
@@ -87,10 +88,12 @@ def reserve(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool]) -> 
         cycle.reserved_start[req.gpu_model] = at
         return
     # unknown end times: hold the hosts with the most free GPUs outright
-    best = sorted(
+    # nsmallest(n, ...) is sorted(...)[:n] without sorting every host
+    best = heapq.nsmallest(
+        req.nodes,
         (hs for pool in pools for hs in pool.hosts if hs.reserved_at is None),
         key=lambda hs: (-hs.free, -(WHOLE * hs.total - sum(hs.milli)), hs.host_id),
-    )[: req.nodes]
+    )
     for hs in best:
         mark_reserved(cycle, hs, cycle.now, req.request_id)
     cycle.reserved_start[req.gpu_model] = cycle.now

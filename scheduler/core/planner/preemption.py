@@ -191,7 +191,9 @@ def slice_key(cycle: CycleState, a: AllocState) -> float:
     ):
         got = -INF
     elif policy.time_slice == "las":
-        got = float(service_queue(cycle, a))
+        # service_queue written out (no memo: this runs once per work and cycle)
+        attained = al.attained_service + max(0.0, now - al.started_at) * a.milli / WHOLE
+        got = float(las_queue(attained, policy.las_thresholds))
     elif al.expected_end is not None:
         got = al.expected_end - now
     else:
