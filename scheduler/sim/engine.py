@@ -39,7 +39,7 @@ import math
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -126,6 +126,7 @@ class _Host:
         "nfree",
         "runs",
         "victims",
+        "evictable",
         "view",
         "key",
         "uuids",
@@ -155,6 +156,8 @@ class _Host:
         self.runs: dict[str, _Run] = {}
         #: per dynamic class rank, the runs here not under notice (victim candidates)
         self.victims = [0] * len(CLASS_RANK)
+        #: per class rank, the candidates among them time slicing lets be evicted now
+        self.evictable = [0] * len(CLASS_RANK)
         self.view: HostView | None = None
         self.key = (n.region, n.gpu_model, n.num_gpus)
         self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
@@ -227,6 +230,12 @@ class _Run:
     version: int = 0
     #: the rank of its class when that class's mode is dynamic, else -1
     drank: int = -1
+    #: when it started among all runs (a tenant's runs are kept in this order)
+    seq: int = 0
+    #: time slicing: counted in ``_Host.evictable``; ``token`` names its entry in
+    #: ``Simulator.ripening`` (0: none)
+    evictable: bool = False
+    token: int = 0
 
 
 @dataclass
@@ -274,6 +283,15 @@ def _maxmin(demand: dict[str, float], weights: dict[str, float], cap: float) -> 
 
 #: a queued job's place in its group: the core's order key, then the job id
 _Key = tuple[tuple[object, ...], str]
+
+
+def _merged(lists: list[list[str]]) -> Iterator[str]:
+    """The union of sorted lists of host ids, in order, each id once."""
+    prev = None
+    for hid in heapq.merge(*lists):
+        if hid != prev:
+            prev = hid
+            yield hid
 
 
 def _unsort(lst: list[_Key], key: _Key) -> None:
@@ -540,6 +558,19 @@ class Simulator:
         self._empty_set = {hid for lst in self.empty.values() for hid in lst}
         #: the hosts that are not empty, in id order (the core's tie-break order)
         self.busy: list[str] = []
+        #: per dynamic class rank, the hosts holding victim candidates of that rank
+        #: (``_Host.victims`` non-zero), in id order: ``_victim_hosts`` walks these
+        #: instead of every busy host
+        self.victim_index: list[list[str]] = [[] for _ in CLASS_RANK]
+        #: the same for the candidates time slicing lets be evicted now
+        #: (``_Host.evictable``), and the candidates not yet so, by about when
+        self.evictable_index: list[list[str]] = [[] for _ in CLASS_RANK]
+        self.ripening: list[tuple[float, int, _Run]] = []
+        self.token_seq = 0
+        self.least_quantum = min(
+            [self.policy.min_run_s, *(q for _c, q in self.policy.slice_quantum)]
+        )
+        self.las_th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
         self.state: dict[str, JobState] = {}
         self.queue: dict[str, JobState] = {}
         # the incremental queue: per group (a tenant for fair orders, else one
@@ -559,6 +590,9 @@ class Simulator:
         self.requests: dict[str, PlacementRequest] = {}
         self.running: dict[str, _Run] = {}
         self.tenant_runs: dict[str, dict[str, _Run]] = defaultdict(dict)
+        #: lending: per tenant, its running jobs not classed low
+        self.nonlow_runs: dict[str, set[str]] = defaultdict(set)
+        self.run_seq = 0
         self.usage_milli: dict[tuple[str, str], int] = defaultdict(int)  # (tenant, model) -> milli
         self.tenant_used: dict[str, int] = defaultdict(int)
         self.demand: dict[str, int] = defaultdict(int)  # tenant -> queued + running jobs
@@ -581,6 +615,9 @@ class Simulator:
         t_fair: dict[str, float] = defaultdict(float)
         t_maxmin: dict[str, float] = defaultdict(float)
         self.tenant_demand_milli: dict[str, float] = {}
+        #: the metrics' per-tenant shares, None once a demand changed
+        self._fair: list[tuple[str, float]] | None = None
+        self._maxmin_shares: list[tuple[str, float]] | None = None
         series: list[tuple[float, int, float, dict[str, float]]] = []
         marks = list(self.demand_marks)
         mark_out: dict[str, float] = {}
@@ -604,12 +641,24 @@ class Simulator:
             if dt > 0 and (self.queue or self.running):
                 alloc_area += self.used_milli * dt
                 active_time += dt
-                active = [tn for tn, c in self.demand.items() if c > 0]
-                wsum = sum(self.weights.get(tn, 1.0) for tn in active)
-                for tn in active:
-                    t_alloc[tn] += self.tenant_used.get(tn, 0) * dt
-                    t_fair[tn] += cap * self.weights.get(tn, 1.0) / wsum * dt
-                for tn, f in _maxmin(self.tenant_demand_milli, self.weights, cap).items():
+                fair = self._fair
+                if fair is None:
+                    # each tenant's even share: kept until some tenant's demand changes
+                    active = [tn for tn, c in self.demand.items() if c > 0]
+                    wsum = sum(self.weights.get(tn, 1.0) for tn in active)
+                    fair = self._fair = [
+                        (tn, cap * self.weights.get(tn, 1.0) / wsum) for tn in active
+                    ]
+                used = self.tenant_used
+                for tn, f in fair:
+                    t_alloc[tn] += used.get(tn, 0) * dt
+                    t_fair[tn] += f * dt
+                maxmin = self._maxmin_shares
+                if maxmin is None:
+                    maxmin = self._maxmin_shares = list(
+                        _maxmin(self.tenant_demand_milli, self.weights, cap).items()
+                    )
+                for tn, f in maxmin:
                     t_maxmin[tn] += f * dt
             last = t
             if t >= next_sample:
@@ -699,6 +748,7 @@ class Simulator:
     # ------------------------------------------------------------------ queue
 
     def _count_demand(self, j: Job, sign: int) -> None:
+        self._maxmin_shares = None
         d = self.tenant_demand_milli.get(j.tenant, 0.0) + sign * j.gpus * WHOLE
         if d > 1e-6:
             self.tenant_demand_milli[j.tenant] = d
@@ -718,6 +768,7 @@ class Simulator:
         j = js.job
         self.queue[j.job_id] = js
         self.demand[j.tenant] += 1
+        self._fair = None
         self._count_demand(j, 1)
         self.requests.pop(j.job_id, None)
         self.dirty_tenants.add(j.tenant)
@@ -830,24 +881,29 @@ class Simulator:
         for tn in self.dirty_tenants:
             g = self.guarantee_milli.get(tn, 0)
             cum = 0
-            for r in self.tenant_runs.get(tn, {}).values():
+            least = self.least_milli
+            runs = self.tenant_runs.get(tn, {})
+            nonlow = self.nonlow_runs[tn]
+            rest_from = -1
+            for jid, r in runs.items():
+                if g - cum < least:
+                    # every run asks for at least ``least``: the rest borrow
+                    rest_from = r.seq
+                    break
                 cls = "standard" if cum + r.milli <= g else "low"
                 if cls == "standard":
                     cum += r.milli
                 if cls != r.priority and not r.preempting:
-                    self.rank_runs[CLASS_RANK[r.priority]] -= 1
-                    self.rank_runs[CLASS_RANK[cls]] += 1
-                    self._count_victim(r, -1)
-                    r.priority = cls
-                    r.drank = self.dynamic.get(cls, -1)
-                    self._count_victim(r, 1)
-                    r.alloc = replace(
-                        r.alloc, priority=cls, billing="spot" if cls == "low" else "on_demand"
-                    )  # type: ignore[arg-type]
+                    self._reclass(jid, r, cls, nonlow)
+            if rest_from >= 0 and nonlow:
+                # of the rest (runs are in start order), only those not low yet change
+                for jid in [jid for jid in nonlow if runs[jid].seq >= rest_from]:
+                    r = runs[jid]
+                    if not r.preempting:
+                        self._reclass(jid, r, "low", nonlow)
             queue = self.queue
             tq = self.tenant_queue.get(tn, ())
             stop = len(tq)
-            least = self.least_milli
             for i, (_s, jid) in enumerate(tq):
                 if g - cum < least:
                     # no job of the trace fits in what is left: the rest borrow
@@ -867,6 +923,24 @@ class Simulator:
                     if (queue[jid].job.submit, jid) >= first:
                         out[jid] = "low"
         return out
+
+    def _reclass(self, jid: str, r: _Run, cls: str, nonlow: set[str]) -> None:
+        """Lending: running work ``r`` runs as ``cls`` from now on."""
+        self.rank_runs[CLASS_RANK[r.priority]] -= 1
+        self.rank_runs[CLASS_RANK[cls]] += 1
+        self._count_victim(r, -1)
+        r.priority = cls
+        r.drank = self.dynamic.get(cls, -1)
+        self._count_victim(r, 1)
+        r.alloc = replace(
+            r.alloc,
+            priority=cls,  # type: ignore[arg-type]
+            billing="spot" if cls == "low" else "on_demand",
+        )
+        if cls == "low":
+            nonlow.discard(jid)
+        else:
+            nonlow.add(jid)
 
     # ------------------------------------------------------------------ planning
 
@@ -892,12 +966,20 @@ class Simulator:
             order = self.ordered.get("", [])
             i = 0
             n = len(order)
+            queue = self.queue
+            position = self.queue_position
             while i < n:
-                chunk = [
-                    self._request(self.queue[jid], self._prio(jid, cls_of))
-                    for _k, jid in order[i : i + FIFO_CHUNK]
-                ]
-                placed, waited = self._plan_once(chunk, now, None)
+                ids = [jid for _k, jid in order[i : i + FIFO_CHUNK]]
+                chunk = [self._request(queue[jid], self._prio(jid, cls_of)) for jid in ids]
+                # the chunk's shapes as _rekey counted them (the same requests)
+                counts: dict[_Shape, int] = {}
+                for jid in ids:
+                    shape = position[jid][2]
+                    counts[shape] = counts.get(shape, 0) + 1
+                agg = _Agg()
+                for shape, c in counts.items():
+                    agg.add(*shape, c)
+                placed, waited = self._plan_once(chunk, now, agg)
                 if waited or not placed:
                     break
                 i += FIFO_CHUNK
@@ -1091,8 +1173,38 @@ class Simulator:
         self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float
     ) -> set[str]:
         """Hosts holding work the queue could preempt, in the core's host order, a
-        bounded prefix: the lowest host ids holding such work, found by walking the
-        hosts in id order and stopping at the bound, not by testing every running job."""
+        bounded prefix: the lowest host ids holding such work. A host holds such
+        work if it runs a victim candidate of a class ranked below ``min_rank``
+        (``victim_index``) or, under time slicing, one of ``min_rank`` itself that
+        may be evicted now (``evictable_index``, kept up to date by
+        ``_ripen``). The hosts are walked in id order through these indexes and
+        the walk stops at the bound: no running job is tested here.
+        ``_victim_hosts_walk`` is the same answer found by testing the runs."""
+        victims: set[str] = set()
+        ts = self.policy.time_slice
+        if self.may_preempt and any(
+            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
+        ):
+            want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
+            lists = [lst for lst in self.victim_index[max(min_rank + 1, 0) :] if lst]
+            if ts and 0 <= min_rank < len(self.victim_index):
+                self._ripen(now)
+                if self.evictable_index[min_rank]:
+                    lists.append(self.evictable_index[min_rank])
+            if not lists:
+                return victims
+            walk: Iterable[str] = lists[0] if len(lists) == 1 else _merged(lists)
+            for hid in walk:
+                victims.add(hid)
+                if len(victims) >= want:
+                    break
+        return victims
+
+    def _victim_hosts_walk(
+        self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float
+    ) -> set[str]:
+        """``_victim_hosts`` by walking every busy host and testing its runs (the
+        oracle its indexes are checked against in the tests)."""
         hosts = self.hosts
         victims: set[str] = set()
         ts = self.policy.time_slice
@@ -1128,6 +1240,62 @@ class Simulator:
                 if len(victims) >= want:
                     break
         return victims
+
+    def _evictable(self, run: _Run, now: float) -> bool:
+        """Whether time slicing lets a victim candidate of its own class be evicted
+        at ``now`` (relaxed: any quantum counts as served): it has run the least
+        quantum and, under LAS, left the first attained-service queue. Once true it
+        stays true while the run stays a candidate (both sides only grow with now)."""
+        if run.start > now - self.least_quantum:
+            return False
+        return not (
+            self.policy.time_slice == "las"
+            and run.js.attained + (now - run.start) * run.milli / WHOLE < self.las_th0
+        )
+
+    def _ripen(self, now: float) -> None:
+        """Move the victim candidates that became evictable by ``now`` into
+        ``evictable_index``. Each candidate waits in ``ripening`` under a time a
+        little before it may become evictable; the exact test is ``_evictable``."""
+        heap = self.ripening
+        later = []
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            run = entry[2]
+            if run.token != entry[1]:
+                continue  # no longer a candidate (stopped, under notice, reclassed)
+            if self._evictable(run, now):
+                run.evictable = True
+                self._count_evictable(run, 1)
+            else:
+                later.append(entry)
+        for _t, token, run in later:
+            heapq.heappush(heap, (now, token, run))
+
+    def _ripe_at(self, run: _Run) -> float:
+        """About when ``_evictable`` turns true for a new candidate (inf: never)."""
+        if not run.js.checkpoint:
+            return math.inf
+        t = run.start + self.least_quantum
+        if self.policy.time_slice == "las":
+            short = self.las_th0 - run.js.attained
+            if short > 0:
+                if run.milli <= 0:
+                    return math.inf
+                t = max(t, run.start + short * WHOLE / run.milli)
+        return t
+
+    def _count_evictable(self, run: _Run, d: int) -> None:
+        hosts = self.hosts
+        rank = run.drank
+        index = self.evictable_index[rank]
+        for p in run.placements:
+            counts = hosts[p.host_id].evictable
+            c = counts[rank] = counts[rank] + d
+            if c == 0:
+                del index[bisect.bisect_left(index, p.host_id)]
+            elif c == d:  # was 0
+                bisect.insort(index, p.host_id)
 
     def _readable(
         self, min_rank: int, now: float
@@ -1256,6 +1424,7 @@ class Simulator:
                     if js is not None:
                         js.rejected = "did not fit when it arrived"
                         self.demand[js.job.tenant] -= 1
+                        self._fair = None
                         self._count_demand(js.job, -1)
         return placed, waited
 
@@ -1266,8 +1435,29 @@ class Simulator:
         if run.drank < 0 or run.preempting:
             return
         hosts = self.hosts
+        rank = run.drank
+        index = self.victim_index[rank]
         for p in run.placements:
-            hosts[p.host_id].victims[run.drank] += d
+            counts = hosts[p.host_id].victims
+            c = counts[rank] = counts[rank] + d
+            if c == 0:
+                del index[bisect.bisect_left(index, p.host_id)]
+            elif c == d:  # was 0
+                bisect.insort(index, p.host_id)
+        if not self.policy.time_slice:
+            return
+        if d > 0:
+            self.token_seq += 1
+            run.token = self.token_seq
+            t = self._ripe_at(run)
+            if t < math.inf:
+                # a margin before the estimate: _ripen tests the exact rule
+                heapq.heappush(self.ripening, (t - 2.0, run.token, run))
+        else:
+            run.token = 0
+            if run.evictable:
+                run.evictable = False
+                self._count_evictable(run, -1)
 
     def _push(self, t: float, kind: str, jid: str, ver: int) -> None:
         self.event_seq += 1
@@ -1327,6 +1517,10 @@ class Simulator:
         self.running[j.job_id] = run
         self.rank_runs[CLASS_RANK.get(prio, 1)] += 1
         self.tenant_runs[j.tenant][j.job_id] = run
+        self.run_seq += 1
+        run.seq = self.run_seq
+        if prio != "low":
+            self.nonlow_runs[j.tenant].add(j.job_id)
         self.usage_milli[(j.tenant, j.gpu_model)] += milli
         self.tenant_used[j.tenant] += milli
         self.used_milli += milli
@@ -1341,6 +1535,7 @@ class Simulator:
         self._count_victim(run, -1)
         self.rank_runs[CLASS_RANK.get(run.priority, 1)] -= 1
         del self.tenant_runs[j.tenant][j.job_id]
+        self.nonlow_runs[j.tenant].discard(j.job_id)
         for p in run.placements:
             h = self.hosts[p.host_id]
             for u in p.gpus:
@@ -1391,9 +1586,11 @@ class Simulator:
                 self.lost_gpu_s += (j.duration - js.remaining + ran) * run.milli / WHOLE
                 js.remaining = j.duration
             self.demand[j.tenant] -= 1
+            self._fair = None
             self._count_demand(j, -1)
             self._enqueue(js)
         else:
             js.end = now
             self.demand[j.tenant] -= 1
+            self._fair = None
             self._count_demand(j, -1)
