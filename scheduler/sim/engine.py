@@ -1011,9 +1011,17 @@ class Simulator:
         smallest = agg.min_milli if agg.min_milli > 0 else WHOLE
         n = cap + free // smallest + 1
         out = []
+        queue = self.queue
+        requests = self.requests
+        lent = self._lent_class if cls_of is not None else None
         for lst in self.ordered.values():
             for _k, jid in lst[:n]:
-                out.append(self._request(self.queue[jid], self._prio(jid, cls_of)))
+                # _request(queue[jid], _prio(jid, cls_of)), inlined for its usual hit
+                prio = lent.get(jid, "low") if lent is not None else queue[jid].job.priority
+                r = requests.get(jid)
+                if r is None or r.priority != prio:
+                    r = self._request(queue[jid], prio)
+                out.append(r)
         return out
 
     def _aggregate_queue(self) -> _Agg:
@@ -1130,6 +1138,9 @@ class Simulator:
         else:
             above, inside = readable
             res = self.res_jobs
+            # a candidate time slicing lets be evicted now (``_Run.evictable``, which
+            # never turns true early) is inside under LAS: inside's bounds are wider
+            las = self.policy.time_slice == "las"
             for hid in ids:
                 for jid, run in hosts[hid].runs.items():
                     if jid in allocs:
@@ -1138,7 +1149,11 @@ class Simulator:
                     if (
                         r > above
                         or run.preempting
-                        or (r == min_rank and inside is not None and inside(run))
+                        or (
+                            r == min_rank
+                            and inside is not None
+                            and ((las and run.evictable) or inside(run))
+                        )
                         or (res and (run.js.job.vcpus or run.js.job.memory_mib))
                     ):
                         allocs[jid] = run.alloc

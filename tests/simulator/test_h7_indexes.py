@@ -36,6 +36,19 @@ class _Checked(Simulator):
             assert index == sorted(h for h in self.busy if self.hosts[h].victims[rank])
         for rank, index in enumerate(self.evictable_index):
             assert index == sorted(h for h in self.busy if self.hosts[h].evictable[rank])
+        readable = self._readable(min_rank, now)
+        if self.policy.time_slice:
+            self._ripen(now)  # sets only flags that hold now (and stay so)
+        for run in self.running.values():
+            # the flag is exactly the rule, for every victim candidate
+            candidate = run.drank >= 0 and not run.preempting
+            assert run.evictable == bool(
+                self.policy.time_slice and candidate and run.js.checkpoint and self._evictable(run, now)
+            )
+            # what _allocations takes for granted of an evictable run
+            if run.evictable and readable is not None and readable[1] is not None:
+                if self.policy.time_slice == "las" and run.drank == min_rank:
+                    assert readable[1](run)
         type(self).checks += 1
         type(self).ripe += sum(map(len, self.evictable_index))
         return got
