@@ -29,6 +29,15 @@ models). docs/simulator.md lists what this approximation does and does not keep.
 The engine also keeps a ``PlanCache``: host views and allocations are rebuilt only
 when they change, so the core reuses its working state for the unchanged ones
 (the plan is the same with or without the cache).
+
+The view's "hosts holding work the queue may preempt" come from indexes kept as
+runs start, stop, go under notice or change class, not from a walk over the
+running work: per class rank the hosts holding victim candidates
+(``victim_index``), and under time slicing the hosts holding a candidate that may
+be evicted now (``evictable_index``). Evictability (the least quantum served,
+under LAS out of the first attained-service queue) only grows with time while a
+run stays a candidate, so each candidate waits in a heap (``ripening``) under a
+time a little before it may qualify and is tested by the exact rule when popped.
 """
 
 from __future__ import annotations
@@ -1301,11 +1310,18 @@ class Simulator:
         return t
 
     def _count_evictable(self, run: _Run, d: int) -> None:
+        self._count_on_hosts(run, d, evictable=True)
+
+    def _count_on_hosts(self, run: _Run, d: int, *, evictable: bool) -> None:
+        """Count ``run`` in (d=1) or out of (d=-1) its hosts' per-rank counts of
+        victim candidates (or of evictable ones), keeping the index of the hosts
+        whose count for its rank is not zero."""
         hosts = self.hosts
         rank = run.drank
-        index = self.evictable_index[rank]
+        index = (self.evictable_index if evictable else self.victim_index)[rank]
         for p in run.placements:
-            counts = hosts[p.host_id].evictable
+            h = hosts[p.host_id]
+            counts = h.evictable if evictable else h.victims
             c = counts[rank] = counts[rank] + d
             if c == 0:
                 del index[bisect.bisect_left(index, p.host_id)]
@@ -1449,16 +1465,7 @@ class Simulator:
         """Keep each host's count of victim candidates by class (``_Host.victims``)."""
         if run.drank < 0 or run.preempting:
             return
-        hosts = self.hosts
-        rank = run.drank
-        index = self.victim_index[rank]
-        for p in run.placements:
-            counts = hosts[p.host_id].victims
-            c = counts[rank] = counts[rank] + d
-            if c == 0:
-                del index[bisect.bisect_left(index, p.host_id)]
-            elif c == d:  # was 0
-                bisect.insort(index, p.host_id)
+        self._count_on_hosts(run, d, evictable=False)
         if not self.policy.time_slice:
             return
         if d > 0:
