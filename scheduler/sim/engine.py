@@ -139,6 +139,7 @@ class _Host:
         "view",
         "key",
         "uuids",
+        "gpu_index",
         "gpu_views",
         "room",
         "tenant",
@@ -170,6 +171,8 @@ class _Host:
         self.view: HostView | None = None
         self.key = (n.region, n.gpu_model, n.num_gpus)
         self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
+        #: uuid -> GPU index (what a placement's uuids name)
+        self.gpu_index = {u: i for i, u in enumerate(self.uuids)}
         self.gpu_views: dict[tuple[int, bool, int, str | None], GpuView] = {}
         #: the most milli free on one GPU not held whole (kept by Simulator._reindex)
         self.room = WHOLE if n.num_gpus else 0
@@ -1117,7 +1120,7 @@ class Simulator:
             ids.add(self.big_mem)
         if victims and not frac and self.srtf and self._srtf_idle(ids, min_g, min_rank, now):
             return None
-        hv = tuple(hosts[h].host_view() for h in sorted(ids))
+        hv = tuple([hosts[h].view or hosts[h].host_view() for h in sorted(ids)])
         if self.opaque and not self._shares_matter(reqs):
             # the core would read no allocation: hand it none (same plan, and the
             # per-call cost no longer grows with the running work)
@@ -1491,7 +1494,7 @@ class Simulator:
         for p in placements:
             h = self.hosts[p.host_id]
             for u in p.gpus:
-                i = int(u.rsplit("/", 1)[1])
+                i = h.gpu_index[u]
                 if p.milli >= WHOLE:
                     assert not h.whole[i] and h.milli[i] == 0, f"{u} booked twice"
                     h.whole[i] = True
@@ -1561,7 +1564,7 @@ class Simulator:
         for p in run.placements:
             h = self.hosts[p.host_id]
             for u in p.gpus:
-                i = int(u.rsplit("/", 1)[1])
+                i = h.gpu_index[u]
                 if p.milli >= WHOLE:
                     h.whole[i] = False
                     h.milli[i] = 0
