@@ -627,9 +627,6 @@ class Simulator:
         t_fair: dict[str, float] = defaultdict(float)
         t_maxmin: dict[str, float] = defaultdict(float)
         self.tenant_demand_milli: dict[str, float] = {}
-        #: the metrics' per-tenant shares, None once a demand changed
-        self._fair: list[tuple[str, float]] | None = None
-        self._maxmin_shares: list[tuple[str, float]] | None = None
         series: list[tuple[float, int, float, dict[str, float]]] = []
         marks = list(self.demand_marks)
         mark_out: dict[str, float] = {}
@@ -653,24 +650,12 @@ class Simulator:
             if dt > 0 and (self.queue or self.running):
                 alloc_area += self.used_milli * dt
                 active_time += dt
-                fair = self._fair
-                if fair is None:
-                    # each tenant's even share: kept until some tenant's demand changes
-                    active = [tn for tn, c in self.demand.items() if c > 0]
-                    wsum = sum(self.weights.get(tn, 1.0) for tn in active)
-                    fair = self._fair = [
-                        (tn, cap * self.weights.get(tn, 1.0) / wsum) for tn in active
-                    ]
-                used = self.tenant_used
-                for tn, f in fair:
-                    t_alloc[tn] += used.get(tn, 0) * dt
-                    t_fair[tn] += f * dt
-                maxmin = self._maxmin_shares
-                if maxmin is None:
-                    maxmin = self._maxmin_shares = list(
-                        _maxmin(self.tenant_demand_milli, self.weights, cap).items()
-                    )
-                for tn, f in maxmin:
+                active = [tn for tn, c in self.demand.items() if c > 0]
+                wsum = sum(self.weights.get(tn, 1.0) for tn in active)
+                for tn in active:
+                    t_alloc[tn] += self.tenant_used.get(tn, 0) * dt
+                    t_fair[tn] += cap * self.weights.get(tn, 1.0) / wsum * dt
+                for tn, f in _maxmin(self.tenant_demand_milli, self.weights, cap).items():
                     t_maxmin[tn] += f * dt
             last = t
             if t >= next_sample:
@@ -760,7 +745,6 @@ class Simulator:
     # ------------------------------------------------------------------ queue
 
     def _count_demand(self, j: Job, sign: int) -> None:
-        self._maxmin_shares = None
         d = self.tenant_demand_milli.get(j.tenant, 0.0) + sign * j.gpus * WHOLE
         if d > 1e-6:
             self.tenant_demand_milli[j.tenant] = d
@@ -780,7 +764,6 @@ class Simulator:
         j = js.job
         self.queue[j.job_id] = js
         self.demand[j.tenant] += 1
-        self._fair = None
         self._count_demand(j, 1)
         self.requests.pop(j.job_id, None)
         self.dirty_tenants.add(j.tenant)
@@ -1458,7 +1441,6 @@ class Simulator:
                     if js is not None:
                         js.rejected = "did not fit when it arrived"
                         self.demand[js.job.tenant] -= 1
-                        self._fair = None
                         self._count_demand(js.job, -1)
         return placed, waited
 
@@ -1611,11 +1593,9 @@ class Simulator:
                 self.lost_gpu_s += (j.duration - js.remaining + ran) * run.milli / WHOLE
                 js.remaining = j.duration
             self.demand[j.tenant] -= 1
-            self._fair = None
             self._count_demand(j, -1)
             self._enqueue(js)
         else:
             js.end = now
             self.demand[j.tenant] -= 1
-            self._fair = None
             self._count_demand(j, -1)
