@@ -29,6 +29,15 @@ models). docs/simulator.md lists what this approximation does and does not keep.
 The engine also keeps a ``PlanCache``: host views and allocations are rebuilt only
 when they change, so the core reuses its working state for the unchanged ones
 (the plan is the same with or without the cache).
+
+The view's "hosts holding work the queue may preempt" come from indexes kept as
+runs start, stop, go under notice or change class, not from a walk over the
+running work: per class rank the hosts holding victim candidates
+(``victim_index``), and under time slicing the hosts holding a candidate that may
+be evicted now (``evictable_index``). Evictability (the least quantum served,
+under LAS out of the first attained-service queue) only grows with time while a
+run stays a candidate, so each candidate waits in a heap (``ripening``) under a
+time a little before it may qualify and is tested by the exact rule when popped.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import math
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -126,9 +135,11 @@ class _Host:
         "nfree",
         "runs",
         "victims",
+        "evictable",
         "view",
         "key",
         "uuids",
+        "gpu_index",
         "gpu_views",
         "room",
         "tenant",
@@ -155,9 +166,13 @@ class _Host:
         self.runs: dict[str, _Run] = {}
         #: per dynamic class rank, the runs here not under notice (victim candidates)
         self.victims = [0] * len(CLASS_RANK)
+        #: per class rank, the candidates among them time slicing lets be evicted now
+        self.evictable = [0] * len(CLASS_RANK)
         self.view: HostView | None = None
         self.key = (n.region, n.gpu_model, n.num_gpus)
         self.uuids = tuple(f"{n.node_id}/{i}" for i in range(n.num_gpus))
+        #: uuid -> GPU index (what a placement's uuids name)
+        self.gpu_index = {u: i for i, u in enumerate(self.uuids)}
         self.gpu_views: dict[tuple[int, bool, int, str | None], GpuView] = {}
         #: the most milli free on one GPU not held whole (kept by Simulator._reindex)
         self.room = WHOLE if n.num_gpus else 0
@@ -227,6 +242,12 @@ class _Run:
     version: int = 0
     #: the rank of its class when that class's mode is dynamic, else -1
     drank: int = -1
+    #: when it started among all runs (a tenant's runs are kept in this order)
+    seq: int = 0
+    #: time slicing: counted in ``_Host.evictable``; ``token`` names its entry in
+    #: ``Simulator.ripening`` (0: none)
+    evictable: bool = False
+    token: int = 0
 
 
 @dataclass
@@ -274,6 +295,15 @@ def _maxmin(demand: dict[str, float], weights: dict[str, float], cap: float) -> 
 
 #: a queued job's place in its group: the core's order key, then the job id
 _Key = tuple[tuple[object, ...], str]
+
+
+def _merged(lists: list[list[str]]) -> Iterator[str]:
+    """The union of sorted lists of host ids, in order, each id once."""
+    prev = None
+    for hid in heapq.merge(*lists):
+        if hid != prev:
+            prev = hid
+            yield hid
 
 
 def _unsort(lst: list[_Key], key: _Key) -> None:
@@ -540,6 +570,19 @@ class Simulator:
         self._empty_set = {hid for lst in self.empty.values() for hid in lst}
         #: the hosts that are not empty, in id order (the core's tie-break order)
         self.busy: list[str] = []
+        #: per dynamic class rank, the hosts holding victim candidates of that rank
+        #: (``_Host.victims`` non-zero), in id order: ``_victim_hosts`` walks these
+        #: instead of every busy host
+        self.victim_index: list[list[str]] = [[] for _ in CLASS_RANK]
+        #: the same for the candidates time slicing lets be evicted now
+        #: (``_Host.evictable``), and the candidates not yet so, by about when
+        self.evictable_index: list[list[str]] = [[] for _ in CLASS_RANK]
+        self.ripening: list[tuple[float, int, _Run]] = []
+        self.token_seq = 0
+        self.least_quantum = min(
+            [self.policy.min_run_s, *(q for _c, q in self.policy.slice_quantum)]
+        )
+        self.las_th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
         self.state: dict[str, JobState] = {}
         self.queue: dict[str, JobState] = {}
         # the incremental queue: per group (a tenant for fair orders, else one
@@ -559,6 +602,9 @@ class Simulator:
         self.requests: dict[str, PlacementRequest] = {}
         self.running: dict[str, _Run] = {}
         self.tenant_runs: dict[str, dict[str, _Run]] = defaultdict(dict)
+        #: lending: per tenant, its running jobs not classed low
+        self.nonlow_runs: dict[str, set[str]] = defaultdict(set)
+        self.run_seq = 0
         self.usage_milli: dict[tuple[str, str], int] = defaultdict(int)  # (tenant, model) -> milli
         self.tenant_used: dict[str, int] = defaultdict(int)
         self.demand: dict[str, int] = defaultdict(int)  # tenant -> queued + running jobs
@@ -830,24 +876,29 @@ class Simulator:
         for tn in self.dirty_tenants:
             g = self.guarantee_milli.get(tn, 0)
             cum = 0
-            for r in self.tenant_runs.get(tn, {}).values():
+            least = self.least_milli
+            runs = self.tenant_runs.get(tn, {})
+            nonlow = self.nonlow_runs[tn]
+            rest_from = -1
+            for jid, r in runs.items():
+                if g - cum < least:
+                    # every run asks for at least ``least``: the rest borrow
+                    rest_from = r.seq
+                    break
                 cls = "standard" if cum + r.milli <= g else "low"
                 if cls == "standard":
                     cum += r.milli
                 if cls != r.priority and not r.preempting:
-                    self.rank_runs[CLASS_RANK[r.priority]] -= 1
-                    self.rank_runs[CLASS_RANK[cls]] += 1
-                    self._count_victim(r, -1)
-                    r.priority = cls
-                    r.drank = self.dynamic.get(cls, -1)
-                    self._count_victim(r, 1)
-                    r.alloc = replace(
-                        r.alloc, priority=cls, billing="spot" if cls == "low" else "on_demand"
-                    )  # type: ignore[arg-type]
+                    self._reclass(jid, r, cls, nonlow)
+            if rest_from >= 0 and nonlow:
+                # of the rest (runs are in start order), only those not low yet change
+                for jid in [jid for jid in nonlow if runs[jid].seq >= rest_from]:
+                    r = runs[jid]
+                    if not r.preempting:
+                        self._reclass(jid, r, "low", nonlow)
             queue = self.queue
             tq = self.tenant_queue.get(tn, ())
             stop = len(tq)
-            least = self.least_milli
             for i, (_s, jid) in enumerate(tq):
                 if g - cum < least:
                     # no job of the trace fits in what is left: the rest borrow
@@ -867,6 +918,24 @@ class Simulator:
                     if (queue[jid].job.submit, jid) >= first:
                         out[jid] = "low"
         return out
+
+    def _reclass(self, jid: str, r: _Run, cls: str, nonlow: set[str]) -> None:
+        """Lending: running work ``r`` runs as ``cls`` from now on."""
+        self.rank_runs[CLASS_RANK[r.priority]] -= 1
+        self.rank_runs[CLASS_RANK[cls]] += 1
+        self._count_victim(r, -1)
+        r.priority = cls
+        r.drank = self.dynamic.get(cls, -1)
+        self._count_victim(r, 1)
+        r.alloc = replace(
+            r.alloc,
+            priority=cls,  # type: ignore[arg-type]
+            billing="spot" if cls == "low" else "on_demand",
+        )
+        if cls == "low":
+            nonlow.discard(jid)
+        else:
+            nonlow.add(jid)
 
     # ------------------------------------------------------------------ planning
 
@@ -892,12 +961,20 @@ class Simulator:
             order = self.ordered.get("", [])
             i = 0
             n = len(order)
+            queue = self.queue
+            position = self.queue_position
             while i < n:
-                chunk = [
-                    self._request(self.queue[jid], self._prio(jid, cls_of))
-                    for _k, jid in order[i : i + FIFO_CHUNK]
-                ]
-                placed, waited = self._plan_once(chunk, now, None)
+                ids = [jid for _k, jid in order[i : i + FIFO_CHUNK]]
+                chunk = [self._request(queue[jid], self._prio(jid, cls_of)) for jid in ids]
+                # the chunk's shapes as _rekey counted them (the same requests)
+                counts: dict[_Shape, int] = {}
+                for jid in ids:
+                    shape = position[jid][2]
+                    counts[shape] = counts.get(shape, 0) + 1
+                agg = _Agg()
+                for shape, c in counts.items():
+                    agg.add(*shape, c)
+                placed, waited = self._plan_once(chunk, now, agg)
                 if waited or not placed:
                     break
                 i += FIFO_CHUNK
@@ -929,9 +1006,17 @@ class Simulator:
         smallest = agg.min_milli if agg.min_milli > 0 else WHOLE
         n = cap + free // smallest + 1
         out = []
+        queue = self.queue
+        requests = self.requests
+        lent = self._lent_class if cls_of is not None else None
         for lst in self.ordered.values():
             for _k, jid in lst[:n]:
-                out.append(self._request(self.queue[jid], self._prio(jid, cls_of)))
+                # _request(queue[jid], _prio(jid, cls_of)), inlined for its usual hit
+                prio = lent.get(jid, "low") if lent is not None else queue[jid].job.priority
+                r = requests.get(jid)
+                if r is None or r.priority != prio:
+                    r = self._request(queue[jid], prio)
+                out.append(r)
         return out
 
     def _aggregate_queue(self) -> _Agg:
@@ -1018,7 +1103,7 @@ class Simulator:
             ids.add(self.big_mem)
         if victims and not frac and self.srtf and self._srtf_idle(ids, min_g, min_rank, now):
             return None
-        hv = tuple(hosts[h].host_view() for h in sorted(ids))
+        hv = tuple([hosts[h].view or hosts[h].host_view() for h in sorted(ids)])
         if self.opaque and not self._shares_matter(reqs):
             # the core would read no allocation: hand it none (same plan, and the
             # per-call cost no longer grows with the running work)
@@ -1048,6 +1133,9 @@ class Simulator:
         else:
             above, inside = readable
             res = self.res_jobs
+            # a candidate time slicing lets be evicted now (``_Run.evictable``, which
+            # never turns true early) is inside under LAS: inside's bounds are wider
+            las = self.policy.time_slice == "las"
             for hid in ids:
                 for jid, run in hosts[hid].runs.items():
                     if jid in allocs:
@@ -1056,7 +1144,11 @@ class Simulator:
                     if (
                         r > above
                         or run.preempting
-                        or (r == min_rank and inside is not None and inside(run))
+                        or (
+                            r == min_rank
+                            and inside is not None
+                            and ((las and run.evictable) or inside(run))
+                        )
                         or (res and (run.js.job.vcpus or run.js.job.memory_mib))
                     ):
                         allocs[jid] = run.alloc
@@ -1091,8 +1183,38 @@ class Simulator:
         self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float
     ) -> set[str]:
         """Hosts holding work the queue could preempt, in the core's host order, a
-        bounded prefix: the lowest host ids holding such work, found by walking the
-        hosts in id order and stopping at the bound, not by testing every running job."""
+        bounded prefix: the lowest host ids holding such work. A host holds such
+        work if it runs a victim candidate of a class ranked below ``min_rank``
+        (``victim_index``) or, under time slicing, one of ``min_rank`` itself that
+        may be evicted now (``evictable_index``, kept up to date by
+        ``_ripen``). The hosts are walked in id order through these indexes and
+        the walk stops at the bound: no running job is tested here.
+        ``_victim_hosts_walk`` is the same answer found by testing the runs."""
+        victims: set[str] = set()
+        ts = self.policy.time_slice
+        if self.may_preempt and any(
+            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
+        ):
+            want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
+            lists = [lst for lst in self.victim_index[max(min_rank + 1, 0) :] if lst]
+            if ts and 0 <= min_rank < len(self.victim_index):
+                self._ripen(now)
+                if self.evictable_index[min_rank]:
+                    lists.append(self.evictable_index[min_rank])
+            if not lists:
+                return victims
+            walk: Iterable[str] = lists[0] if len(lists) == 1 else _merged(lists)
+            for hid in walk:
+                victims.add(hid)
+                if len(victims) >= want:
+                    break
+        return victims
+
+    def _victim_hosts_walk(
+        self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float
+    ) -> set[str]:
+        """``_victim_hosts`` by walking every busy host and testing its runs (the
+        oracle its indexes are checked against in the tests)."""
         hosts = self.hosts
         victims: set[str] = set()
         ts = self.policy.time_slice
@@ -1128,6 +1250,69 @@ class Simulator:
                 if len(victims) >= want:
                     break
         return victims
+
+    def _evictable(self, run: _Run, now: float) -> bool:
+        """Whether time slicing lets a victim candidate of its own class be evicted
+        at ``now`` (relaxed: any quantum counts as served): it has run the least
+        quantum and, under LAS, left the first attained-service queue. Once true it
+        stays true while the run stays a candidate (both sides only grow with now)."""
+        if run.start > now - self.least_quantum:
+            return False
+        return not (
+            self.policy.time_slice == "las"
+            and run.js.attained + (now - run.start) * run.milli / WHOLE < self.las_th0
+        )
+
+    def _ripen(self, now: float) -> None:
+        """Move the victim candidates that became evictable by ``now`` into
+        ``evictable_index``. Each candidate waits in ``ripening`` under a time a
+        little before it may become evictable; the exact test is ``_evictable``."""
+        heap = self.ripening
+        later = []
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            run = entry[2]
+            if run.token != entry[1]:
+                continue  # no longer a candidate (stopped, under notice, reclassed)
+            if self._evictable(run, now):
+                run.evictable = True
+                self._count_evictable(run, 1)
+            else:
+                later.append(entry)
+        for _t, token, run in later:
+            heapq.heappush(heap, (now, token, run))
+
+    def _ripe_at(self, run: _Run) -> float:
+        """About when ``_evictable`` turns true for a new candidate (inf: never)."""
+        if not run.js.checkpoint:
+            return math.inf
+        t = run.start + self.least_quantum
+        if self.policy.time_slice == "las":
+            short = self.las_th0 - run.js.attained
+            if short > 0:
+                if run.milli <= 0:
+                    return math.inf
+                t = max(t, run.start + short * WHOLE / run.milli)
+        return t
+
+    def _count_evictable(self, run: _Run, d: int) -> None:
+        self._count_on_hosts(run, d, evictable=True)
+
+    def _count_on_hosts(self, run: _Run, d: int, *, evictable: bool) -> None:
+        """Count ``run`` in (d=1) or out of (d=-1) its hosts' per-rank counts of
+        victim candidates (or of evictable ones), keeping the index of the hosts
+        whose count for its rank is not zero."""
+        hosts = self.hosts
+        rank = run.drank
+        index = (self.evictable_index if evictable else self.victim_index)[rank]
+        for p in run.placements:
+            h = hosts[p.host_id]
+            counts = h.evictable if evictable else h.victims
+            c = counts[rank] = counts[rank] + d
+            if c == 0:
+                del index[bisect.bisect_left(index, p.host_id)]
+            elif c == d:  # was 0
+                bisect.insort(index, p.host_id)
 
     def _readable(
         self, min_rank: int, now: float
@@ -1265,9 +1450,21 @@ class Simulator:
         """Keep each host's count of victim candidates by class (``_Host.victims``)."""
         if run.drank < 0 or run.preempting:
             return
-        hosts = self.hosts
-        for p in run.placements:
-            hosts[p.host_id].victims[run.drank] += d
+        self._count_on_hosts(run, d, evictable=False)
+        if not self.policy.time_slice:
+            return
+        if d > 0:
+            self.token_seq += 1
+            run.token = self.token_seq
+            t = self._ripe_at(run)
+            if t < math.inf:
+                # a margin before the estimate: _ripen tests the exact rule
+                heapq.heappush(self.ripening, (t - 2.0, run.token, run))
+        else:
+            run.token = 0
+            if run.evictable:
+                run.evictable = False
+                self._count_evictable(run, -1)
 
     def _push(self, t: float, kind: str, jid: str, ver: int) -> None:
         self.event_seq += 1
@@ -1279,7 +1476,7 @@ class Simulator:
         for p in placements:
             h = self.hosts[p.host_id]
             for u in p.gpus:
-                i = int(u.rsplit("/", 1)[1])
+                i = h.gpu_index[u]
                 if p.milli >= WHOLE:
                     assert not h.whole[i] and h.milli[i] == 0, f"{u} booked twice"
                     h.whole[i] = True
@@ -1327,6 +1524,10 @@ class Simulator:
         self.running[j.job_id] = run
         self.rank_runs[CLASS_RANK.get(prio, 1)] += 1
         self.tenant_runs[j.tenant][j.job_id] = run
+        self.run_seq += 1
+        run.seq = self.run_seq
+        if prio != "low":
+            self.nonlow_runs[j.tenant].add(j.job_id)
         self.usage_milli[(j.tenant, j.gpu_model)] += milli
         self.tenant_used[j.tenant] += milli
         self.used_milli += milli
@@ -1341,10 +1542,11 @@ class Simulator:
         self._count_victim(run, -1)
         self.rank_runs[CLASS_RANK.get(run.priority, 1)] -= 1
         del self.tenant_runs[j.tenant][j.job_id]
+        self.nonlow_runs[j.tenant].discard(j.job_id)
         for p in run.placements:
             h = self.hosts[p.host_id]
             for u in p.gpus:
-                i = int(u.rsplit("/", 1)[1])
+                i = h.gpu_index[u]
                 if p.milli >= WHOLE:
                     h.whole[i] = False
                     h.milli[i] = 0
