@@ -314,19 +314,19 @@ class Pool:
         if not hosts or hosts[-1].host_id < hid:
             hosts.append(hs)
         else:
-            hosts.insert(bisect_left(hosts, hid, key=_HOST_ID), hs)
+            hosts.insert(bisect_left(hosts, hid, key=_host_id), hs)
         by_free = self.by_free
         free = hs.free
         while len(by_free) <= free:
             by_free.append({})
-        _insert_sorted(by_free, free, hs, hid, _HOST_ID)
+        _insert_sorted(by_free, free, hs, hid, _host_id)
         for i in hs.shares0:
             _insert_sorted(
                 self.shared_of(hs.owner[i]),
                 (WHOLE - hs.milli[i]) // SHARE_BUCKET,
                 (hs, i),
                 (hid, i),
-                _SHARE_KEY,
+                _share_key,
             )
 
     def remove(self, hs: HostState) -> None:
@@ -388,9 +388,6 @@ def _host_id(hs: HostState) -> str:
 def _share_key(entry: tuple[HostState, int]) -> tuple[str, int]:
     return (entry[0].host_id, entry[1])
 
-
-_HOST_ID = _host_id
-_SHARE_KEY = _share_key
 
 
 def _insert_sorted(buckets: list, b: int, item: object, key: object, key_of) -> None:  # type: ignore[type-arg, no-untyped-def]

@@ -1189,7 +1189,8 @@ class Simulator:
         may be evicted now (``evictable_index``, kept up to date by
         ``_ripen``). The hosts are walked in id order through these indexes and
         the walk stops at the bound: no running job is tested here.
-        ``_victim_hosts_walk`` is the same answer found by testing the runs."""
+        (tests/simulator/test_h7_indexes.py checks it against a walk that tests
+        every busy host's runs.)"""
         victims: set[str] = set()
         ts = self.policy.time_slice
         if self.may_preempt and any(
@@ -1205,47 +1206,6 @@ class Simulator:
                 return victims
             walk: Iterable[str] = lists[0] if len(lists) == 1 else _merged(lists)
             for hid in walk:
-                victims.add(hid)
-                if len(victims) >= want:
-                    break
-        return victims
-
-    def _victim_hosts_walk(
-        self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float
-    ) -> set[str]:
-        """``_victim_hosts`` by walking every busy host and testing its runs (the
-        oracle its indexes are checked against in the tests)."""
-        hosts = self.hosts
-        victims: set[str] = set()
-        ts = self.policy.time_slice
-        if self.may_preempt and any(
-            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
-        ):
-            quanta = [q for _c, q in self.policy.slice_quantum]
-            started_by = now - min([self.policy.min_run_s, *quanta])
-            th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
-            las = ts == "las"
-            want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
-            above = min_rank + 1
-            for hid in self.busy:
-                h = hosts[hid]
-                counts = h.victims
-                if not any(counts[above:]):
-                    # inside the class only time-sliced work that may be evicted now
-                    if not ts or not 0 <= min_rank < len(counts) or not counts[min_rank]:
-                        continue
-                    found = False
-                    for run in h.runs.values():
-                        if run.start > started_by:
-                            break  # a host's runs are in start order: the rest started later
-                        if run.drank != min_rank or run.preempting or not run.js.checkpoint:
-                            continue
-                        if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
-                            continue  # still in the first attained-service queue
-                        found = True
-                        break
-                    if not found:
-                        continue
                 victims.add(hid)
                 if len(victims) >= want:
                     break

@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 from scheduler.core import get_policy
+from scheduler.core.model import WHOLE
 from scheduler.sim.engine import Simulator
 from scheduler.sim.trace import Job, Node
 
@@ -52,6 +53,45 @@ class _Checked(Simulator):
         type(self).checks += 1
         type(self).ripe += sum(map(len, self.evictable_index))
         return got
+
+    def _victim_hosts_walk(self, min_rank, need, now):  # type: ignore[no-untyped-def]
+        """``_victim_hosts`` by walking every busy host and testing its runs (the
+        engine's rule before its indexes: the oracle they are checked against)."""
+        hosts = self.hosts
+        victims = set()
+        ts = self.policy.time_slice
+        if self.may_preempt and any(
+            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
+        ):
+            quanta = [q for _c, q in self.policy.slice_quantum]
+            started_by = now - min([self.policy.min_run_s, *quanta])
+            th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
+            las = ts == "las"
+            want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
+            above = min_rank + 1
+            for hid in self.busy:
+                h = hosts[hid]
+                counts = h.victims
+                if not any(counts[above:]):
+                    # inside the class only time-sliced work that may be evicted now
+                    if not ts or not 0 <= min_rank < len(counts) or not counts[min_rank]:
+                        continue
+                    found = False
+                    for run in h.runs.values():
+                        if run.start > started_by:
+                            break  # a host's runs are in start order: the rest started later
+                        if run.drank != min_rank or run.preempting or not run.js.checkpoint:
+                            continue
+                        if las and run.js.attained + (now - run.start) * run.milli / WHOLE < th0:
+                            continue  # still in the first attained-service queue
+                        found = True
+                        break
+                    if not found:
+                        continue
+                victims.add(hid)
+                if len(victims) >= want:
+                    break
+        return victims
 
     def _classes(self):  # type: ignore[no-untyped-def]
         tenants = set(self.dirty_tenants)

@@ -143,11 +143,7 @@ def wait(cycle: CycleState, req: PlacementRequest, reason: str, *, capacity: boo
         if ahead:
             reason = f"{reason}; {plural(ahead, 'request')} ahead of you"
         cycle.waiting_ahead[model] = ahead + 1
-        g = req.gpus_per_node
-        # req.total_milli written out: a wait is the most common decision
-        cycle.waiting_milli[model] = cycle.waiting_milli.get(model, 0) + (
-            g * WHOLE if g else req.gpu_milli
-        ) * req.nodes
+        cycle.waiting_milli[model] = cycle.waiting_milli.get(model, 0) + req.total_milli
     cycle.decisions.append(Wait(req.request_id, reason))
     cycle.counts["waiting"] += 1
     return False

@@ -147,11 +147,16 @@ def service_queue(cycle: CycleState, a: AllocState) -> int:
     al = a.alloc
     got = cycle.service_queues.get(al.request_id)
     if got is None:
-        attained = al.attained_service + max(0.0, cycle.now - al.started_at) * a.milli / WHOLE
         got = cycle.service_queues[al.request_id] = las_queue(
-            attained, cycle.policy.las_thresholds
+            attained_now(a, cycle.now), cycle.policy.las_thresholds
         )
     return got
+
+
+def attained_now(a: AllocState, now: float) -> float:
+    """GPU-seconds running work ``a`` has received by ``now``, this run included."""
+    al = a.alloc
+    return al.attained_service + max(0.0, now - al.started_at) * a.milli / WHOLE
 
 
 def can_evict(cycle: CycleState, a: AllocState, rank: int, mine: float) -> bool:
@@ -191,9 +196,8 @@ def slice_key(cycle: CycleState, a: AllocState) -> float:
     ):
         got = -INF
     elif policy.time_slice == "las":
-        # service_queue written out (no memo: this runs once per work and cycle)
-        attained = al.attained_service + max(0.0, now - al.started_at) * a.milli / WHOLE
-        got = float(las_queue(attained, policy.las_thresholds))
+        # service_queue's rule without its memo: this runs once per work and cycle
+        got = float(las_queue(attained_now(a, now), policy.las_thresholds))
     elif al.expected_end is not None:
         got = al.expected_end - now
     else:
