@@ -83,6 +83,10 @@ class Proc:
     env: dict[str, str]
     log: Path
     popen: subprocess.Popen | None = None
+    # What stop() sends first. haproxy's is SIGUSR1, its soft stop: it closes its listeners,
+    # finishes every stream in progress (each one writing its log line as it ends) and exits;
+    # SIGTERM would exit at once, possibly before the line of a request already answered.
+    stop_signal: int = signal.SIGTERM
 
     def start(self) -> Proc:
         with self.log.open("a") as out:
@@ -109,7 +113,7 @@ class Proc:
         if self.popen is None:
             return
         try:
-            os.killpg(self.popen.pid, signal.SIGTERM)
+            os.killpg(self.popen.pid, self.stop_signal)
             self.popen.wait(timeout=15)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
@@ -253,7 +257,7 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
     assert "log stdout" in cfg and "capture request header X-Request-Id" in cfg  # the log the test reads
     (tmp_path / "haproxy.cfg").write_text(cfg)
     procs["proxy"] = Proc("proxy", [ha_binary(), "-db", "-f", str(tmp_path / "haproxy.cfg")], dict(os.environ),
-                          tmp_path / "proxy.log")
+                          tmp_path / "proxy.log", stop_signal=signal.SIGUSR1)
     for i in range(2):
         _, secret = bootstrap_token_create(region=region, note=f"chaos host {i}")
         procs[f"agent{i}"] = Proc(f"agent{i}", [
@@ -366,7 +370,9 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
             t.join(timeout=60)
         logs = {name: proc.log.read_text() if proc.log.exists() else "" for name, proc in procs.items()}
         # Stop everything; what the platform still owed (stopping instances) is finished below.
-        for proc in procs.values():
+        # The proxy goes last, once no client of it is left, with its soft stop: it exits when
+        # its last stream has ended and been logged.
+        for proc in sorted(procs.values(), key=lambda proc: proc is procs["proxy"]):
             proc.stop()
     # No platform process left a session behind (pytest-django drops this database at the end).
     wait_for(lambda: not _sessions(connect), 30, "the platform's database sessions end", 0.1)

@@ -5,8 +5,8 @@ A replica SIGKILLed with connections in its listening socket's backlog resets th
 
 - answers a request that was the first on its client connection with a 502 and logs it: the
   server it went to, the termination state SH-- and the client's X-Request-Id;
-- closes a reused keep-alive client connection without any response and logs nothing
-  (http_ana.c, abort_keep_alive: "the client is required to retry").
+- closes a reused keep-alive client connection without any response (http_ana.c,
+  abort_keep_alive: "the client is required to retry"), and mostly logs nothing.
 
 So the chaos test's load sends one request per client connection, and can attribute every
 failed request to the server haproxy sent it to. No database: haproxy, sockets and threads.
@@ -14,6 +14,7 @@ failed request to the server haproxy sent it to. No database: haproxy, sockets a
 from __future__ import annotations
 
 import http.server
+import signal
 import socket
 import subprocess
 import threading
@@ -96,8 +97,15 @@ def test_haproxy_logs_a_request_a_dying_replica_reset_only_on_a_fresh_client_con
         reset_while_waiting(keep_alive, "reused", "dead1")
         reset_while_waiting(requests.Session(), "fresh", "dead2", Connection="close")
     finally:
-        proxy.terminate()
-        proxy.wait(timeout=10)
+        # Its soft stop, not SIGTERM: haproxy ends the streams in progress, each one logging its
+        # line, before it exits. A client holds its answer before haproxy logs it, so a hard
+        # stop right after the last answer could lose that line (CI saw "fresh" missing).
+        proxy.send_signal(signal.SIGUSR1)
+        try:
+            proxy.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+            proxy.wait(timeout=10)
         live.shutdown()
         for sock in dead.values():
             sock.close()
@@ -108,4 +116,8 @@ def test_haproxy_logs_a_request_a_dying_replica_reset_only_on_a_fresh_client_con
     logged = _haproxy_requests(log.read_text())
     assert logged["warm"] == ("live", "200", "----")
     assert logged["fresh"] == ("dead2", "502", "SH--")
-    assert "reused" not in logged, logged
+    # The reused connection's request: never answered (above). Whether haproxy logs it depends
+    # on when the reset lands (a loaded machine saw it logged as -1 SD--); when it does, the line
+    # names the server that broke it, as the chaos test's attribution needs.
+    reused = logged.get("reused")
+    assert reused is None or (reused[0], reused[1], reused[2][:1]) == ("dead1", "-1", "S"), logged
