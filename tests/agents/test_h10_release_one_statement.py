@@ -22,14 +22,20 @@ from tests.scheduler.test_lock_order import runs_into_the_host_lock
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_heartbeats_release_in_one_statement_waits_for_the_host_before_a_gpu(alice, catalog):
+def _placed(tenant, n: int) -> tuple[list[Workload], list[Allocation]]:
+    """n one-GPU jobs placed by a cycle on one 8-GPU host, and their allocations."""
     make_hosts(n=1, gpus=8)
-    ws = [Workload.objects.create(tenant=alice.tenant, kind="job", name=f"w{i}", image="busybox",
+    ws = [Workload.objects.create(tenant=tenant, kind="job", name=f"w{i}", image="busybox",
                                   instance_type=InstanceType.objects.get(code="h100.1x"),
-                                  region=Region.objects.get(code="us-east-1")) for i in range(2)]
+                                  region=Region.objects.get(code="us-east-1")) for i in range(n)]
     run_cycle(region_id=ws[0].region_id)
     allocs = list(Allocation.objects.filter(workload__in=ws, active=True))
-    assert len(allocs) == 2
+    assert len(allocs) == n
+    return ws, allocs
+
+
+def test_a_heartbeats_release_in_one_statement_waits_for_the_host_before_a_gpu(alice, catalog):
+    ws, allocs = _placed(alice.tenant, 2)
     assert len(workloads_transition(ids=[w.pk for w in ws], old=State.SCHEDULED, to=State.RUNNING)) == 2
     host = Host.objects.get(pk=allocs[0].host_id)
     booked_vcpus = host.used_vcpus
@@ -53,12 +59,7 @@ def test_a_heartbeats_release_in_one_statement_waits_for_the_host_before_a_gpu(a
 
 
 def test_work_no_longer_in_the_old_state_is_neither_moved_nor_released(alice, catalog):
-    make_hosts(n=1, gpus=8)
-    w = Workload.objects.create(tenant=alice.tenant, kind="job", name="w", image="busybox",
-                                instance_type=InstanceType.objects.get(code="h100.1x"),
-                                region=Region.objects.get(code="us-east-1"))
-    run_cycle(region_id=w.region_id)
-    alloc = Allocation.objects.get(workload=w, active=True)
+    (w,), (alloc,) = _placed(alice.tenant, 1)
     assert workloads_transition(ids=[w.pk], old=State.RUNNING, to=State.SUCCEEDED, hosts=[alloc.host_id]) == []
     assert Allocation.objects.filter(workload=w, active=True).count() == 1
     assert Gpu.objects.get(uuid=alloc.gpu_id).used_milli == alloc.milli
