@@ -21,7 +21,15 @@ from django.utils import timezone
 from agents.choices import HostState
 from agents.models import Gpu, Host
 from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat, LogsRequest
-from agents.selectors import Hold, host_attempts, host_holds, logs_requested_sql, logs_requests_of
+from agents.selectors import (
+    Hold,
+    holds_of,
+    holds_sql,
+    host_attempts,
+    host_holds,
+    logs_requested_sql,
+    logs_requests_of,
+)
 from agents.services.containers import containers_observe, containers_observed_times
 from agents.services.gpus import GpuHealth, async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
@@ -111,22 +119,21 @@ def _host_save(host: Host, fields: list[str]) -> None:
                     [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
 
 
-def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
-               ) -> tuple[Host, bool, GpuHealth, list[LogsRequest], dict]:
+def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None, holds: bool
+               ) -> tuple[Host, bool, GpuHealth, list[LogsRequest], dict, list[Hold] | None]:
     """The host row's part of a heartbeat whose freshness is decided already (the fast path's
     seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
     time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
     host as written, whether it was DOWN, its GPUs' health, the log tails wanted from it and
-    the answer's shared reads seeded by the `BeatRead`s (read in the same statement). The same
-    rules as `host_heartbeat`'s own.
+    the answer's shared reads seeded by the `BeatRead`s and, with `holds`, the host's work
+    (`selectors.host_holds`; else None), read in the same statement. The same rules as
+    `host_heartbeat`'s own.
     Its transaction commits asynchronously (`async_commit`): the statement's own, outside
     atomic(), else the caller's."""
     t = Host._meta.db_table
     reads = list(_beat_reads)
     extra = "".join(f", {r.sql('h.id')}" for r in reads)
-    with connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE {t} AS h SET last_heartbeat_at = GREATEST(h.last_heartbeat_at, %s), "
+    beat = (f"UPDATE {t} AS h SET last_heartbeat_at = GREATEST(h.last_heartbeat_at, %s), "
             "agent_version = COALESCE(NULLIF(%s, ''), h.agent_version), "
             "state = CASE WHEN h.state = %s THEN h.admin_state ELSE h.state END, "
             "down_since = CASE WHEN h.state = %s THEN NULL ELSE h.down_since END, "
@@ -140,13 +147,21 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
             # and the log tails wanted (the answer's, `selectors.host_logs_requests`)
             f"({logs_requested_sql()}) AS lr(attempts, tails) "
             f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state, gh.uuids, gh.healthy, gh.ecc, "
-            f"lr.attempts, lr.tails{extra}",
-            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk, pk,
-             *(p for r in reads for p in r.params)],
-        )
-        row = cur.fetchone()
-    if row is None:
+            f"lr.attempts, lr.tails{extra}")
+    params = [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk, pk,
+              *(p for r in reads for p in r.params)]
+    width = len(Host._meta.concrete_fields) + 6 + len(reads)
+    if holds:
+        # and the host's work: one row per hold, each after the host's columns (one with
+        # NULLs when it holds none), ordered by the hold's first allocation
+        beat = f"WITH b AS ({beat}) SELECT * FROM b LEFT JOIN ({holds_sql()}) AS x ON true ORDER BY x.first"
+        params.append(pk)
+    with connection.cursor() as cur:
+        cur.execute(beat, params)
+        rows = cur.fetchall()
+    if not rows:
         raise Host.DoesNotExist
+    row = rows[0][:width]
     locked, end = model_from_row(Host, row)
     state, uuids, healthy, ecc, attempts, tails, *values = row[end:]
     shared: dict = {}
@@ -154,7 +169,8 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
         r.seed(shared, locked.pk, value)
     return (locked, state == HostState.DOWN,
             dict(zip(uuids or (), zip(healthy or (), ecc or (), strict=True), strict=True)),
-            logs_requests_of(attempts, tails), shared)
+            logs_requests_of(attempts, tails), shared,
+            holds_of([r for r in rows if r[width] is not None]) if holds else None)
 
 
 def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | None
@@ -207,11 +223,12 @@ def host_heartbeat(
     if fresh is not None and connection.vendor == "postgresql":
         # One statement, a transaction of its own (no BEGIN and COMMIT round trips around it)
         # unless the caller's atomic() holds one.
-        locked, was_down, health, logs, shared = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
-                                                            seq=hb.seq if fresh else None)
+        locked, was_down, health, logs, shared, holds = _host_beat(
+            host.pk, now=now, agent_version=hb.agent_version, seq=hb.seq if fresh else None,
+            holds=fresh and (hb.containers is not None or bool(hb.logs)))
         # (log tails in this heartbeat answer requests: the answer reads them again)
         outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash,
-                                   logs_requests=None if hb.logs else logs, answer_reads=shared)
+                                   logs_requests=None if hb.logs else logs, answer_reads=shared, holds=holds)
     else:
         with transaction.atomic():
             async_commit()
@@ -231,13 +248,15 @@ def host_heartbeat(
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)
+        outcome.holds = None  # (read with the host's row, before these moves: read again below)
     if hb.volumes is not None:
         with transaction.atomic():
             volumes_reported.send(sender=Host, host=locked, usage={v.volume: v.used_bytes for v in hb.volumes})
     if hb.containers is None and not hb.logs:
         return outcome  # the agent could not list its runtime: infer nothing
     # What this host runs, by container instance id (before this heartbeat's exits free it)
-    outcome.holds = host_holds(host=locked)
+    if outcome.holds is None:
+        outcome.holds = host_holds(host=locked)
     attempts = {h.attempt: h for h in outcome.holds}
     if hb.logs:
         container_logs_store(host=locked, tails=hb.logs, now=now,

@@ -1,6 +1,8 @@
-"""A changed heartbeat asks whether its host has volume work in its own host UPDATE
-(`heartbeat.BeatRead`, registered by volumes): a host without any answers with no volume query
-of its own; a host with some gets the same removals and move orders as `agents.signals` reads.
+"""A changed heartbeat reads in its own host UPDATE what its answer needs: the host's work
+(`selectors.host_holds`), and whether the host has volume work (`heartbeat.BeatRead`, registered
+by volumes): a host without any answers with no volume query of its own; a host with some gets
+the same removals and move orders as `agents.signals` reads. Work that a failing GPU moved in
+the same heartbeat is read again.
 
 Real PostgreSQL and Redis, heartbeats through the agent API (the fast path's claim).
 """
@@ -12,9 +14,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents.models import Host
+from agents.protocol import GpuSample, Heartbeat, ObservedContainer
+from agents.selectors import holds_sql, host_attempts, host_desired_containers
+from agents.services.heartbeat import host_heartbeat
 from agents.signals import move_orders, removals
-from tests.agents.test_agent_api import place
-from tests.agents.test_fastpath import beat, region, registered, triggered  # noqa: F401 (fixtures)
+from scheduler.choices import State
+from tests.agents.test_agent_api import place, state
+from tests.agents.test_fastpath import beat, region, registered, sample, triggered  # noqa: F401 (fixtures)
 from volumes.models import Volume, VolumeMove
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +36,7 @@ def test_a_host_without_volume_work_answers_without_a_volume_query(client, regis
     assert len(answer["desired"]) == 1
     assert answer["remove_volumes"] == [] and answer["volume_moves"] == []
     sqls = [c["sql"] for c in q.captured_queries]
-    assert any("volumes_volumemove" in s for s in sqls if s.startswith("UPDATE"))  # read with the host row
+    assert any("volumes_volumemove" in s for s in sqls if "UPDATE agents_host" in s)  # read with the host row
     assert not any(WORK_QUERY in s for s in sqls)
 
 
@@ -50,3 +56,30 @@ def test_a_host_with_volume_work_gets_it_in_the_answer(client, registered, alice
     assert answer["remove_volumes"] == removals(host=host) == [purged.docker_name]
     assert answer["volume_moves"] == [o.to_dict() for o in move_orders(host=host)]
     assert [(o["volume"], o["role"]) for o in answer["volume_moves"]] == [(moving.docker_name, "send")]
+
+
+def test_a_changed_heartbeat_reads_its_hosts_work_with_the_host_row(client, registered, alice):
+    host_id, token = registered
+    host = Host.objects.get()
+    for _ in range(2):
+        place(host, alice.tenant)
+    desired = beat(client, host_id, token, 1)["desired"]
+    running = [{"instance_id": d["instance_id"], "state": "running"} for d in desired]
+    with CaptureQueriesContext(connection) as q:
+        answer = beat(client, host_id, token, 2, containers=running)["desired"]
+    reads = [c["sql"] for c in q.captured_queries if holds_sql().split(" FROM ")[0] in c["sql"]]
+    assert len(reads) == 1 and "UPDATE agents_host" in reads[0]
+    assert answer == [d.to_dict() for d in host_desired_containers(host=host)] and len(answer) == 2
+
+
+def test_work_a_failing_gpu_moved_is_read_again(registered, alice):
+    host_id, _token = registered
+    host = Host.objects.get()
+    w = place(host, alice.tenant, kind="job")
+    (iid,) = host_attempts(host=host)
+    hb = Heartbeat(host_id=host_id, seq=1, gpus=[GpuSample.from_dict(sample(0, xid_events=[79])),
+                                                GpuSample.from_dict(sample(1))],
+                   containers=[ObservedContainer(instance_id=iid, state="running")])
+    outcome = host_heartbeat(host=Host(pk=host.pk), hb=hb, fresh=True)
+    assert state(w) == State.FAILED
+    assert outcome.holds == []  # read after the GPU's failure moved the job, as without the host row's read
