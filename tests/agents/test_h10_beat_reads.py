@@ -15,12 +15,13 @@ from django.utils import timezone
 
 from agents.models import Host
 from agents.protocol import GpuSample, Heartbeat, ObservedContainer
-from agents.selectors import holds_sql, host_attempts, host_desired_containers
+from agents.selectors import holds_sql, host_attempts
 from agents.services.heartbeat import host_heartbeat
 from agents.signals import move_orders, removals
 from scheduler.choices import State
 from tests.agents.test_agent_api import place, state
 from tests.agents.test_fastpath import beat, region, registered, sample, triggered  # noqa: F401 (fixtures)
+from tests.agents.test_h1_heartbeat_holds import fresh_answer, running
 from volumes.models import Volume, VolumeMove
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,16 +61,14 @@ def test_a_host_with_volume_work_gets_it_in_the_answer(client, registered, alice
 
 def test_a_changed_heartbeat_reads_its_hosts_work_with_the_host_row(client, registered, alice):
     host_id, token = registered
-    host = Host.objects.get()
-    for _ in range(2):
-        place(host, alice.tenant)
-    desired = beat(client, host_id, token, 1)["desired"]
-    running = [{"instance_id": d["instance_id"], "state": "running"} for d in desired]
+    place(Host.objects.get(), alice.tenant, kind="job")
+    place(Host.objects.get(), alice.tenant)
+    report = running(beat(client, host_id, token, 1)["desired"])
     with CaptureQueriesContext(connection) as q:
-        answer = beat(client, host_id, token, 2, containers=running)["desired"]
+        answer = beat(client, host_id, token, 2, containers=report)["desired"]
     reads = [c["sql"] for c in q.captured_queries if holds_sql().split(" FROM ")[0] in c["sql"]]
     assert len(reads) == 1 and "UPDATE agents_host" in reads[0]
-    assert answer == [d.to_dict() for d in host_desired_containers(host=host)] and len(answer) == 2
+    assert answer == fresh_answer(host_id) and len(answer) == 2
 
 
 def test_work_a_failing_gpu_moved_is_read_again(registered, alice):
