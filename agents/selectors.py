@@ -223,11 +223,17 @@ def host_holds(*, host: Host) -> list[Hold]:
     if connection.vendor != "postgresql":
         return _host_holds_portable(host)
     with connection.cursor() as cur:
-        cur.execute(_HOLDS_SQL(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
-        rows = cur.fetchall()
+        cur.execute(holds_sql(), [Host._meta.pk.get_db_prep_value(host.pk, connection)])
+        return holds_of(cur.fetchall())
+
+
+def holds_of(rows: list[tuple]) -> list[Hold]:
+    """The holds of `holds_sql`'s rows (or of rows that end with its columns: a heartbeat reads
+    them in its host's UPDATE, `agents.services.heartbeat`)."""
     width = len(_HOLD_FIELDS)
     out = []
     for row in rows:
+        row = row[-HOLDS_WIDTH:]
         first, milli, gpus, vcpus, mem, it_vcpus, it_mem_gib, xmin = row[width:]
         out.append(Hold(row[:width], first=first, gpus=list(gpus), milli=milli, vcpus=int(vcpus or it_vcpus),
                         memory_mib=int(mem or it_mem_gib * 1024), xmin=xmin))
@@ -321,11 +327,16 @@ def _holds_from() -> str:
 
 
 @cache
-def _HOLDS_SQL() -> str:  # noqa: N802
+def holds_sql() -> str:
+    """`host_holds`' query on PostgreSQL: the holds of the host whose id is its one `%s`, in
+    order, `HOLDS_WIDTH` columns; `holds_of` reads its rows."""
     cols = ", ".join(f'w."{Workload._meta.get_field(name).column}"' for name in _HOLD_FIELDS)
     return (f"SELECT {cols}, f.first, f.milli, f.gpus, f.vcpus, f.mem, "
             f"it.vcpus, it.memory_gib, w.xmin::text FROM {_holds_from()}"
             f"JOIN {InstanceType._meta.db_table} it ON it.id = w.instance_type_id ORDER BY f.first")
+
+
+HOLDS_WIDTH: Final = len(_HOLD_FIELDS) + 8
 
 
 @cache

@@ -290,12 +290,13 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
                          hosts: Iterable[UUID | str] | None = None) -> list[UUID]:
     """The bulk form of `workload_transition` for the scheduling cycle: one UPDATE, one INSERT.
 
-    Call inside atomic() (a move between holding states may go without where it is one
-    statement, `bulk.state_with_events_is_one_statement`). Returns the ids that moved (those
-    still in `old`). `facts`: other
-    fields the same UPDATE sets on them (a reported exit code), as `workload_transition`'s.
+    Call inside atomic() (a move may go without where it is one statement,
+    `bulk.state_with_events_is_one_statement`: between holding states, or one that frees the
+    GPUs when `hosts` is given). Returns the ids that moved (those still in `old`). `facts`:
+    other fields the same UPDATE sets on them (a reported exit code), as `workload_transition`'s.
     `hosts`: the hosts where they hold allocations, when the caller knows (a heartbeat's own
-    host for its single-host work), saving the fast path's query for them.
+    host for its single-host work), saving the fast path's query for them; on PostgreSQL a
+    move that frees their GPUs is then one statement with the release (`_moved_and_released_pg`).
     """
     if not can_transition(old, to):
         raise Conflict(f"Cannot go from {old} to {to}.", code="illegal_transition")
@@ -306,17 +307,22 @@ def workloads_transition(*, ids: Iterable[UUID], old: str, to: str, reason: str 
         values["queue_position"] = None
     actor = current_actor().label[:200]
     why = reason[:500]
+    frees = old in HOLDING and to not in HOLDING
     if reasons:
         moved = bulk.set_state(ids, old=old, values=values)
         for pk in moved:
             if reasons.get(pk):
                 Workload.objects.filter(pk=pk).update(reason=reasons[pk][:500])
         bulk.insert_events([(pk, old, to, (reasons.get(pk) or why)[:500], actor, now) for pk in moved])
+    elif frees and hosts is not None and bulk.state_with_events_is_one_statement(len(ids)):
+        moved = _moved_and_released_pg(ids, values=values, old=old, reason=why, actor=actor, now=now)
+        hooks.holding_changed(moved, hosts)  # (hosts known: no read of the released allocations)
+        return moved
     else:
         moved = bulk.set_state_with_events(ids, old=old, values=values, reason=why, actor=actor, now=now)
     if old in HOLDING or to in HOLDING:
         hooks.holding_changed(moved, hosts)  # their hosts' heartbeat answers
-    if old in HOLDING and to not in HOLDING:
+    if frees:
         release_allocations(workload_ids=moved, now=now)
     return moved
 
@@ -438,6 +444,43 @@ def _release_allocations_pg(workload_ids: list[UUID], now: datetime) -> int:
             [pg_array(gpus), pg_array(per_gpu[g] for g in gpus)],
         )
     return len(rows)
+
+
+def _moved_and_released_pg(ids: list[UUID], *, values: dict[str, Any], old: str, reason: str, actor: str,
+                           now: datetime) -> list[UUID]:
+    """`bulk.set_state_with_events` and `_release_allocations_pg` of the workloads that moved, as
+    one statement (a transaction of its own outside atomic()): a heartbeat that ends work on its
+    host paid a round trip for each of the five (BEGIN, the move, the allocations, the host, the
+    GPUs) and one for COMMIT. Returns the ids that moved.
+
+    Each step reads the one before it whole (an array or an aggregate of its RETURNING), and the
+    final SELECT asks for the GPUs' step first, whose one-time filter waits for the host's: rows
+    are locked in `_release_allocations_pg`'s order, workloads, allocations, host, then GPUs."""
+    sets = ", ".join(f"{col} = %s" for col in values)
+    with pg_cursor() as cur:
+        cur.execute(
+            f"WITH moved AS (UPDATE {Workload._meta.db_table} SET {sets}, updated_at = now() "
+            "WHERE id = ANY(%s::uuid[]) AND state = %s RETURNING id), "
+            f"ev AS (INSERT INTO {WorkloadEvent._meta.db_table} "
+            "(workload_id, from_state, to_state, reason, actor, created_at) "
+            "SELECT id, %s, %s, %s, %s, %s FROM moved RETURNING workload_id), "
+            f"rel AS (UPDATE {Allocation._meta.db_table} SET active = false, released_at = %s "
+            "WHERE workload_id = ANY(ARRAY(SELECT workload_id FROM ev)) AND active "
+            "RETURNING gpu_id, host_id, milli, vcpus, memory_mib), "
+            f"h AS (UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus - v.vcpus, "
+            "used_memory_mib = h.used_memory_mib - v.mem "
+            "FROM (SELECT host_id, SUM(vcpus)::int8 AS vcpus, SUM(memory_mib)::int8 AS mem FROM rel "
+            "GROUP BY host_id) AS v WHERE h.id = v.host_id AND (v.vcpus <> 0 OR v.mem <> 0) RETURNING h.id), "
+            # a GPU held at 1000 milli is either whole or full of shares; both leave it empty
+            f"g AS (UPDATE {Gpu._meta.db_table} AS g SET "
+            "whole = CASE WHEN v.milli = 1000 THEN false ELSE g.whole END, "
+            "used_milli = CASE WHEN v.milli = 1000 THEN 0 ELSE g.used_milli - v.milli END "
+            "FROM (SELECT gpu_id, SUM(milli)::int AS milli FROM rel GROUP BY gpu_id) AS v "
+            "WHERE g.uuid = v.gpu_id AND (SELECT COUNT(*) FROM h) >= 0 RETURNING g.uuid) "
+            "SELECT (SELECT COUNT(*) FROM g), ARRAY(SELECT workload_id FROM ev)",
+            [*values.values(), pg_array(ids), old, old, values["state"], reason, actor, now, now],
+        )
+        return list(cur.fetchall()[0][1])
 
 
 # ---------------------------------------------------------------- user actions

@@ -23,6 +23,7 @@ from agents.choices import AdminState, HostState
 from agents.fastpath import hosts_changed
 from agents.models import Host
 from agents.protocol import VolumeMoveOrder
+from agents.services.heartbeat import BeatRead
 from gpucloud.lib.db import model_columns, model_from_row
 from gpucloud.lib.errors import Conflict, InvalidInput
 from gpucloud.tenancy.audit import audit_record
@@ -79,7 +80,7 @@ def _host_volume_work(host: Host, shared: dict | None) -> tuple[list[VolumeMove]
 
     Written SQL that loads what `select_related("volume")` would: every heartbeat answer
     that is not cached reads it, and the ORM's queries cost more CPU to build than to run."""
-    key = ("volumes.work", host.pk)
+    key = _work_key(host.pk)
     if shared is not None and key in shared:
         return shared[key]
     pk = Host._meta.pk.get_db_prep_value(host.pk, connection)
@@ -102,6 +103,41 @@ def _host_volume_work(host: Host, shared: dict | None) -> tuple[list[VolumeMove]
     return found, purged
 
 
+def _work_key(host_id: Any) -> tuple[str, Any]:
+    return ("volumes.work", host_id)
+
+
+# Which moves and volumes are a host's work (`host`: its id): the moves it sends (COPYING, its
+# source) or receives (SENT, its target), those moved off it whose old copy is still there (DONE,
+# its source); its purged volumes whose data it holds. The moves' `%s` take `_MOVE_STATES`.
+_MOVE_STATES = (VolumeMove.COPYING, VolumeMove.SENT, VolumeMove.DONE)
+
+
+def _moves_where(host: str) -> str:
+    return (f"((m.source_id = {host} AND m.state = %s) OR (m.target_id = {host} AND m.state = %s) "
+            f"OR (m.source_id = {host} AND m.state = %s AND m.source_removed_at IS NULL))")
+
+
+def _purged_where(host: str) -> str:
+    return f"v.host_id = {host} AND v.purged_at IS NOT NULL"
+
+
+def _has_work_sql(host: str) -> str:
+    """Whether the host with id column `host` has any volume work (`_host_volume_work`)."""
+    return (f"(EXISTS (SELECT 1 FROM {VolumeMove._meta.db_table} m WHERE {_moves_where(host)}) "
+            f"OR EXISTS (SELECT 1 FROM {Volume._meta.db_table} v WHERE {_purged_where(host)}))")
+
+
+def _seed_no_work(shared: dict, host_id: Any, has_work: bool) -> None:
+    if not has_work:
+        shared[_work_key(host_id)] = ([], [])
+
+
+# Read with the heartbeat's host UPDATE: a host without volume work (nearly every one) needs
+# no query of its own for the answer's removals and moves.
+heartbeat_read = BeatRead(sql=_has_work_sql, params=_MOVE_STATES, seed=_seed_no_work)
+
+
 @cache
 def _host_volume_work_sql() -> str:
     move_fields = VolumeMove._meta.concrete_fields
@@ -114,10 +150,9 @@ def _host_volume_work_sql() -> str:
     return (
         f"SELECT 'm', {model_columns(VolumeMove, 'm')}, {model_columns(Volume, 'v')} "
         f"FROM {VolumeMove._meta.db_table} m JOIN {Volume._meta.db_table} v ON v.id = m.volume_id "
-        "WHERE (m.source_id = %s AND m.state = %s) OR (m.target_id = %s AND m.state = %s) "
-        "OR (m.source_id = %s AND m.state = %s AND m.source_removed_at IS NULL) "
+        f"WHERE {_moves_where('%s')} "
         f"UNION ALL SELECT 'p', {nulls}, {vol_id_only} FROM {Volume._meta.db_table} v "
-        "WHERE v.host_id = %s AND v.purged_at IS NOT NULL "
+        f"WHERE {_purged_where('%s')} "
         f"ORDER BY 1, {created}, {ident}"
     )
 

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 from django.dispatch import receiver
 
+from agents.services.heartbeat import on_beat
 from agents.signals import volume_moves_for, volumes_measured, volumes_reported, volumes_to_remove
 from scheduler.signals import workload_launching, workload_starting, workloads_placed
 from volumes import moves, services
+
+# whether the host has volume work at all, read with the heartbeat's host row
+on_beat(moves.heartbeat_read)
 
 
 @receiver(workload_launching)

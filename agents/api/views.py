@@ -230,7 +230,8 @@ def _heartbeat_apply(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None,
         if holds is not None:
             holds = (holds_moved(holds, outcome.transitions) if alone
                      else host_holds_after(host=host, holds=holds, moved={wid for wid, _ in outcome.transitions}))
-    shared: dict = {}  # what the volume signals' receivers read once for both lists
+    # what the volume signals' receivers read once for both lists (some read with the host's row)
+    shared = outcome.answer_reads if alone and outcome.answer_reads is not None else {}
     body = HeartbeatResponse(
         desired=host_desired_containers(host=host, holds=holds),
         heartbeat_interval_s=float(settings.AGENT_HEARTBEAT_INTERVAL_S),

@@ -162,11 +162,11 @@ def _apply_bulk(host: Host, groups: dict, now: datetime, transitions: list[tuple
         old, to, reason, exit_code = key
         # Not a state: the exit code is a fact reported alongside it.
         facts = None if exit_code is None else {"exit_code": exit_code}
-        # A move that keeps the GPUs held (to RUNNING) is, on PostgreSQL, one statement: the
-        # workloads' UPDATE and their events' INSERT, a transaction of its own without the
-        # BEGIN and COMMIT round trips (and the fast path's hosts bumped once, after it).
-        # One that frees them releases them in the same transaction.
-        alone = to in HOLDING and state_with_events_is_one_statement(len(groups[key]))
+        # On PostgreSQL each group is one statement: the workloads' UPDATE, their events' INSERT
+        # and, for a move that frees the GPUs, their release (this host's work, `hosts`); a
+        # transaction of its own without the BEGIN and COMMIT round trips (and the fast path's
+        # hosts bumped once, after it).
+        alone = state_with_events_is_one_statement(len(groups[key]))
         with nullcontext() if alone else transaction.atomic():
             moved = set(workloads_transition(ids=[w.pk for w in groups[key]], old=old, to=to, reason=reason,
                                              now=now, facts=facts, hosts=[host.pk]))

@@ -10,8 +10,10 @@ behind the newest applied is a late duplicate, and gives liveness only.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -19,7 +21,15 @@ from django.utils import timezone
 from agents.choices import HostState
 from agents.models import Gpu, Host
 from agents.protocol import SEQ_REORDER_WINDOW, Heartbeat, LogsRequest
-from agents.selectors import Hold, host_attempts, host_holds, logs_requested_sql, logs_requests_of
+from agents.selectors import (
+    Hold,
+    holds_of,
+    holds_sql,
+    host_attempts,
+    host_holds,
+    logs_requested_sql,
+    logs_requests_of,
+)
 from agents.services.containers import containers_observe, containers_observed_times
 from agents.services.gpus import GpuHealth, async_commit, gpu_samples_apply, gpus_fail_work
 from agents.services.logs import container_logs_store
@@ -45,6 +55,32 @@ class HeartbeatOutcome:
     # The log tails wanted from the host as read with its row (None: not read, or this
     # heartbeat's own tails answered some); the answer's while nobody else moved the host.
     logs_requests: list[LogsRequest] | None = None
+    # The answer's shared reads (agents.signals) as `BeatRead`s seeded them with the host's
+    # row (None: not read); the answer's as the log tails are.
+    answer_reads: dict | None = None
+
+
+@dataclass(frozen=True)
+class BeatRead:
+    """A read for the heartbeat answer of an app above the agents (volumes), made in the
+    heartbeat's own host UPDATE instead of a query of its own while the answer is built.
+
+    `sql(host)`: one SQL expression of the host's id column `host`, with `params`;
+    `seed(shared, host_id, value)`: what its value says, put in the answer's shared reads
+    (the dict `agents.signals.removals` and `move_orders` hand their receivers)."""
+
+    sql: Callable[[str], str]
+    params: tuple[Any, ...]
+    seed: Callable[[dict, Any, Any], None]
+
+
+_beat_reads: list[BeatRead] = []
+
+
+def on_beat(read: BeatRead) -> None:
+    """Make `read` with every heartbeat's host UPDATE (PostgreSQL, the fast path's heartbeats)."""
+    if read not in _beat_reads:
+        _beat_reads.append(read)
 
 
 def seq_is_fresh(seq: int, last_seq: int) -> bool:
@@ -83,19 +119,21 @@ def _host_save(host: Host, fields: list[str]) -> None:
                     [*(c.get_db_prep_save(getattr(host, c.attname), connection) for c in cols), host.pk])
 
 
-def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
-               ) -> tuple[Host, bool, GpuHealth, list[LogsRequest]]:
+def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None, holds: bool
+               ) -> tuple[Host, bool, GpuHealth, list[LogsRequest], dict, list[Hold] | None]:
     """The host row's part of a heartbeat whose freshness is decided already (the fast path's
     seq claim), as one locking UPDATE on PostgreSQL instead of a read and a write: liveness
     time, agent version, a DOWN host back as its admin state, `seq` when given. Returns the
-    host as written, whether it was DOWN, its GPUs' health and the log tails wanted from it
-    (read in the same statement). The same rules as `host_heartbeat`'s own.
+    host as written, whether it was DOWN, its GPUs' health, the log tails wanted from it and
+    the answer's shared reads seeded by the `BeatRead`s and, with `holds`, the host's work
+    (`selectors.host_holds`; else None), read in the same statement. The same rules as
+    `host_heartbeat`'s own.
     Its transaction commits asynchronously (`async_commit`): the statement's own, outside
     atomic(), else the caller's."""
     t = Host._meta.db_table
-    with connection.cursor() as cur:
-        cur.execute(
-            f"UPDATE {t} AS h SET last_heartbeat_at = GREATEST(h.last_heartbeat_at, %s), "
+    reads = list(_beat_reads)
+    extra = "".join(f", {r.sql('h.id')}" for r in reads)
+    beat = (f"UPDATE {t} AS h SET last_heartbeat_at = GREATEST(h.last_heartbeat_at, %s), "
             "agent_version = COALESCE(NULLIF(%s, ''), h.agent_version), "
             "state = CASE WHEN h.state = %s THEN h.admin_state ELSE h.state END, "
             "down_since = CASE WHEN h.state = %s THEN NULL ELSE h.down_since END, "
@@ -109,17 +147,30 @@ def _host_beat(pk: object, *, now: datetime, agent_version: str, seq: int | None
             # and the log tails wanted (the answer's, `selectors.host_logs_requests`)
             f"({logs_requested_sql()}) AS lr(attempts, tails) "
             f"WHERE h.id = o.id RETURNING {model_columns(Host, 'h')}, o.state, gh.uuids, gh.healthy, gh.ecc, "
-            "lr.attempts, lr.tails",
-            [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk, pk],
-        )
-        row = cur.fetchone()
-    if row is None:
+            f"lr.attempts, lr.tails{extra}")
+    params = [now, agent_version[:50], HostState.DOWN, HostState.DOWN, seq, pk, pk, pk,
+              *(p for r in reads for p in r.params)]
+    width = len(Host._meta.concrete_fields) + 6 + len(reads)
+    if holds:
+        # and the host's work: one row per hold, each after the host's columns (one with
+        # NULLs when it holds none), ordered by the hold's first allocation
+        beat = f"WITH b AS ({beat}) SELECT * FROM b LEFT JOIN ({holds_sql()}) AS x ON true ORDER BY x.first"
+        params.append(pk)
+    with connection.cursor() as cur:
+        cur.execute(beat, params)
+        rows = cur.fetchall()
+    if not rows:
         raise Host.DoesNotExist
+    row = rows[0][:width]
     locked, end = model_from_row(Host, row)
-    state, uuids, healthy, ecc, attempts, tails = row[end:]
+    state, uuids, healthy, ecc, attempts, tails, *values = row[end:]
+    shared: dict = {}
+    for r, value in zip(reads, values, strict=True):
+        r.seed(shared, locked.pk, value)
     return (locked, state == HostState.DOWN,
             dict(zip(uuids or (), zip(healthy or (), ecc or (), strict=True), strict=True)),
-            logs_requests_of(attempts, tails))
+            logs_requests_of(attempts, tails), shared,
+            holds_of([r for r in rows if r[width] is not None]) if holds else None)
 
 
 def _host_beat_orm(pk: object, *, hb: Heartbeat, now: datetime, fresh: bool | None
@@ -172,11 +223,12 @@ def host_heartbeat(
     if fresh is not None and connection.vendor == "postgresql":
         # One statement, a transaction of its own (no BEGIN and COMMIT round trips around it)
         # unless the caller's atomic() holds one.
-        locked, was_down, health, logs = _host_beat(host.pk, now=now, agent_version=hb.agent_version,
-                                                    seq=hb.seq if fresh else None)
+        locked, was_down, health, logs, shared, holds = _host_beat(
+            host.pk, now=now, agent_version=hb.agent_version, seq=hb.seq if fresh else None,
+            holds=fresh and (hb.containers is not None or bool(hb.logs)))
         # (log tails in this heartbeat answer requests: the answer reads them again)
         outcome = HeartbeatOutcome(applied=fresh, token_hash=locked.token_hash,
-                                   logs_requests=None if hb.logs else logs)
+                                   logs_requests=None if hb.logs else logs, answer_reads=shared, holds=holds)
     else:
         with transaction.atomic():
             async_commit()
@@ -196,13 +248,15 @@ def host_heartbeat(
     outcome.unknown_gpus = samples.unknown_gpus
     if samples.failed:
         outcome.transitions += gpus_fail_work(gpus=samples.failed)
+        outcome.holds = None  # (read with the host's row, before these moves: read again below)
     if hb.volumes is not None:
         with transaction.atomic():
             volumes_reported.send(sender=Host, host=locked, usage={v.volume: v.used_bytes for v in hb.volumes})
     if hb.containers is None and not hb.logs:
         return outcome  # the agent could not list its runtime: infer nothing
     # What this host runs, by container instance id (before this heartbeat's exits free it)
-    outcome.holds = host_holds(host=locked)
+    if outcome.holds is None:
+        outcome.holds = host_holds(host=locked)
     attempts = {h.attempt: h for h in outcome.holds}
     if hb.logs:
         container_logs_store(host=locked, tails=hb.logs, now=now,

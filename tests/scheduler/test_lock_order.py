@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -46,6 +47,43 @@ def _waiting_on_lock(pid: int, deadline_s: float = 30.0) -> bool:
     return False
 
 
+def runs_into_the_host_lock(fn: Callable[[], object], *, host: Host, gpus: list[str]) -> None:
+    """Run `fn` on a thread while a second connection holds `host`'s row lock; once it waits
+    on a lock, each GPU of `gpus` must still be free to lock (it took the host first)."""
+    holder = psycopg.connect(_dsn())
+    holder.execute(f"SELECT id FROM {Host._meta.db_table} WHERE id = %s FOR UPDATE", [host.pk])
+    started = threading.Event()
+    pid: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pid.append(connection.cursor().connection.info.backend_pid)
+            started.set()
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            started.set()
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert started.wait(30) and not errors, errors
+        assert _waiting_on_lock(pid[0]), "it never reached the host's lock"
+        for gpu in gpus:
+            try:
+                holder.execute(f"SELECT uuid FROM {Gpu._meta.db_table} WHERE uuid = %s FOR UPDATE NOWAIT", [gpu])
+            except psycopg.errors.LockNotAvailable:
+                pytest.fail("a GPU was locked before the host (deadlocks with a heartbeat)")
+    finally:
+        holder.rollback()
+        holder.close()
+        t.join(30)
+    assert not t.is_alive() and not errors, errors
+
+
 def test_a_release_waits_for_the_host_before_it_touches_a_gpu(alice, catalog):
     make_hosts(n=1, gpus=8)
     w = Workload.objects.create(tenant=alice.tenant, kind="job", name="w", image="busybox",
@@ -59,40 +97,11 @@ def test_a_release_waits_for_the_host_before_it_touches_a_gpu(alice, catalog):
     booked_vcpus = host.used_vcpus
     assert booked_vcpus > 0
 
-    holder = psycopg.connect(_dsn())
-    holder.execute(f"SELECT id FROM {Host._meta.db_table} WHERE id = %s FOR UPDATE", [host.pk])
-    started = threading.Event()
-    pid: list[int] = []
-    errors: list[BaseException] = []
-
     def release() -> None:
-        try:
-            with transaction.atomic():
-                pid.append(connection.cursor().connection.info.backend_pid)
-                started.set()
-                release_allocations(workload_ids=[w.pk])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-            started.set()
-        finally:
-            connections.close_all()
+        with transaction.atomic():
+            release_allocations(workload_ids=[w.pk])
 
-    t = threading.Thread(target=release)
-    t.start()
-    try:
-        assert started.wait(30) and not errors, errors
-        assert _waiting_on_lock(pid[0]), "the release never reached the host's lock"
-        # the release waits on the host: the GPU must still be free to lock
-        try:
-            holder.execute(f"SELECT uuid FROM {Gpu._meta.db_table} WHERE uuid = %s FOR UPDATE NOWAIT",
-                           [alloc.gpu_id])
-        except psycopg.errors.LockNotAvailable:
-            pytest.fail("release_allocations locked the GPU before the host (deadlocks with a heartbeat)")
-    finally:
-        holder.rollback()
-        holder.close()
-        t.join(30)
-    assert not t.is_alive() and not errors, errors
+    runs_into_the_host_lock(release, host=host, gpus=[alloc.gpu_id])
     host.refresh_from_db()
     assert host.used_vcpus == booked_vcpus - alloc.vcpus
     assert Gpu.objects.get(uuid=alloc.gpu_id).used_milli == 0
