@@ -113,9 +113,16 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
         return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], **kwargs)
 
     def backends() -> set[int]:
+        """Client sessions on the test database (not autovacuum's workers, which come and go)."""
         with connect(autocommit=True) as c:
             return {pid for (pid,) in c.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")}
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'")}
+
+    def sessions(pids: set[int]) -> list[tuple]:
+        with connect(autocommit=True) as c:
+            return c.execute("SELECT pid, backend_type, application_name, state, wait_event, left(query, 120)"
+                             " FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)]).fetchall()
 
     app.control.purge()
     kills = 0
@@ -153,7 +160,8 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
         deadline = time.monotonic() + 30  # the killed worker's backend finishes or aborts
         while backends() - ours and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not backends() - ours
+        left = backends() - ours
+        assert not left, sessions(left)
         assert advanced + before <= Meter.objects.filter(metered_until=cutoff).count() <= advanced + gated
     done = Meter.objects.filter(metered_until=cutoff).count()
     assert 0 < done < N, "the kills landed mid-run"
