@@ -213,10 +213,9 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
     from billing import metering, pricing
     from billing.models import LedgerEntry, Meter
     from gpucloud.catalogue.models import Region
-    from gpucloud.celery import app
     from scheduler.choices import State
     from scheduler.models import Allocation, Workload
-    from tests.conftest import make_actor
+    from tests.conftest import broker_clear, make_actor
 
     call_command("seed_catalog", stdout=open(os.devnull, "w"))
     load_actor = make_actor("load@chaos.test", tenant_name="Chaos Load")
@@ -229,7 +228,7 @@ def test_ha_topology_survives_killed_workers_and_web(tmp_path: Path, capsys):
     r = redis.Redis.from_url(broker)
     for key in r.scan_iter("redbeat*"):  # a lock left by an earlier run would stall our beat
         r.delete(key)
-    app.control.purge()
+    broker_clear()
 
     base_env = {**os.environ, **PLATFORM_ENV, "DJANGO_SETTINGS_MODULE": "gpucloud.test_settings"}
     py = sys.executable

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -25,7 +26,7 @@ from gpucloud.celery import app
 from scheduler.choices import State
 from scheduler.models import Workload
 from tests.billing.helpers import at, make_run, make_volume, set_price, set_storage_price, volume_exact
-from tests.conftest import make_actor
+from tests.conftest import broker_clear, make_actor
 
 N = 120
 CHUNK = 10  # meters per transaction in the worker (METERING_CHUNK): a run of N is 12 transactions
@@ -36,22 +37,29 @@ def start_worker() -> subprocess.Popen:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpucloud.test_settings",
            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
            "METERING_CHUNK": str(CHUNK)}
+    # Its log goes to a file (a pipe nobody reads would fill and stop it), shown if it fails.
+    log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "gpucloud", "worker", "--pool=solo", "--concurrency=1",
-         "--without-gossip", "--without-mingle", "--loglevel=WARNING"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
     )
     deadline = time.monotonic() + 120  # a worker starting on a loaded machine
     try:
         while time.monotonic() < deadline:
             if app.control.ping(timeout=0.5):
                 return proc
-            assert proc.poll() is None
-        pytest.fail("the Celery worker did not start")
+            assert proc.poll() is None, _tail(log)
+        pytest.fail(f"the Celery worker did not start: {_tail(log)}")
     except BaseException:
         proc.kill()  # never left behind to take later tests' tasks
         proc.wait(timeout=30)
         raise
+
+
+def _tail(log) -> str:
+    log.seek(0)
+    return log.read()[-3000:]
 
 
 def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
@@ -112,25 +120,25 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
     def connect(**kwargs) -> psycopg.Connection:
         return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], **kwargs)
 
+    # One session watches the others: a session of its own per look would leave a backend
+    # that is still exiting in the next look's list (one did, and failed this test).
+    monitor = connect(autocommit=True)
+
     def backends() -> set[int]:
-        """Client sessions on the test database (not autovacuum's workers, which come and go)."""
-        with connect(autocommit=True) as c:
-            return {pid for (pid,) in c.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                " AND backend_type = 'client backend'")}
+        """Client sessions on the test database but the monitor's (not autovacuum's workers)."""
+        return {pid for (pid,) in monitor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'")}
 
     def sessions(pids: set[int]) -> list[tuple]:
-        with connect(autocommit=True) as c:
-            return c.execute("SELECT pid, backend_type, application_name, state, wait_event, left(query, 120)"
-                             " FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)]).fetchall()
+        return monitor.execute("SELECT pid, backend_type, application_name, state, wait_event, left(query, 120)"
+                               " FROM pg_stat_activity WHERE pid = ANY(%s)", [list(pids)]).fetchall()
 
-    app.control.purge()
-    kills = 0
     def waiting_on_a_lock() -> bool:
-        with connect(autocommit=True) as c:
-            return c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                             " AND wait_event_type = 'Lock'").fetchone() == (1,)
+        return monitor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                               " AND wait_event_type = 'Lock'").fetchone() == (1,)
 
+    kills = 0
     for at_gate in (True, False):  # the first kill lands inside the gate's COMMIT, the second anywhere before it
         advanced = Meter.objects.filter(metered_until=cutoff).count()
         remaining = sorted(m for m in Meter.objects.exclude(metered_until=cutoff).values_list("pk", flat=True))
@@ -140,6 +148,10 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
         before = k // CHUNK * CHUNK  # meters the run gets through before the kill: whole chunks
         gated = (gate // CHUNK + 1) * CHUNK  # ...and at most: through the gate's chunk, if its COMMIT lands
         ours = backends()
+        # The worker's one task is this run: the last run's task, left unacknowledged by its
+        # killed worker, or anything else queued would take the solo worker first and may wait
+        # on the gate below (the worker then answers no ping).
+        broker_clear()
         with connect() as lock:
             assert lock.execute(f"SELECT 1 FROM {Workload._meta.db_table} WHERE id = %s FOR UPDATE",
                                 [remaining[gate]]).fetchone() == (1,)
@@ -158,11 +170,12 @@ def test_sigkilled_metering_runs_leave_the_ledger_exact(transactional_db):
                 worker.wait(timeout=30)
             lock.rollback()
         deadline = time.monotonic() + 30  # the killed worker's backend finishes or aborts
-        while backends() - ours and time.monotonic() < deadline:
+        while (left := backends() - ours) and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = backends() - ours
         assert not left, sessions(left)
         assert advanced + before <= Meter.objects.filter(metered_until=cutoff).count() <= advanced + gated
+    monitor.close()
+    broker_clear()  # the killed runs' tasks are not left for a later worker
     done = Meter.objects.filter(metered_until=cutoff).count()
     assert 0 < done < N, "the kills landed mid-run"
 
