@@ -101,17 +101,26 @@ def set_state_with_events(ids: list[UUID], *, old: str, values: dict[str, Any], 
         moved = set_state(ids, old=old, values=values)
         insert_events([(pk, old, values["state"], reason, actor, now) for pk in moved])
         return moved
-    sets = ", ".join(f"{col} = %s" for col in values)
-    events = WorkloadEvent._meta.db_table
+    sql, params = moved_with_events_ctes(ids, old=old, values=values, reason=reason, actor=actor, now=now)
     with pg_cursor() as cur:
-        cur.execute(
-            f"WITH moved AS (UPDATE {Workload._meta.db_table} SET {sets}, updated_at = now() "
-            "WHERE id = ANY(%s::uuid[]) AND state = %s RETURNING id) "
-            f"INSERT INTO {events} (workload_id, from_state, to_state, reason, actor, created_at) "
-            "SELECT id, %s, %s, %s, %s, %s FROM moved RETURNING workload_id",
-            [*values.values(), pg_array(ids), old, old, values["state"], reason, actor, now],
-        )
+        cur.execute(f"WITH {sql} SELECT workload_id FROM ev", params)
         return [r[0] for r in cur.fetchall()]
+
+
+def moved_with_events_ctes(ids: list[UUID], *, old: str, values: dict[str, Any], reason: str, actor: str,
+                           now: datetime) -> tuple[str, list[Any]]:
+    """`set_state_with_events` as two CTEs for a statement of PostgreSQL's to go on from:
+    `moved` (the workloads' UPDATE) and `ev` (their events' INSERT, RETURNING workload_id: the
+    ids that moved), with their parameters."""
+    sets = ", ".join(f"{col} = %s" for col in values)
+    return (
+        f"moved AS (UPDATE {Workload._meta.db_table} SET {sets}, updated_at = now() "
+        "WHERE id = ANY(%s::uuid[]) AND state = %s RETURNING id), "
+        f"ev AS (INSERT INTO {WorkloadEvent._meta.db_table} "
+        "(workload_id, from_state, to_state, reason, actor, created_at) "
+        "SELECT id, %s, %s, %s, %s, %s FROM moved RETURNING workload_id)",
+        [*values.values(), pg_array(ids), old, old, values["state"], reason, actor, now],
+    )
 
 
 def set_wait_reasons(changes: dict[str, tuple[str, int]]) -> None:

@@ -402,6 +402,13 @@ def release_allocations(*, workload_ids: Iterable[UUID], now: datetime | None = 
     return len(rows)
 
 
+# What a release takes off a host (`v.vcpus`, `v.mem`) and a GPU (`v.milli`): a GPU held at
+# 1000 milli is either whole or full of shares; both leave it empty.
+_HOST_FREED = "used_vcpus = h.used_vcpus - v.vcpus, used_memory_mib = h.used_memory_mib - v.mem"
+_GPU_FREED = ("whole = CASE WHEN v.milli = 1000 THEN false ELSE g.whole END, "
+              "used_milli = CASE WHEN v.milli = 1000 THEN 0 ELSE g.used_milli - v.milli END")
+
+
 def _release_allocations_pg(workload_ids: list[UUID], now: datetime) -> int:
     """`release_allocations` in three written statements: the allocations' UPDATE … RETURNING
     (it locks them as the ORM's `select_for_update` did), the GPUs' and the hosts' counters
@@ -429,17 +436,13 @@ def _release_allocations_pg(workload_ids: list[UUID], now: datetime) -> int:
         # the statement; a heartbeat's release is one host and a few GPUs)
         if hosts:
             cur.execute(
-                f"UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus - v.vcpus, "
-                "used_memory_mib = h.used_memory_mib - v.mem "
+                f"UPDATE {Host._meta.db_table} AS h SET {_HOST_FREED} "
                 "FROM unnest(%s::uuid[], %s::int8[], %s::int8[]) AS v(id, vcpus, mem) WHERE h.id = v.id",
                 [pg_array(hosts), pg_array(per_host[h][0] for h in hosts), pg_array(per_host[h][1] for h in hosts)],
             )
         gpus = sorted(per_gpu)
-        # a GPU held at 1000 milli is either whole or full of shares; both leave it empty
         cur.execute(
-            f"UPDATE {Gpu._meta.db_table} AS g SET "
-            "whole = CASE WHEN v.milli = 1000 THEN false ELSE g.whole END, "
-            "used_milli = CASE WHEN v.milli = 1000 THEN 0 ELSE g.used_milli - v.milli END "
+            f"UPDATE {Gpu._meta.db_table} AS g SET {_GPU_FREED} "
             "FROM unnest(%s::text[], %s::int[]) AS v(uuid, milli) WHERE g.uuid = v.uuid",
             [pg_array(gpus), pg_array(per_gpu[g] for g in gpus)],
         )
@@ -454,31 +457,23 @@ def _moved_and_released_pg(ids: list[UUID], *, values: dict[str, Any], old: str,
     GPUs) and one for COMMIT. Returns the ids that moved.
 
     Each step reads the one before it whole (an array or an aggregate of its RETURNING), and the
-    final SELECT asks for the GPUs' step first, whose one-time filter waits for the host's: rows
-    are locked in `_release_allocations_pg`'s order, workloads, allocations, host, then GPUs."""
-    sets = ", ".join(f"{col} = %s" for col in values)
+    GPUs' step has a one-time filter on the host's, so it waits for it: rows are locked in
+    `_release_allocations_pg`'s order, workloads, allocations, host, then GPUs."""
+    moved, params = bulk.moved_with_events_ctes(ids, old=old, values=values, reason=reason, actor=actor, now=now)
     with pg_cursor() as cur:
         cur.execute(
-            f"WITH moved AS (UPDATE {Workload._meta.db_table} SET {sets}, updated_at = now() "
-            "WHERE id = ANY(%s::uuid[]) AND state = %s RETURNING id), "
-            f"ev AS (INSERT INTO {WorkloadEvent._meta.db_table} "
-            "(workload_id, from_state, to_state, reason, actor, created_at) "
-            "SELECT id, %s, %s, %s, %s, %s FROM moved RETURNING workload_id), "
+            f"WITH {moved}, "
             f"rel AS (UPDATE {Allocation._meta.db_table} SET active = false, released_at = %s "
             "WHERE workload_id = ANY(ARRAY(SELECT workload_id FROM ev)) AND active "
             "RETURNING gpu_id, host_id, milli, vcpus, memory_mib), "
-            f"h AS (UPDATE {Host._meta.db_table} AS h SET used_vcpus = h.used_vcpus - v.vcpus, "
-            "used_memory_mib = h.used_memory_mib - v.mem "
+            f"h AS (UPDATE {Host._meta.db_table} AS h SET {_HOST_FREED} "
             "FROM (SELECT host_id, SUM(vcpus)::int8 AS vcpus, SUM(memory_mib)::int8 AS mem FROM rel "
             "GROUP BY host_id) AS v WHERE h.id = v.host_id AND (v.vcpus <> 0 OR v.mem <> 0) RETURNING h.id), "
-            # a GPU held at 1000 milli is either whole or full of shares; both leave it empty
-            f"g AS (UPDATE {Gpu._meta.db_table} AS g SET "
-            "whole = CASE WHEN v.milli = 1000 THEN false ELSE g.whole END, "
-            "used_milli = CASE WHEN v.milli = 1000 THEN 0 ELSE g.used_milli - v.milli END "
+            f"g AS (UPDATE {Gpu._meta.db_table} AS g SET {_GPU_FREED} "
             "FROM (SELECT gpu_id, SUM(milli)::int AS milli FROM rel GROUP BY gpu_id) AS v "
             "WHERE g.uuid = v.gpu_id AND (SELECT COUNT(*) FROM h) >= 0 RETURNING g.uuid) "
             "SELECT (SELECT COUNT(*) FROM g), ARRAY(SELECT workload_id FROM ev)",
-            [*values.values(), pg_array(ids), old, old, values["state"], reason, actor, now, now],
+            [*params, now],
         )
         return list(cur.fetchall()[0][1])
 
