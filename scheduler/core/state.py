@@ -32,6 +32,7 @@ from .model import (
     WHOLE,
     Allocation,
     ClusterSnapshot,
+    GpuView,
     HostPlacement,
     HostView,
     Place,
@@ -40,8 +41,16 @@ from .model import (
 # a C-level getter of every field of a GPU: building the state for 100k GPUs is
 # a hot loop
 _ROW = operator.attrgetter(
-    "index", "uuid", "nvlink_island", "numa_node", "whole", "used_milli", "utilisation", "idle_since",
-    "share_tenant", "cross_tenant",
+    "index",
+    "uuid",
+    "nvlink_island",
+    "numa_node",
+    "whole",
+    "used_milli",
+    "utilisation",
+    "idle_since",
+    "share_tenant",
+    "cross_tenant",
 )
 
 SHARE_BUCKET = 125  # milli per shared-GPU bucket; 8 buckets cover 1..999 free
@@ -134,6 +143,81 @@ class Ending(NamedTuple):
     gpus: int  # GPUs held in all (an upper bound of what it frees on one host)
 
 
+#: what a slice's GPUs say, derived from its ``GpuView`` objects alone (``slice_columns``):
+#: total, uuids, islands, NUMA nodes, held whole, milli used, open to shares of
+#: several tenants, share owners, GPUs carrying shares, utilisation, idle since,
+#: mean load, free GPUs, free GPUs per island, position by uuid. Never changed once
+#: made: ``HostState`` copies the parts a cycle changes.
+SliceColumns = tuple[
+    int,
+    tuple[str, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[bool, ...],
+    tuple[int, ...],
+    tuple[bool, ...],
+    tuple["str | None", ...],
+    tuple[int, ...],
+    tuple[float, ...],
+    "tuple[float | None, ...]",
+    float,
+    int,
+    dict[int, int],
+    dict[str, int],
+]
+
+
+def slice_columns(gpus: Sequence[GpuView]) -> SliceColumns:
+    """The columns of a slice with these GPUs (any order: sorted by index here)."""
+    n = len(gpus)
+    if n:
+        # runs for every host of the fleet each cycle: one C-level pass reads
+        # every field of every GPU, zip(*) turns the rows into columns
+        idx, uuids, island, numa, whole, used, util, idle, tenant, cross = zip(*map(_ROW, gpus), strict=True)
+        if any(a > b for a, b in zip(idx, idx[1:], strict=False)):
+            order = sorted(range(n), key=idx.__getitem__)
+            uuids, island, numa, whole, used, util, idle, tenant, cross = (
+                tuple(col[i] for i in order) for col in (uuids, island, numa, whole, used, util, idle, tenant, cross)
+            )
+    else:
+        uuids = island = numa = whole = used = util = idle = tenant = cross = ()
+    milli = tuple([WHOLE if w else (m if m < WHOLE else WHOLE) for w, m in zip(whole, used, strict=True)])
+    if any(used):
+        owner: tuple[str | None, ...] = tuple(
+            [None if w else share_owner(c, m, t) for w, m, t, c in zip(whole, milli, tenant, cross, strict=True)]
+        )
+        #: GPUs carrying fractional shares when the slice was built: ``Pool.add``
+        #: indexes them without a scan (a slice is only ever added unbooked)
+        shares0 = tuple(i for i, m in enumerate(milli) if 0 < m < WHOLE)
+    else:
+        owner = (None,) * n
+        shares0 = ()
+    island_free = dict.fromkeys(island, 0)
+    free = 0
+    if 0 in milli:
+        for i, m in enumerate(milli):
+            if m == 0:
+                free += 1
+                island_free[island[i]] += 1
+    return (
+        n,
+        uuids,
+        island,
+        numa,
+        whole,
+        milli,
+        cross,
+        owner,
+        shares0,
+        util,
+        idle,
+        sum(util) / n if n else 0.0,
+        free,
+        island_free,
+        dict(zip(uuids, range(n), strict=True)),
+    )
+
+
 class HostState:
     """The GPUs of one model on one host (a host with two models has two slices)."""
 
@@ -170,9 +254,13 @@ class HostState:
     )
 
     def __init__(
-        self, view: HostView, model: str, res: HostRes, single_model: bool = False
+        self,
+        view: HostView,
+        model: str,
+        res: HostRes,
+        single_model: bool = False,
+        cols: SliceColumns | None = None,
     ) -> None:
-        gpus = view.gpus if single_model else [g for g in view.gpus if g.model == model]
         self.view = view
         self.host_id = view.host_id
         self.region = view.region
@@ -180,56 +268,33 @@ class HostState:
         #: the key of its pool in ``Fleet.pools``
         self.pool_key = (view.region, model)
         self.ready = view.ready
-        self.total = n = len(gpus)
-        if n:
-            # runs for every host of the fleet each cycle: one C-level pass reads
-            # every field of every GPU, zip(*) turns the rows into columns
-            idx, uuids, island, numa, whole, used, util, idle, tenant, cross = zip(
-                *map(_ROW, gpus), strict=True
-            )
-            if any(a > b for a, b in zip(idx, idx[1:], strict=False)):
-                order = sorted(range(n), key=idx.__getitem__)
-                uuids, island, numa, whole, used, util, idle, tenant, cross = (
-                    tuple(col[i] for i in order)
-                    for col in (uuids, island, numa, whole, used, util, idle, tenant, cross)
-                )
-        else:
-            uuids = island = numa = whole = used = util = idle = tenant = cross = ()
-        milli = [WHOLE if w else (m if m < WHOLE else WHOLE) for w, m in zip(whole, used, strict=True)]
-        self.uuids: tuple[str, ...] = uuids
-        self.island: tuple[int, ...] = island
-        self.numa: tuple[int, ...] = numa
+        if cols is None:
+            cols = slice_columns(view.gpus if single_model else [g for g in view.gpus if g.model == model])
+        (
+            self.total,
+            self.uuids,
+            self.island,
+            self.numa,
+            whole,
+            milli,
+            self.open,
+            owner,
+            self.shares0,
+            self.util,
+            self.idle_since,
+            self.load,
+            self.free,
+            island_free,
+            self.pos,
+        ) = cols
+        # what a cycle changes is copied; the rest is shared with the columns
         self.whole: list[bool] = list(whole)
-        self.milli: list[int] = milli
-        #: tenant isolation: per GPU, whether shares of several tenants may mix on it,
-        #: and who owns its shares now (see share_owner / share_open)
-        self.open: tuple[bool, ...] = cross
-        if any(used):
-            self.owner: list[str | None] = [
-                None if w else share_owner(c, m, t)
-                for w, m, t, c in zip(whole, milli, tenant, cross, strict=True)
-            ]
-        else:
-            self.owner = [None] * n
-        #: GPUs carrying fractional shares when the slice was built: ``Pool.add``
-        #: indexes them without a scan (a slice is only ever added unbooked)
-        self.shares0: tuple[int, ...] = (
-            tuple(i for i, m in enumerate(milli) if 0 < m < WHOLE) if any(used) else ()
-        )
-        self.util: tuple[float, ...] = util
-        self.idle_since: tuple[float | None, ...] = idle
-        self.load = sum(util) / n if n else 0.0
-        island_free = dict.fromkeys(island, 0)
-        free = 0
-        if 0 in milli:
-            for i, m in enumerate(milli):
-                if m == 0:
-                    free += 1
-                    island_free[island[i]] += 1
-        self.free = free
-        self.island_free = island_free
+        self.milli: list[int] = list(milli)
+        #: tenant isolation: per GPU, whether shares of several tenants may mix on it
+        #: (``open``), and who owns its shares now (see share_owner / share_open)
+        self.owner: list[str | None] = list(owner)
+        self.island_free: dict[int, int] = dict(island_free)
         self.res = res
-        self.pos: dict[str, int] = dict(zip(uuids, range(n), strict=True))
         self.allocs: list[AllocState] = []
         #: work this plan placed here that has an expected end: backfill counts it as
         #: leaving then, as the next cycle will once it is an allocation (never a victim)
@@ -266,9 +331,7 @@ class Pool:
 
     __slots__ = ("region", "model", "hosts", "by_free", "shared", "max_gpus", "touched", "sizes")
 
-    def __init__(
-        self, region: str, model: str, max_gpus: int, touched: set[str] | None = None
-    ) -> None:
+    def __init__(self, region: str, model: str, max_gpus: int, touched: set[str] | None = None) -> None:
         self.touched: set[str] = touched if touched is not None else set()
         self.region = region
         self.model = model
@@ -389,7 +452,6 @@ def _share_key(entry: tuple[HostState, int]) -> tuple[str, int]:
     return (entry[0].host_id, entry[1])
 
 
-
 def _insert_sorted(buckets: list, b: int, item: object, key: object, key_of) -> None:  # type: ignore[type-arg, no-untyped-def]
     """Put ``item`` into the ordered set ``buckets[b]`` where its ``key`` sorts."""
     bucket = buckets[b]
@@ -413,8 +475,20 @@ def _clear_marks(slices: list[HostState]) -> None:
             hs.reserved_for = None
 
 
-def _host_state(view: HostView) -> tuple[HostRes, list[HostState]]:
-    """A host's resources and its slices, one per GPU model, as its view says."""
+#: how many slices' columns a ``PlanCache`` keeps (then it starts afresh)
+COLUMNS_KEPT = 16384
+
+
+def _host_state(
+    view: HostView, columns: dict[tuple[int, ...], tuple[object, SliceColumns]] | None = None
+) -> tuple[HostRes, list[HostState]]:
+    """A host's resources and its slices, one per GPU model, as its view says.
+
+    ``columns`` (a ``PlanCache``'s): the columns of one-model hosts by the
+    identities of their ``GpuView`` objects. A caller that keeps its GPU views
+    (the simulator makes one per GPU state) gets a host's columns back for the
+    same GPUs in the same states; the entry holds the views, so no id is reused
+    while it is kept."""
     res = HostRes(view.free_vcpus, view.free_memory_mib, view.total_vcpus, view.total_memory_mib)
     gpus = view.gpus
     first = gpus[0].model if gpus else ""
@@ -422,6 +496,14 @@ def _host_state(view: HostView) -> tuple[HostRes, list[HostState]]:
         models = [first] if gpus else []
     else:
         models = sorted({g.model for g in gpus})
+    if columns is not None and len(models) == 1:
+        key = tuple(map(id, gpus))
+        got = columns.get(key)
+        if got is None:
+            if len(columns) >= COLUMNS_KEPT:
+                columns.clear()
+            got = columns[key] = (gpus, slice_columns(gpus))
+        return res, [HostState(view, first, res, True, got[1])]
     return res, [HostState(view, model, res, len(models) == 1) for model in models]
 
 
@@ -447,7 +529,7 @@ class PlanCache:
     changes. Not thread-safe: one cache per planning loop.
     """
 
-    __slots__ = ("hosts", "allocs", "key", "hits", "misses", "fleet", "policy_memo")
+    __slots__ = ("hosts", "allocs", "key", "hits", "misses", "fleet", "policy_memo", "columns")
 
     def __init__(self) -> None:
         self.hosts: dict[str, tuple[HostView, HostRes, list[HostState]]] = {}
@@ -460,6 +542,8 @@ class PlanCache:
         self.fleet: Fleet | None = None
         #: (policy, its read-only figures by class) for the planner's setup
         self.policy_memo: tuple[object, dict[str, bool], dict[str, float]] | None = None
+        #: the columns of hosts' GPUs, by the identities of their views (``_host_state``)
+        self.columns: dict[tuple[int, ...], tuple[object, SliceColumns]] = {}
 
     def clear(self) -> None:
         self.hosts.clear()
@@ -487,6 +571,12 @@ class PlanCache:
         self.fleet = fleet if fleet._views is not None else None
 
 
+def _sizes_of(entry: tuple[HostView, HostRes, list[HostState]]) -> tuple[object, ...]:
+    """A filed host as the fleet's size figures count it (``Fleet._update``)."""
+    _view, res, slices = entry
+    return (res.total_vcpus, res.total_mem, *[(hs.pool_key, hs.total) for hs in slices])
+
+
 def _count(counts: dict[int, int], n: int, by: int) -> None:
     left = counts.get(n, 0) + by
     if left:
@@ -503,9 +593,7 @@ class Fleet:
     both give the same structures (``tests/scheduler/core/test_h6_fleet_cache.py``).
     """
 
-    def __init__(
-        self, snapshot: ClusterSnapshot, now: float, cache: PlanCache | None = None
-    ) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, now: float, cache: PlanCache | None = None) -> None:
         #: the slices that hold allocations this cycle (cleared by the next fleet)
         self.held: list[HostState] = []
         #: some host was reserved in this fleet's cycle (set by ``PlanCache.keep``)
@@ -566,7 +654,7 @@ class Fleet:
                 _clear_marks(slices)
                 hits += 1
             else:
-                res, slices = _host_state(view)
+                res, slices = _host_state(view, cache.columns if cache is not None else None)
                 if cached is not None:
                     cached[view.host_id] = (view, res, slices)
                     misses += 1
@@ -707,9 +795,14 @@ class Fleet:
         pools = self.pools
         n_pools = len(pools)
         filed = self._filed
+        # what the pools' sizes and the fleet's largest host read of the hosts
+        # taken out, to compare with what goes back in
+        out: list[tuple[object, ...]] = []
         for hid in refile:
             if hid in filed:
+                out.append(_sizes_of(filed[hid]))
                 self._unfile(hid)
+        back: list[tuple[object, ...]] = []
         cached = cache.hosts
         misses = 0
         for hid in sorted(refile):
@@ -720,13 +813,18 @@ class Fleet:
             if entry is not None and entry[0] is view:
                 _clear_marks(entry[2])
             else:
-                entry = (view, *_host_state(view))
+                entry = (view, *_host_state(view, cache.columns))
                 cached[hid] = entry
                 misses += 1
             self._file(hid, entry)
+            back.append(_sizes_of(entry))
         # hosts kept as filed count as reused too
         cache.hits += len(filed) - misses
         cache.misses += misses
+        if len(out) == len(back) and sorted(out) == sorted(back):
+            # the same hosts' sizes went back (new views of the same hosts, the
+            # usual update): pool sizes, fleet figures and largest hosts stand
+            return
         empty = [key for key, pool in pools.items() if not pool.sizes]
         for key in empty:
             del pools[key]
@@ -840,9 +938,7 @@ class Fleet:
         key = (model, region, c)
         n = self._hosts_with.get(key)
         if n is None:
-            n = self._hosts_with[key] = sum(
-                k for t, k in self.totals.get((model, region), {}).items() if t >= c
-            )
+            n = self._hosts_with[key] = sum(k for t, k in self.totals.get((model, region), {}).items() if t >= c)
         return n
 
     def host_slice(self, host_id: str, model: str) -> HostState | None:
