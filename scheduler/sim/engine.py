@@ -246,8 +246,8 @@ class _Run:
     #: ``Simulator.ripening`` (0: none)
     evictable: bool = False
     token: int = 0
-    #: (tenant, model): its key in ``Simulator.usage_milli`` (set by ``_start``)
-    usage_key: tuple[str, str] = ("", "")
+    #: the number ``Simulator.usage_index`` gives its (tenant, model) (set by ``_start``)
+    usage_key: int = 0
     #: it asks for vCPUs or memory (set by ``_start``)
     asks_res: bool = False
 
@@ -609,11 +609,16 @@ class Simulator:
         self.tenant_runs: dict[str, dict[str, _Run]] = defaultdict(dict)
         #: lending: per tenant, its running jobs not classed low
         self.nonlow_runs: dict[str, set[str]] = defaultdict(set)
+        #: lending: per tenant, where ``_classes`` left its walk over the runs:
+        #: the guarantee used, the run it stopped at (-1: none) and the last run seen
+        self.classed: dict[str, tuple[int, int, int]] = {}
         self.run_seq = 0
         self.usage_milli: dict[tuple[str, str], int] = defaultdict(int)  # (tenant, model) -> milli
+        #: (tenant, model) -> a number of its own, once it ran (``_allocations`` sums by it)
+        self.usage_index: dict[tuple[str, str], int] = {}
         self.tenant_used: dict[str, int] = defaultdict(int)
         self.demand: dict[str, int] = defaultdict(int)  # tenant -> queued + running jobs
-        #: bumped with every change of ``demand`` and ``tenant_demand_milli`` (both by _count_demand)
+        #: bumped whenever a tenant's ``demand`` comes or goes (by _count_demand)
         self.demand_version = 0
         self.rows: list[RunRow] = []
         self.events: list[tuple[float, int, str, str, int]] = []
@@ -651,6 +656,7 @@ class Simulator:
         demand_seen = -1
         fair_rate: list[tuple[str, float]] = []
         maxmin: list[tuple[str, float]] = []
+        maxmin_of: tuple[tuple[str, float], ...] | None = None
         while ai < len(jobs) or self.events:
             t = jobs[ai].submit if ai < len(jobs) else math.inf
             if self.events and self.events[0][0] < t:
@@ -661,12 +667,16 @@ class Simulator:
                 alloc_area += self.used_milli * dt
                 active_time += dt
                 if demand_seen != self.demand_version:
-                    # the tenants with demand, their fair rates and max-min shares
-                    # change only with the demand (_count_demand)
+                    # the tenants with demand and their fair rates change only when
+                    # a tenant's demand comes or goes (_count_demand)
                     demand_seen = self.demand_version
                     active = [tn for tn, c in self.demand.items() if c > 0]
                     wsum = sum(self.weights.get(tn, 1.0) for tn in active)
                     fair_rate = [(tn, cap * self.weights.get(tn, 1.0) / wsum) for tn in active]
+                # max-min shares only with the demand (a requeue takes some and gives it back)
+                asked = tuple(self.tenant_demand_milli.items())
+                if asked != maxmin_of:
+                    maxmin_of = asked
                     maxmin = list(_maxmin(self.tenant_demand_milli, self.weights, cap).items())
                 used_of = self.tenant_used.get
                 for tn, rate in fair_rate:
@@ -760,7 +770,9 @@ class Simulator:
     # ------------------------------------------------------------------ queue
 
     def _count_demand(self, j: Job, sign: int) -> None:
-        self.demand_version += 1
+        """After ``demand[j.tenant]`` moved by ``sign``: its GPUs too."""
+        if self.demand[j.tenant] == (1 if sign > 0 else 0):
+            self.demand_version += 1  # the tenant's demand came or went
         d = self.tenant_demand_milli.get(j.tenant, 0.0) + sign * j.gpus * WHOLE
         if d > 1e-6:
             self.tenant_demand_milli[j.tenant] = d
@@ -887,29 +899,49 @@ class Simulator:
         ``standard``, the rest borrows as ``low``; queued work is ``standard``
         while it fits in what the guarantee leaves."""
         out: dict[str, str] = {}
+        least = self.least_milli
         for tn in self.dirty_tenants:
             g = self.guarantee_milli.get(tn, 0)
-            cum = 0
-            least = self.least_milli
             runs = self.tenant_runs.get(tn, {})
             nonlow = self.nonlow_runs[tn]
-            rest_from = -1
-            for jid, r in runs.items():
-                if g - cum < least:
-                    # every run asks for at least ``least``: the rest borrow
-                    rest_from = r.seq
-                    break
-                cls = "standard" if cum + r.milli <= g else "low"
-                if cls == "standard":
-                    cum += r.milli
-                if cls != r.priority and not r.preempting:
-                    self._reclass(jid, r, cls, nonlow)
+            # The walk below is a fixed point: walked again over the same runs it
+            # changes nothing (a class depends on the runs before it and their
+            # sizes, never on a run's class now; work under notice keeps its class
+            # until it stops). So it resumes where it ended, over the runs started
+            # since; a stop (``_stop``) makes it start again from the oldest run.
+            done = self.classed.get(tn)
+            if done is None:
+                cum, rest_from, after = 0, -1, -1
+                todo: Iterable[tuple[str, _Run]] = runs.items()
+            else:
+                cum, rest_from, after = done
+                started: list[tuple[str, _Run]] = []
+                for item in reversed(runs.items()):
+                    if item[1].seq <= after:
+                        break
+                    started.append(item)
+                started.reverse()
+                todo = started
+            if rest_from < 0:
+                for jid, r in todo:
+                    if g - cum < least:
+                        # every run asks for at least ``least``: the rest borrow
+                        rest_from = r.seq
+                        break
+                    cls = "standard" if cum + r.milli <= g else "low"
+                    if cls == "standard":
+                        cum += r.milli
+                    if cls != r.priority and not r.preempting:
+                        self._reclass(jid, r, cls, nonlow)
             if rest_from >= 0 and nonlow:
                 # of the rest (runs are in start order), only those not low yet change
-                for jid in [jid for jid in nonlow if runs[jid].seq >= rest_from]:
+                # (of the runs walked before, none is left but work under notice)
+                since = max(rest_from, after + 1)
+                for jid in [jid for jid in nonlow if runs[jid].seq >= since]:
                     r = runs[jid]
                     if not r.preempting:
                         self._reclass(jid, r, "low", nonlow)
+            self.classed[tn] = (cum, rest_from, self.run_seq)
             queue = self.queue
             tq = self.tenant_queue.get(tn, ())
             stop = len(tq)
@@ -1142,7 +1174,8 @@ class Simulator:
         # under notice, backfill's ends); the rest joins its tenant's summary
         readable = self._readable(min_rank, now)
         allocs: dict[str, Allocation] = {}
-        seen: dict[tuple[str, str], int] = defaultdict(int)
+        # milli read one by one, by usage_index's number of (tenant, model)
+        seen = [0] * len(self.usage_index)
         if readable is None:
             for hid in ids:
                 for jid, run in hosts[hid].runs.items():
@@ -1178,7 +1211,7 @@ class Simulator:
         for (tn, model), milli in self.usage_milli.items():
             if tn not in queued:
                 continue
-            left = milli - seen.get((tn, model), 0)
+            left = milli - seen[self.usage_index[(tn, model)]]
             if left > 0:
                 # the same object while the sum stays, so the core's cache reuses it
                 key = (tn, model, left)
@@ -1483,7 +1516,11 @@ class Simulator:
         )
         run = _Run(js, now, placements, alloc, milli, j.gpu_model, prio)
         run.drank = self.dynamic.get(prio, -1)
-        run.usage_key = (j.tenant, j.gpu_model)
+        key = (j.tenant, j.gpu_model)
+        got = self.usage_index.get(key)
+        if got is None:
+            got = self.usage_index[key] = len(self.usage_index)
+        run.usage_key = got
         run.asks_res = bool(j.vcpus or j.memory_mib)
         for p in placements:
             h = self.hosts[p.host_id]
@@ -1514,6 +1551,7 @@ class Simulator:
         self.rank_runs[CLASS_RANK.get(run.priority, 1)] -= 1
         del self.tenant_runs[j.tenant][j.job_id]
         self.nonlow_runs[j.tenant].discard(j.job_id)
+        self.classed.pop(j.tenant, None)
         for p in run.placements:
             h = self.hosts[p.host_id]
             for u in p.gpus:
