@@ -627,6 +627,8 @@ class Fleet:
         # and by host id, each host's (view, res, slices), counts of hosts by vCPUs
         # and by memory, and of ready slices by model
         self._views: dict[int, HostView] | None = None
+        #: the snapshot's hosts, as the views were last taken
+        self._hosts: Sequence[HostView] = snapshot.hosts
         self._by_host: dict[str, HostView] = {}
         self._filed: dict[str, tuple[HostView, HostRes, list[HostState]]] = {}
         self._vcpus_n: dict[int, int] = {}
@@ -754,6 +756,7 @@ class Fleet:
         self.cap_mem = old.cap_mem
         self.touched = touched = old.touched  # the pools share it
         self._views = views = old._views
+        self._hosts = old._hosts
         self._by_host = by_host = old._by_host
         self._filed = old._filed
         self._vcpus_n = old._vcpus_n
@@ -769,26 +772,38 @@ class Fleet:
                         hs.reserved_at = None
                         hs.reserved_for = None
         hosts = snapshot.hosts
-        new = dict(zip(map(id, hosts), hosts, strict=True))
-        if len(new) != len(hosts):
-            self._build(snapshot, cache)  # one view twice: not a fleet to update
-            return
+        last = old._hosts
         refile = set(touched)
         touched.clear()
-        for i in views.keys() - new.keys():
-            view = views.pop(i)
-            hid = view.host_id
-            if by_host.get(hid) is view:
-                del by_host[hid]
-            refile.add(hid)
-        for i in new.keys() - views.keys():
-            view = views[i] = new[i]
-            by_host[view.host_id] = view
-            refile.add(view.host_id)
-        if len(by_host) != len(views):
-            # two views of one host in the snapshot: not a fleet to update
-            self._build(snapshot, cache)
-            return
+        # the usual call: the same hosts in the same places, a few of them with a
+        # new view (a host in a place keeps its id, so ids stay unique)
+        swapped = [(v, w) for v, w in zip(hosts, last, strict=True) if v is not w] if len(last) == len(hosts) else None
+        if swapped is not None and all(v.host_id == w.host_id for v, w in swapped):
+            for v, w in swapped:
+                del views[id(w)]
+                views[id(v)] = v
+                by_host[v.host_id] = v
+                refile.add(v.host_id)
+        else:
+            new = dict(zip(map(id, hosts), hosts, strict=True))
+            if len(new) != len(hosts):
+                self._build(snapshot, cache)  # one view twice: not a fleet to update
+                return
+            for i in views.keys() - new.keys():
+                view = views.pop(i)
+                hid = view.host_id
+                if by_host.get(hid) is view:
+                    del by_host[hid]
+                refile.add(hid)
+            for i in new.keys() - views.keys():
+                view = views[i] = new[i]
+                by_host[view.host_id] = view
+                refile.add(view.host_id)
+            if len(by_host) != len(views):
+                # two views of one host in the snapshot: not a fleet to update
+                self._build(snapshot, cache)
+                return
+        self._hosts = hosts
         if not refile:
             cache.hits += len(self._filed)  # every host's state reused
             return

@@ -48,7 +48,7 @@ import math
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -285,10 +285,11 @@ def _maxmin(demand: dict[str, float], weights: dict[str, float], cap: float) -> 
     than it asks, and what one cannot use goes to the others by weight."""
     out: dict[str, float] = {}
     left = float(cap)
-    wsum = sum(weights.get(t, 1.0) for t in demand)
-    for t in sorted(demand, key=lambda t: (demand[t] / weights.get(t, 1.0), t)):
-        w = weights.get(t, 1.0)
-        give = min(demand[t], left * w / wsum) if wsum > 0 else 0.0
+    weight = weights.get
+    wsum = sum(weight(t, 1.0) for t in demand)
+    # by demand per weight, then name (names are unique: the rest is never compared)
+    for _r, t, d, w in sorted([(d / weight(t, 1.0), t, d, weight(t, 1.0)) for t, d in demand.items()]):
+        give = min(d, left * w / wsum) if wsum > 0 else 0.0
         out[t] = give
         left -= give
         wsum -= w
@@ -297,15 +298,6 @@ def _maxmin(demand: dict[str, float], weights: dict[str, float], cap: float) -> 
 
 #: a queued job's place in its group: the core's order key, then the job id
 _Key = tuple[tuple[object, ...], str]
-
-
-def _merged(lists: list[list[str]]) -> Iterator[str]:
-    """The union of sorted lists of host ids, in order, each id once."""
-    prev = None
-    for hid in heapq.merge(*lists):
-        if hid != prev:
-            prev = hid
-            yield hid
 
 
 def _unsort(lst: list[_Key], key: _Key) -> None:
@@ -1250,11 +1242,12 @@ class Simulator:
                     lists.append(self.evictable_index[min_rank])
             if not lists:
                 return victims
-            walk: Iterable[str] = lists[0] if len(lists) == 1 else _merged(lists)
-            for hid in walk:
-                victims.add(hid)
-                if len(victims) >= want:
-                    break
+            # the lowest ``want`` ids of the union: each list is sorted and holds an id
+            # once, so they are among the lowest ``want`` of each list
+            if len(lists) == 1:
+                victims.update(lists[0][:want])
+            else:
+                victims.update(sorted(set().union(*[lst[:want] for lst in lists]))[:want])
         return victims
 
     def _evictable(self, run: _Run, now: float) -> bool:
