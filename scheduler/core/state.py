@@ -241,6 +241,7 @@ class HostState:
         "res",
         "pos",
         "allocs",
+        "alloc_gpus",
         "placed",
         "reserved_at",
         "reserved_for",
@@ -296,6 +297,8 @@ class HostState:
         self.island_free: dict[int, int] = dict(island_free)
         self.res = res
         self.allocs: list[AllocState] = []
+        #: the GPUs of ``allocs`` (``AllocState.gpu_count``): more than any victims here free
+        self.alloc_gpus = 0
         #: work this plan placed here that has an expected end: backfill counts it as
         #: leaving then, as the next cycle will once it is an allocation (never a victim)
         self.placed: list[Ending] = []
@@ -468,6 +471,7 @@ def _clear_marks(slices: list[HostState]) -> None:
     for hs in slices:
         if hs.allocs:
             hs.allocs = []
+            hs.alloc_gpus = 0
         if hs.placed:
             hs.placed = []
         if hs.reserved_at is not None:
@@ -765,6 +769,7 @@ class Fleet:
         assert views is not None
         for hs in old.held:
             hs.allocs = []
+            hs.alloc_gpus = 0
         if old.reserved:
             for _view, _res, slices in self._filed.values():
                 for hs in slices:
@@ -931,6 +936,7 @@ class Fleet:
                             if not hs.allocs:
                                 held.append(hs)
                             hs.allocs.append(st)
+                            hs.alloc_gpus += st.gpu_count
                             break
                 continue
             for p in a.placements:
@@ -945,6 +951,7 @@ class Fleet:
                             if not on:
                                 held.append(hs)
                             on.append(st)
+                            hs.alloc_gpus += st.gpu_count
         if cache is not None:
             cache.allocs = allocs
 

@@ -238,7 +238,8 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
     # no room now: preempt lower classes, or wait for victims already under notice
     capped: str | None = ""
     if may_preempt(cycle):
-        pending = [a for a in cycle.under_notice.get(req.request_id, ()) if a.doomed]
+        notice = cycle.under_notice.get(req.request_id)
+        pending = [a for a in notice if a.doomed] if notice else None
         if pending:
             reserve_hosts_of(cycle, req, pending)
             return wait(cycle, req, f"waiting for {victim_words(pending)} to stop", capacity=False)

@@ -52,9 +52,7 @@ class BlastRadius:
         self.smallest_refused: tuple[float, bool] | None = None
         # what one victim may hold at most, in each measure (+ rounding slack)
         self.max_victim_milli = multiple * self.need_milli + 1e-6
-        self.max_victim_gpu_s = (
-            INF if self.need_gpu_s is None else multiple * self.need_gpu_s * WHOLE + 1e-3
-        )
+        self.max_victim_gpu_s = INF if self.need_gpu_s is None else multiple * self.need_gpu_s * WHOLE + 1e-3
 
     def allows_alone(self, a: AllocState) -> bool:
         """May ``a`` be a victim at all (alone within the cap)? The hot filter."""
@@ -147,9 +145,7 @@ def service_queue(cycle: CycleState, a: AllocState) -> int:
     al = a.alloc
     got = cycle.service_queues.get(al.request_id)
     if got is None:
-        got = cycle.service_queues[al.request_id] = las_queue(
-            attained_now(a, cycle.now), cycle.policy.las_thresholds
-        )
+        got = cycle.service_queues[al.request_id] = las_queue(attained_now(a, cycle.now), cycle.policy.las_thresholds)
     return got
 
 
@@ -244,7 +240,14 @@ def known_no_victims(cycle: CycleState, key: tuple[object, ...], shape: VictimSh
     The key may only grow: a later key (a higher attained-service queue under
     las, more remaining time under srtf, INF for none) may evict a subset of
     what an earlier one may (``can_evict``), so under srtf, where every
-    request has its own key, one failed search answers the requests after it."""
+    request has its own key, one failed search answers the requests after it.
+
+    "" is remembered whatever the duration: a search fails with "" only when on
+    every host it looked at all the work it may evict would not make room
+    (``host_victims`` states the cap's words as soon as some set would), and
+    the duration sets only the cap (``BlastRadius``). Under srtf the durations
+    of the queue's order are mixed, so a duration in the test would have sent
+    most requests after a failure on the same search again."""
     for failed, words in cycle.no_victims.get(key, ()):
         if words:
             # the same GPUs, duration (so the same cap) and key: more vCPUs,
@@ -263,7 +266,6 @@ def known_no_victims(cycle: CycleState, key: tuple[object, ...], shape: VictimSh
             and shape[1] >= failed[1]
             and shape[2] >= failed[2]
             and shape[3] >= failed[3]
-            and shape[4] >= failed[4]
             and shape[5] >= failed[5]
         ):
             return ""
@@ -312,9 +314,7 @@ def host_victims(
     # bounded blast radius: no victim that alone evicts more than the cap
     within = [a for a in elig if cap.allows_alone(a)]
     g = req.gpus_per_node
-    if len(within) < len(elig) and (
-        not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)
-    ):
+    if len(within) < len(elig) and (not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)):
         if cap.smallest_refused is None:  # the first host that would need more says why, once
             elig.sort(key=key)
             full = greedy(cycle, req, hs, elig)
@@ -359,9 +359,7 @@ def greedy(
     return chosen
 
 
-def find_victims(
-    cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius
-) -> list[AllocState]:
+def find_victims(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius) -> list[AllocState]:
     """The cheapest victims - spot first, then least work lost - on the fewest
     hosts that make ``req`` fit; [] when no set of lower-class work would."""
     if req.nodes > 1 and req.region is None:
@@ -373,9 +371,7 @@ def find_victims(
     return victims_in(cycle, req, pools, cap)
 
 
-def victims_in(
-    cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius
-) -> list[AllocState]:
+def victims_in(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius) -> list[AllocState]:
     """``find_victims`` within pools of one region (or of any region for one node);
     the hosts chosen are reserved for ``req``."""
     now = cycle.now
@@ -403,6 +399,10 @@ def victims_in(
             if gang and fits_now(req, hs, require_island):
                 # a gang may combine free hosts with hosts that need victims
                 options.append(((0, 0.0, 0), hs.host_id, hs, []))
+            elif g > 0 and hs.free + hs.alloc_gpus < g:
+                # host_victims' cheap bound before its walk: evicting all the work
+                # here would not free enough (the host stays in the index)
+                continue
             else:
                 vs = host_victims(cycle, req, hs, cap, stale)
                 if vs is None:
