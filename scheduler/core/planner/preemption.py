@@ -384,9 +384,14 @@ def victims_in(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], 
     gang = req.nodes > 1
     g = req.gpus_per_node
     rid = req.request_id
+    srtf = cycle.policy.time_slice == "srtf"
     for pool in pools:
         hosts: Iterable[HostState]
-        if gang:
+        if gang or srtf:
+            # under srtf the index would keep every host with work some remaining
+            # time may evict, for the whole cycle: the pool's hosts, less those that
+            # hold no such work, which host_victims passes over as fast. A cycle
+            # makes about one search, so the index costs more than it saves
             hosts = pool.hosts
         else:
             hosts = preemptible_hosts(cycle, pool, rank, mine)
@@ -418,8 +423,8 @@ def victims_in(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], 
         else:
             continue
         break
-    if cycle.policy.time_slice == "srtf":
-        stale = []  # the index is a superset for every remaining time: keep it
+    if srtf:
+        stale = []  # no index (see above)
     for hs in stale:
         home = hs.pool
         if home is not None:
@@ -446,16 +451,14 @@ def victims_in(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], 
 def preemptible_hosts(cycle: CycleState, pool: Pool, rank: int, mine: float) -> dict[HostState, None]:
     """Hosts of ``pool`` holding work a request of class ``rank`` (and
     time-slice key ``mine``) could preempt, built once per cycle and pruned
-    as victims get chosen. Under srtf one index serves every remaining time."""
-    # under srtf the index holds every host with work evictable by some key,
-    # so it is keyed by that probe, not by the request's own remaining time
-    probe = -INF if cycle.policy.time_slice == "srtf" else mine
-    key = (pool.region, pool.model, rank, probe)
+    as victims get chosen. Not under srtf (``victims_in``): every request has a
+    key of its own there."""
+    key = (pool.region, pool.model, rank, mine)
     hosts = cycle.victim_hosts.get(key)
     if hosts is None:
         hosts = {}
         for hs in pool.hosts:
-            if evictable(cycle, hs.allocs, rank, probe, first=True):
+            if evictable(cycle, hs.allocs, rank, mine, first=True):
                 hosts[hs] = None
         cycle.victim_hosts[key] = hosts
     return hosts
