@@ -617,6 +617,9 @@ class Simulator:
         self.event_seq = 0
         self.used_milli = 0
         self.preemptions = 0
+        #: request -> its victims still under notice; (time, request) once the last stopped
+        self.notices: dict[str, int] = {}
+        self.notice_ended: list[tuple[float, str]] = []
         self.plan_calls = 0
         self.view_rejects = 0
         self.dirty_tenants: set[str] = set()
@@ -994,6 +997,8 @@ class Simulator:
         self.dirty_tenants.clear()
         self._rekey(now)
         cls_of = self._lent_class.get if self.guarantee_milli else None
+        if self.notice_ended:
+            self._plan_notice_ended(now, cls_of)
         if self.chunked:
             # fifo without backfill: the age order, in chunks; the head blocks the rest
             order = self.ordered.get("", [])
@@ -1026,6 +1031,39 @@ class Simulator:
         else:
             reqs = [self._request(js, self._prio(jid, cls_of)) for jid, js in self.queue.items()]
         self._plan_once(reqs, now, agg)
+        return False
+
+    def _plan_notice_ended(self, now: float, cls_of: object) -> None:
+        """The GPUs a notice freed go first to the request it was given for, when
+        the order may hand them to lower-class work before it: plan such requests
+        alone before the queue. Otherwise the lower-class work (the victim itself,
+        requeued, when the order ignores class) takes them and the request preempts
+        it again at once (by class there is no quantum): without checkpoints, for
+        ever."""
+        first = sorted(
+            {
+                jid
+                for t, jid in self.notice_ended
+                if t == now and jid in self.queue and self._lower_class_ahead(jid, cls_of)
+            }
+        )
+        self.notice_ended.clear()
+        if first:
+            reqs = [self._request(self.queue[jid], self._prio(jid, cls_of)) for jid in first]
+            self._plan_once(reqs, now, None)
+
+    def _lower_class_ahead(self, jid: str, cls_of: object) -> bool:
+        """Whether the core's order may decide a request of a lower class than
+        queued ``jid`` before it: one ahead of it in its group or, for a fair
+        order, one in another group. Never when the order starts with the class."""
+        if self.policy.queue_order in ("priority", "gpucloud"):
+            return False
+        rank = CLASS_RANK.get(self._prio(jid, cls_of), 1)
+        group, key, _shape = self.queue_position[jid]
+        for g, lst in self.ordered.items():
+            ahead = lst[: bisect.bisect_left(lst, key)] if g == group else lst
+            if any(CLASS_RANK.get(self._prio(other, cls_of), 1) > rank for _k, other in ahead):
+                return True
         return False
 
     def _prio(self, jid: str, cls_of: object) -> str:
@@ -1421,6 +1459,8 @@ class Simulator:
                 r.alloc = replace(r.alloc, preempting=True, preempting_for=d.because_request_id, stop_by=stop_by)
                 if stop_by < r.start + r.js.remaining:
                     self._push(stop_by, "stop", d.victim_id, r.version)
+                rid = d.because_request_id
+                self.notices[rid] = self.notices.get(rid, 0) + 1
             elif isinstance(d, Reject):
                 js = self.queue.get(d.request_id)
                 if js is None:
@@ -1539,6 +1579,12 @@ class Simulator:
     def _stop(self, run: _Run, now: float, *, preempted: bool) -> None:
         js = run.js
         j = js.job
+        if run.preempting:
+            rid = cast(str, run.alloc.preempting_for)
+            self.notices[rid] -= 1
+            if not self.notices[rid]:
+                del self.notices[rid]
+                self.notice_ended.append((now, rid))
         del self.running[j.job_id]
         self._count_victim(run, -1)
         self.rank_runs[CLASS_RANK.get(run.priority, 1)] -= 1
