@@ -41,16 +41,8 @@ from .model import (
 # a C-level getter of every field of a GPU: building the state for 100k GPUs is
 # a hot loop
 _ROW = operator.attrgetter(
-    "index",
-    "uuid",
-    "nvlink_island",
-    "numa_node",
-    "whole",
-    "used_milli",
-    "utilisation",
-    "idle_since",
-    "share_tenant",
-    "cross_tenant",
+    "index", "uuid", "nvlink_island", "numa_node", "whole", "used_milli", "utilisation", "idle_since",
+    "share_tenant", "cross_tenant",
 )
 
 SHARE_BUCKET = 125  # milli per shared-GPU bucket; 8 buckets cover 1..999 free
@@ -334,7 +326,9 @@ class Pool:
 
     __slots__ = ("region", "model", "hosts", "by_free", "shared", "max_gpus", "touched", "sizes")
 
-    def __init__(self, region: str, model: str, max_gpus: int, touched: set[str] | None = None) -> None:
+    def __init__(
+        self, region: str, model: str, max_gpus: int, touched: set[str] | None = None
+    ) -> None:
         self.touched: set[str] = touched if touched is not None else set()
         self.region = region
         self.model = model
@@ -453,6 +447,7 @@ def _host_id(hs: HostState) -> str:
 
 def _share_key(entry: tuple[HostState, int]) -> tuple[str, int]:
     return (entry[0].host_id, entry[1])
+
 
 
 def _insert_sorted(buckets: list, b: int, item: object, key: object, key_of) -> None:  # type: ignore[type-arg, no-untyped-def]
@@ -597,7 +592,9 @@ class Fleet:
     both give the same structures (``tests/scheduler/core/test_h6_fleet_cache.py``).
     """
 
-    def __init__(self, snapshot: ClusterSnapshot, now: float, cache: PlanCache | None = None) -> None:
+    def __init__(
+        self, snapshot: ClusterSnapshot, now: float, cache: PlanCache | None = None
+    ) -> None:
         #: the slices that hold allocations this cycle (cleared by the next fleet)
         self.held: list[HostState] = []
         #: some host was reserved in this fleet's cycle (set by ``PlanCache.keep``)
@@ -960,7 +957,9 @@ class Fleet:
         key = (model, region, c)
         n = self._hosts_with.get(key)
         if n is None:
-            n = self._hosts_with[key] = sum(k for t, k in self.totals.get((model, region), {}).items() if t >= c)
+            n = self._hosts_with[key] = sum(
+                k for t, k in self.totals.get((model, region), {}).items() if t >= c
+            )
         return n
 
     def host_slice(self, host_id: str, model: str) -> HostState | None:

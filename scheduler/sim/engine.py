@@ -178,7 +178,9 @@ class _Host:
         self.room = WHOLE if n.num_gpus else 0
 
     def share_room(self) -> int:
-        return max((WHOLE - m for m, w in zip(self.milli, self.whole, strict=True) if not w), default=0)
+        return max(
+            (WHOLE - m for m, w in zip(self.milli, self.whole, strict=True) if not w), default=0
+        )
 
     def has_room(self) -> bool:
         if self.nfree:
@@ -310,15 +312,7 @@ class _Agg:
     """What the view needs to know of the queue: shapes, not requests."""
 
     __slots__ = (
-        "models",
-        "need",
-        "min_g",
-        "frac",
-        "min_rank",
-        "min_frac",
-        "min_milli",
-        "cpu",
-        "mem",
+        "models", "need", "min_g", "frac", "min_rank", "min_frac", "min_milli", "cpu", "mem",
         "cpu_only",
     )
 
@@ -336,16 +330,8 @@ class _Agg:
         self.cpu_only: set[tuple[str | None, str]] = set()
 
     def add(
-        self,
-        region: str | None,
-        model: str,
-        g: int,
-        milli: int,
-        nodes: int,
-        rank: int,
-        cpu: bool,
-        mem: bool,
-        count: int,
+        self, region: str | None, model: str, g: int, milli: int, nodes: int, rank: int,
+        cpu: bool, mem: bool, count: int,
     ) -> None:
         self.models[(region, model)] += nodes * count
         if g == 0 and milli == 0:
@@ -375,7 +361,9 @@ class _WholeFleet:
 
     __slots__ = ("max_gpus", "max_vcpus", "max_mem", "_sizes", "_hosts_with")
 
-    def __init__(self, by_size: dict[tuple[str, str | None], list[_Host]], max_vcpus: int, max_mem: int) -> None:
+    def __init__(
+        self, by_size: dict[tuple[str, str | None], list[_Host]], max_vcpus: int, max_mem: int
+    ) -> None:
         #: (model, region or None) -> GPUs per host, largest first
         self._sizes = {key: [h.total for h in hosts] for key, hosts in by_size.items() if hosts}
         self.max_gpus = {key: sizes[0] for key, sizes in self._sizes.items()}
@@ -432,14 +420,8 @@ class Simulator:
                 j.gpu_model = self.default_model
         # the trace's task shapes: its fragmentation mix, and FGD's target workload
         shapes = [
-            PlacementRequest(
-                request_id="",
-                tenant_id="",
-                gpu_model="",
-                gpus_per_node=j.gpus_per_node,
-                gpu_milli=j.gpu_milli,
-                vcpus=j.vcpus,
-            )
+            PlacementRequest(request_id="", tenant_id="", gpu_model="", gpus_per_node=j.gpus_per_node,
+                             gpu_milli=j.gpu_milli, vcpus=j.vcpus)
             for j in self.jobs
         ]
         gpu_shapes = [r for r in shapes if r.gpus_per_node or r.gpu_milli]
@@ -450,19 +432,28 @@ class Simulator:
             # FGD's "typical pods": the most popular shapes covering 95 % of the tasks
             self.policy = self.policy.with_(workload=derive_workload(shapes, FGD_POPULARITY))
         self.hosts_to_score = (
-            ALL_HOSTS if spec.gradient else max(1, self.policy.k if self.policy.k is not None else spec.k)
+            ALL_HOSTS
+            if spec.gradient
+            else max(1, self.policy.k if self.policy.k is not None else spec.k)
         )
         #: the least GPU demand of any job (milli): lending classes stop looking at a
         #: tenant's queue once its guarantee has less than this left
         self.least_milli = min(
-            (j.gpu_milli * j.nodes if j.gpus_per_node == 0 else j.gpus_per_node * WHOLE * j.nodes for j in self.jobs),
+            (
+                j.gpu_milli * j.nodes if j.gpus_per_node == 0 else j.gpus_per_node * WHOLE * j.nodes
+                for j in self.jobs
+            ),
             default=0,
         )
         #: some job asks for vCPUs or memory (the per-tenant summaries carry GPUs only)
         self.res_jobs = any(j.vcpus or j.memory_mib for j in self.jobs)
         self.series_points = series_points
         self.demand_marks = sorted(demand_marks)
-        self.drop_unplaced = all(math.isinf(j.duration) for j in self.jobs) if drop_unplaced is None else drop_unplaced
+        self.drop_unplaced = (
+            all(math.isinf(j.duration) for j in self.jobs)
+            if drop_unplaced is None
+            else drop_unplaced
+        )
         if self.drop_unplaced and self.policy.max_waits is not None:
             # a request that does not fit when it arrives is dropped: look at all
             self.policy = self.policy.with_(max_waits=None)
@@ -478,7 +469,9 @@ class Simulator:
         #: remaining time, which bounds what any queued request may evict
         self.srtf = self.policy.queue_order == "srtf" and self.policy.time_slice == "srtf"
         #: class -> rank for the classes whose running work may be preempted
-        self.dynamic = {c: r for c, r in CLASS_RANK.items() if self.policy.mode_for(c) == "dynamic"}
+        self.dynamic = {
+            c: r for c, r in CLASS_RANK.items() if self.policy.mode_for(c) == "dynamic"
+        }
         if self.policy.reclaim:
             # every simulated GPU computes (utilisation 1.0, never idle), so a
             # reclaim never fires: skip its pass over the running work
@@ -488,7 +481,9 @@ class Simulator:
         # end times are known (backfill finds no end). Then the core reads running
         # allocations only for dominant shares, and those only order tenants
         # sharing a class lane of a fair order (see _shares_matter).
-        self.opaque = not self.oracle and not any(self.policy.mode_for(c) == "dynamic" for c in CLASS_RANK)
+        self.opaque = not self.oracle and not any(
+            self.policy.mode_for(c) == "dynamic" for c in CLASS_RANK
+        )
 
     # ------------------------------------------------------------------ fleet facts
 
@@ -565,7 +560,9 @@ class Simulator:
         # their working state between plan() calls
         self.cache = PlanCache()
         self._summaries: dict[tuple[str, str, int], Allocation] = {}
-        self._tenant_views = tuple(TenantView(tenant_id=tn, weight=w) for tn, w in sorted(self.weights.items()))
+        self._tenant_views = tuple(
+            TenantView(tenant_id=tn, weight=w) for tn, w in sorted(self.weights.items())
+        )
         self._empty_set = {hid for lst in self.empty.values() for hid in lst}
         #: the hosts that are not empty, in id order (the core's tie-break order)
         self.busy: list[str] = []
@@ -578,7 +575,9 @@ class Simulator:
         self.evictable_index: list[list[str]] = [[] for _ in CLASS_RANK]
         self.ripening: list[tuple[float, int, _Run]] = []
         self.token_seq = 0
-        self.least_quantum = min([self.policy.min_run_s, *(q for _c, q in self.policy.slice_quantum)])
+        self.least_quantum = min(
+            [self.policy.min_run_s, *(q for _c, q in self.policy.slice_quantum)]
+        )
         self.las_th0 = self.policy.las_thresholds[0] if self.policy.las_thresholds else 0.0
         self.state: dict[str, JobState] = {}
         self.queue: dict[str, JobState] = {}
@@ -696,7 +695,9 @@ class Simulator:
                 j = jobs[ai]
                 ai += 1
                 js = JobState(j, j.duration, checkpoint=self._checkpoints(j.job_id))
-                js.milli = j.gpu_milli * j.nodes if j.gpus_per_node == 0 else j.gpus_per_node * WHOLE * j.nodes
+                js.milli = (
+                    j.gpu_milli * j.nodes if j.gpus_per_node == 0 else j.gpus_per_node * WHOLE * j.nodes
+                )
                 self.state[j.job_id] = js
                 arrived += j.gpus * WHOLE
                 why = self._refusal(j)
@@ -882,7 +883,9 @@ class Simulator:
                 billing="spot" if priority == "low" and self.guarantee_milli else j.billing,  # type: ignore[arg-type]
                 submitted_at=j.submit,
                 # the core's remaining time is expected_duration - attained per GPU
-                expected_duration=(js.remaining + js.attained / max(j.gpus, 1e-3) if self.oracle else None),
+                expected_duration=(
+                    js.remaining + js.attained / max(j.gpus, 1e-3) if self.oracle else None
+                ),
                 attained_service=js.attained,
                 restartable=True,
                 checkpointable=js.checkpoint,
@@ -1101,20 +1104,15 @@ class Simulator:
             agg.add(region, model, g, milli, nodes, rank, cpu, mem, c)
         return agg
 
-    def _plan_once(self, reqs: list[PlacementRequest], now: float, agg: _Agg | None) -> tuple[int, int]:
+    def _plan_once(
+        self, reqs: list[PlacementRequest], now: float, agg: _Agg | None
+    ) -> tuple[int, int]:
         if agg is None:
             agg = _Agg()
             for r in reqs:
                 agg.add(
-                    r.region,
-                    r.gpu_model,
-                    r.gpus_per_node,
-                    r.gpu_milli,
-                    r.nodes,
-                    CLASS_RANK.get(r.priority, 1),
-                    r.vcpus > 0,
-                    r.memory_mib > 0,
-                    1,
+                    r.region, r.gpu_model, r.gpus_per_node, r.gpu_milli, r.nodes,
+                    CLASS_RANK.get(r.priority, 1), r.vcpus > 0, r.memory_mib > 0, 1,
                 )
         view = self._view(reqs, agg, now)
         if view is None:
@@ -1259,7 +1257,9 @@ class Simulator:
                 rest.append(a)
         return (*allocs.values(), *rest)
 
-    def _victim_hosts(self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float) -> set[str]:
+    def _victim_hosts(
+        self, min_rank: int, need: dict[tuple[str, str | None, int], int], now: float
+    ) -> set[str]:
         """Hosts holding work the queue could preempt, in the core's host order, a
         bounded prefix: the lowest host ids holding such work. A host holds such
         work if it runs a victim candidate of a class ranked below ``min_rank``
@@ -1271,7 +1271,9 @@ class Simulator:
         every busy host's runs.)"""
         victims: set[str] = set()
         ts = self.policy.time_slice
-        if self.may_preempt and any(c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)):
+        if self.may_preempt and any(
+            c for rk, c in self.rank_runs.items() if rk > min_rank or (ts and rk == min_rank)
+        ):
             want = 2 * (self.policy.preempt_candidates + max(need.values(), default=1))
             lists = [lst for lst in self.victim_index[max(min_rank + 1, 0) :] if lst]
             if ts and 0 <= min_rank < len(self.victim_index):
@@ -1296,7 +1298,8 @@ class Simulator:
         if run.start > now - self.least_quantum:
             return False
         return not (
-            self.policy.time_slice == "las" and run.js.attained + (now - run.start) * run.milli / WHOLE < self.las_th0
+            self.policy.time_slice == "las"
+            and run.js.attained + (now - run.start) * run.milli / WHOLE < self.las_th0
         )
 
     def _ripen(self, now: float) -> None:
@@ -1350,7 +1353,9 @@ class Simulator:
             elif c == d:  # was 0
                 bisect.insort(index, p.host_id)
 
-    def _readable(self, min_rank: int, now: float) -> tuple[int, Callable[[_Run], bool] | None] | None:
+    def _readable(
+        self, min_rank: int, now: float
+    ) -> tuple[int, Callable[[_Run], bool] | None] | None:
         """Which running work on view hosts the core must get as its own
         allocation (None: all of it). The core reads a running allocation one by
         one only as a possible victim (``can_evict``), as work under notice, for
@@ -1381,13 +1386,10 @@ class Simulator:
         shortest = math.inf
         if srtf:
             # the order key of srtf starts with the remaining time (queue.order_key)
-            shortest = (
-                min(
-                    (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst),
-                    default=math.inf,
-                )
-                - 1.0
-            )
+            shortest = min(
+                (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst),
+                default=math.inf,
+            ) - 1.0
 
         def inside(run: _Run) -> bool:
             if run.start > started_by or not run.js.checkpoint:
@@ -1412,7 +1414,9 @@ class Simulator:
         if max(hosts[h].nfree for h in ids) >= min_g:
             return False
         # the order key of srtf starts with the remaining time (queue.order_key)
-        shortest = min((cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst), default=math.inf)
+        shortest = min(
+            (cast(float, lst[0][0][0]) for lst in self.ordered.values() if lst), default=math.inf
+        )
         for hid in ids:
             for run in hosts[hid].runs.values():
                 if run.preempting:
@@ -1456,7 +1460,9 @@ class Simulator:
                 self._count_victim(r, -1)
                 r.preempting = True
                 stop_by = now + d.notice_s
-                r.alloc = replace(r.alloc, preempting=True, preempting_for=d.because_request_id, stop_by=stop_by)
+                r.alloc = replace(
+                    r.alloc, preempting=True, preempting_for=d.because_request_id, stop_by=stop_by
+                )
                 if stop_by < r.start + r.js.remaining:
                     self._push(stop_by, "stop", d.victim_id, r.version)
                 rid = d.because_request_id

@@ -52,7 +52,9 @@ class BlastRadius:
         self.smallest_refused: tuple[float, bool] | None = None
         # what one victim may hold at most, in each measure (+ rounding slack)
         self.max_victim_milli = multiple * self.need_milli + 1e-6
-        self.max_victim_gpu_s = INF if self.need_gpu_s is None else multiple * self.need_gpu_s * WHOLE + 1e-3
+        self.max_victim_gpu_s = (
+            INF if self.need_gpu_s is None else multiple * self.need_gpu_s * WHOLE + 1e-3
+        )
 
     def allows_alone(self, a: AllocState) -> bool:
         """May ``a`` be a victim at all (alone within the cap)? The hot filter."""
@@ -145,7 +147,9 @@ def service_queue(cycle: CycleState, a: AllocState) -> int:
     al = a.alloc
     got = cycle.service_queues.get(al.request_id)
     if got is None:
-        got = cycle.service_queues[al.request_id] = las_queue(attained_now(a, cycle.now), cycle.policy.las_thresholds)
+        got = cycle.service_queues[al.request_id] = las_queue(
+            attained_now(a, cycle.now), cycle.policy.las_thresholds
+        )
     return got
 
 
@@ -314,7 +318,9 @@ def host_victims(
     # bounded blast radius: no victim that alone evicts more than the cap
     within = [a for a in elig if cap.allows_alone(a)]
     g = req.gpus_per_node
-    if len(within) < len(elig) and (not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)):
+    if len(within) < len(elig) and (
+        not within or (g > 0 and hs.free + sum(a.gpu_count for a in within) < g)
+    ):
         if cap.smallest_refused is None:  # the first host that would need more says why, once
             elig.sort(key=key)
             full = greedy(cycle, req, hs, elig)
@@ -359,7 +365,9 @@ def greedy(
     return chosen
 
 
-def find_victims(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius) -> list[AllocState]:
+def find_victims(
+    cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius
+) -> list[AllocState]:
     """The cheapest victims - spot first, then least work lost - on the fewest
     hosts that make ``req`` fit; [] when no set of lower-class work would."""
     if req.nodes > 1 and req.region is None:
@@ -371,7 +379,9 @@ def find_victims(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool]
     return victims_in(cycle, req, pools, cap)
 
 
-def victims_in(cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius) -> list[AllocState]:
+def victims_in(
+    cycle: CycleState, req: PlacementRequest, pools: Sequence[Pool], cap: BlastRadius
+) -> list[AllocState]:
     """``find_victims`` within pools of one region (or of any region for one node);
     the hosts chosen are reserved for ``req``."""
     now = cycle.now
