@@ -328,6 +328,13 @@ def fair_orders(policy: Policy) -> bool:
     return policy.queue_order in ("gpucloud", "drf")
 
 
+def class_first(policy: Policy) -> bool:
+    """Orders whose key starts with the class (``order_key``): no request is ever
+    decided before one of a higher class, so none can take what a higher class
+    would preempt it from at once."""
+    return policy.queue_order in ("gpucloud", "priority")
+
+
 def order_key(policy: Policy, req: PlacementRequest, now: float) -> tuple[object, ...]:
     """The order ``make_order`` serves requests in: over the whole queue for the
     static orders, inside one tenant for the fair ones. A key changes only when

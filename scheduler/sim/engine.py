@@ -76,7 +76,7 @@ from scheduler.core import (
 from scheduler.core.framework import PLACEMENTS
 from scheduler.core.gcpause import gc_paused
 from scheduler.core.planner import ALL_HOSTS, refusal
-from scheduler.core.queue import fair_orders, las_level, las_promote_at, order_key
+from scheduler.core.queue import class_first, fair_orders, las_level, las_promote_at, order_key
 
 from .trace import Job, Node
 
@@ -1059,7 +1059,7 @@ class Simulator:
         """Whether the core's order may decide a request of a lower class than
         queued ``jid`` before it: one ahead of it in its group or, for a fair
         order, one in another group. Never when the order starts with the class."""
-        if self.policy.queue_order in ("priority", "gpucloud"):
+        if class_first(self.policy):
             return False
         rank = CLASS_RANK.get(self._prio(jid, cls_of), 1)
         group, key, _shape = self.queue_position[jid]

@@ -390,11 +390,13 @@ def victims_in(
     want = max(cycle.policy.preempt_candidates, req.nodes)
     rank = CLASS_RANK.get(req.priority, 1)
     mine = time_slice_key(cycle, req)
-    stale: list[HostState] = []
+    srtf = cycle.policy.time_slice == "srtf"
+    # hosts found to hold nothing to evict, dropped from the index after the loop
+    # (no copy of it is walked); none under srtf, which walks no index (below)
+    stale: list[HostState] | None = None if srtf else []
     gang = req.nodes > 1
     g = req.gpus_per_node
     rid = req.request_id
-    srtf = cycle.policy.time_slice == "srtf"
     for pool in pools:
         hosts: Iterable[HostState]
         if gang or srtf:
@@ -405,7 +407,6 @@ def victims_in(
             hosts = pool.hosts
         else:
             hosts = preemptible_hosts(cycle, pool, rank, mine)
-        # no copy of the index: hosts found stale are dropped after the loop
         for hs in hosts:
             if hs.reserved_at is not None and hs.reserved_for != rid:
                 continue
@@ -433,9 +434,7 @@ def victims_in(
         else:
             continue
         break
-    if srtf:
-        stale = []  # no index (see above)
-    for hs in stale:
+    for hs in stale or ():
         home = hs.pool
         if home is not None:
             index = cycle.victim_hosts.get((home.region, home.model, rank, mine))
