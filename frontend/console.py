@@ -16,12 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from rest_framework.exceptions import NotFound
 
 from gpucloud.api.views import resolve_tenant
@@ -87,6 +89,38 @@ def refusal(console: Console, permission: str) -> str:
     return f"Your role ({console.membership.role}) does not allow {permission}."
 
 
+def is_background(request: HttpRequest) -> bool:
+    """A request the page made on its own (an htmx poll or swap, a script's fetch), not a
+    person's navigation: its answer lands inside the page, never as a page of its own."""
+    return request.headers.get("HX-Request") == "true" or request.headers.get("Sec-Fetch-Mode") == "cors"
+
+
+def signed_out(request: HttpRequest) -> HttpResponse:
+    """The answer to a request whose session is gone (expired, signed out elsewhere).
+
+    A background request gets a bare 401 that the page's script turns into one "signed out"
+    banner (a redirect would be followed by htmx and drop the whole sign-in page into a status
+    card). A form posted after expiry sends the person to sign in and then back to the page the
+    form was on, not to the action's URL (a GET there is refused); console.js keeps what was typed.
+    """
+    if is_background(request):
+        return HttpResponse(status=401, headers={"HX-Reswap": "none", "Cache-Control": "no-store"})
+    back = request.get_full_path()
+    if request.method not in SAFE_METHODS:
+        referer = request.headers.get("Referer", "")
+        ok = url_has_allowed_host_and_scheme(referer, allowed_hosts={request.get_host()},
+                                             require_https=request.is_secure())
+        back = urlsplit(referer)._replace(scheme="", netloc="").geturl() if ok and referer else reverse(
+            "console:dashboard")
+    return redirect_to_login(back, reverse("console:login"))
+
+
+def session_probe(request: HttpRequest) -> HttpResponse:
+    """GET /console/session: 204 while signed in, 401 once not. console.js asks before it
+    submits a form, so what was typed is kept instead of lost to an expired session."""
+    return HttpResponse(status=204 if request.user.is_authenticated else 401, headers={"Cache-Control": "no-store"})
+
+
 def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> Callable:
     """Wrap a console view: sign-in, tenant, permission (`read` for GET, `write` for POST), audit actor.
 
@@ -97,7 +131,7 @@ def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> 
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if not request.user.is_authenticated:
-                return redirect_to_login(request.get_full_path(), reverse("console:login"))
+                return signed_out(request)
             if request.method in SAFE_METHODS:
                 required = read
             elif request.method == "POST" and write is not None:

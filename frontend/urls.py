@@ -5,6 +5,7 @@ from django.urls import include, path
 from frontend import account_views as account
 from frontend import alarm_views, groups, views
 from frontend import volume_views as volumes
+from frontend.console import session_probe
 from scheduler.choices import WorkloadKind
 
 
@@ -37,6 +38,7 @@ console = [
     path("password-reset/done/", account.PasswordResetCompleteView.as_view(), name="password_reset_complete"),
     path("settings/security/", account.security, name="security"),
     path("signout/", views.signout, name="logout"),
+    path("session", session_probe, name="session"),
     path("tenant/", views.tenant_switch, name="tenant_switch"),
     path("invitations/accept/", views.invitation_accept, name="invitation_accept"),
     path("catalogue/", views.catalogue, name="catalogue"),

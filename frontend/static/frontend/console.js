@@ -6,10 +6,77 @@
 
   // ---- connection state: a failed poll says so in plain words, and clears when one succeeds
   document.addEventListener("htmx:sendError", () => document.body.classList.add("offline"));
-  document.addEventListener("htmx:responseError", () => document.body.classList.add("offline"));
+  document.addEventListener("htmx:responseError", (e) => {
+    if (e.detail.xhr && e.detail.xhr.status === 401) signedOut();
+    else document.body.classList.add("offline");
+  });
   document.addEventListener("htmx:afterRequest", (e) => {
     if (e.detail.successful) document.body.classList.remove("offline");
   });
+
+  // ---- the session ended (the server answers a page's own requests with 401, never with the
+  // sign-in page): one banner, every poll stops, and a form is kept rather than lost
+  function signedOut() {
+    if (document.body.classList.contains("signed-out")) return;
+    document.body.classList.add("signed-out");
+    const banner = document.getElementById("signed-out");
+    if (banner) banner.scrollIntoView({ block: "nearest" });
+  }
+  document.addEventListener("htmx:beforeRequest", (e) => {
+    if (!document.body.classList.contains("signed-out")) return;
+    e.preventDefault();  // a poll after sign-out would only be refused again
+    document.body.dataset.cancelledRequests = String(Number(document.body.dataset.cancelledRequests || 0) + 1);
+  });
+
+  const KEPT = "gpucloud.kept:";
+  function formKey(form) { return KEPT + location.pathname + "#" + (form.id || form.getAttribute("action") || ""); }
+  function keepForm(form) {
+    const fields = [];
+    for (const el of form.elements) {
+      if (!el.name || el.disabled || el.name === "csrfmiddlewaretoken" || el.type === "password" ||
+          el.type === "file" || el.type === "submit" || el.type === "button") continue;
+      if ((el.type === "checkbox" || el.type === "radio") && !el.checked) continue;
+      fields.push([el.name, el.type, el.value]);
+    }
+    try { sessionStorage.setItem(formKey(form), JSON.stringify(fields)); } catch (err) { /* private mode */ }
+  }
+  function restoreForms(root) {
+    root.querySelectorAll("form[method=post], form[method=POST]").forEach((form) => {
+      let fields = null;
+      try { fields = JSON.parse(sessionStorage.getItem(formKey(form)) || "null"); } catch (err) { return; }
+      if (!fields) return;
+      sessionStorage.removeItem(formKey(form));
+      for (const [name, type, value] of fields) {
+        const els = Array.from(form.elements).filter((el) => el.name === name);
+        for (const el of els) {
+          if (type === "checkbox" || type === "radio") { if (el.value === value) el.checked = true; }
+          else if (el.type !== "checkbox" && el.type !== "radio") el.value = value;
+        }
+      }
+      form.querySelectorAll("input, select, textarea").forEach((el) => el.dispatchEvent(new Event("change", { bubbles: true })));
+      const note = document.createElement("p");
+      note.className = "notice info kept-notice";
+      note.setAttribute("role", "status");
+      note.textContent = "Restored what you typed before you were signed out: check it, then submit again.";
+      form.prepend(note);
+    });
+  }
+  // Before a form is posted, ask whether the session is still there (one GET); if not, keep what
+  // was typed for the page the sign-in brings the person back to, and show the banner instead.
+  document.addEventListener("submit", (e) => {
+    const form = e.target;
+    const probe = document.body.dataset.sessionUrl;
+    if (!probe || !(form instanceof HTMLFormElement) || (form.method || "").toLowerCase() !== "post") return;
+    if (form.dataset.sessionChecked === "1") { delete form.dataset.sessionChecked; return; }
+    e.preventDefault();
+    e.stopImmediatePropagation();  // htmx's own submit handler waits for the answer too
+    const submitter = e.submitter || null;
+    const go = () => { form.dataset.sessionChecked = "1"; form.requestSubmit(submitter); };
+    if (document.body.classList.contains("signed-out")) { keepForm(form); return; }
+    fetch(probe, { credentials: "same-origin", cache: "no-store" })
+      .then((r) => { if (r.status === 401) { keepForm(form); signedOut(); } else go(); })
+      .catch(go);  // the server is unreachable: let the browser try, and say what it says
+  }, true);
 
   // ---- launch page: a template fills in image, ports and command
   function setupTemplates(root) {
@@ -202,6 +269,6 @@
   }
 
   function setup(root) { setupFlashes(); setupTemplates(root); setupLaunchToggles(root); setupGpuCharts(root); setupSpendChart(root); setupAlarmChart(root); }
-  document.addEventListener("DOMContentLoaded", () => { setupInvitation(); setup(document); });
+  document.addEventListener("DOMContentLoaded", () => { setupInvitation(); restoreForms(document); setup(document); });
   document.addEventListener("htmx:load", (e) => setup(e.target));
 })();
