@@ -15,6 +15,7 @@ from agents.host.fleet import Fleet
 from agents.host.gpu import GpuBackend
 from agents.host.logs import setup_logging
 from agents.host.runtime import Runtime
+from agents.host.sim import SimGpuBackend, SimRuntime
 from agents.host.tunnel import AgentTunnel, Connector, DockerConnector, SimConnector
 
 logger = logging.getLogger("agents.host")
@@ -33,21 +34,9 @@ def docker_gpu_mode(cfg: AgentConfig) -> str:
 
 def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None]:
     """(backend, runtime, resources override) for ``cfg``. Imports vendor modules lazily."""
-    if cfg.runtime == "sim":
-        from agents.host.sim import SimRuntime
-
-        sim_runtime = SimRuntime(seed=cfg.sim_seed)
     backend: GpuBackend
     if cfg.gpu_backend == "sim":
-        from agents.host.sim import SimGpuBackend
-
-        backend = SimGpuBackend(
-            model=cfg.sim_model,
-            count=cfg.sim_gpus,
-            hostname=cfg.hostname,
-            seed=cfg.sim_seed,
-            runtime=sim_runtime if cfg.runtime == "sim" else None,
-        )
+        backend = SimGpuBackend(model=cfg.sim_model, count=cfg.sim_gpus, hostname=cfg.hostname, seed=cfg.sim_seed)
     elif cfg.gpu_backend == "nvml":
         from agents.host.nvml import NvmlBackend
 
@@ -59,7 +48,7 @@ def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None
 
     runtime: Runtime
     if cfg.runtime == "sim":
-        runtime = sim_runtime
+        runtime = SimRuntime(seed=cfg.sim_seed)
     else:
         from agents.host.docker import DockerRuntime, amd_device_nodes, nofile_within_host
 
@@ -89,6 +78,10 @@ def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None
                 logger.info("egress rules installed for tenant bridges (gct+)")
         else:
             logger.warning("egress blocking is off (--docker-egress-block false)")
+
+    if isinstance(backend, SimGpuBackend):
+        # Simulated GPUs' load follows the containers on them, whichever runtime runs those.
+        backend.runtime = runtime
 
     # A simulated host advertises a plausible machine for its GPUs (DGX-like per GPU).
     resources = None

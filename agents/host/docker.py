@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import logging
+import random
 import resource
 import shlex
 from collections.abc import Iterator
@@ -41,13 +42,16 @@ from typing import Any, Final
 
 from agents.host.egress import BRIDGE_PREFIX
 from agents.host.runtime import (
+    LABEL_GPU_MILLI,
     LABEL_INSTANCE,
     LABEL_KIND,
     LABEL_MANAGED,
     LABEL_TENANT,
     ContainerSpec,
+    GpuLoad,
     RuntimeError_,
     container_name,
+    declared_gpu_load,
 )
 from agents.protocol import CHECKPOINT_SIGNALS, ContainerState, ObservedContainer
 
@@ -376,6 +380,7 @@ class DockerRuntime:
                 LABEL_INSTANCE: spec.instance_id,
                 LABEL_TENANT: spec.tenant_id,
                 LABEL_KIND: spec.kind,
+                LABEL_GPU_MILLI: str(spec.gpu_milli),
             }
         )
         if self._scope:
@@ -587,6 +592,28 @@ class DockerRuntime:
                 )
             )
         return sorted(out, key=lambda o: o.instance_id)
+
+    def gpu_load(self) -> GpuLoad:
+        """GPU UUID -> [(milli, load)] of this scope's running containers, from their labels and
+        env (the GPUs in NVIDIA_VISIBLE_DEVICES, the share in LABEL_GPU_MILLI, the load declared by
+        GPUCLOUD_SIM_GPU_UTIL or drawn once per container). Only the simulated GPU backend asks:
+        a real GPU measures its own load."""
+        selector = [f"{LABEL_MANAGED}=1"]
+        if self._scope:
+            selector.append(f"{LABEL_AGENT}={self._scope}")
+        out: GpuLoad = {}
+        for c in self._client.containers.list(filters={"label": selector, "status": "running"}):
+            env = dict(e.split("=", 1) for e in (c.attrs.get("Config", {}).get("Env") or []) if "=" in e)
+            gpus = [u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u and u not in ("void", "all")]
+            if not gpus:
+                continue
+            milli = int(c.labels.get(LABEL_GPU_MILLI) or 1000)
+            # Seeded by the container's id: the same container drives its GPUs the same way
+            # from one sample to the next, as the simulated runtime's containers do.
+            load = declared_gpu_load(env, random.Random(str(c.id)))
+            for u in gpus:
+                out.setdefault(u, []).append((milli, load))
+        return out
 
     def logs(self, instance_id: str, tail: int = 100) -> str:
         c = self._get(instance_id)

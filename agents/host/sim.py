@@ -28,17 +28,14 @@ from datetime import UTC, datetime
 from typing import Final
 
 from agents.host.gpu import FATAL_XIDS, islands
-from agents.host.runtime import ContainerSpec, RuntimeError_
-from agents.protocol import GpuInfo, GpuSample, ObservedContainer, utilisation_fraction
+from agents.host.runtime import ContainerSpec, GpuLoad, Runtime, RuntimeError_, declared_gpu_load
+from agents.protocol import GpuInfo, GpuSample, ObservedContainer
 
 LABEL_SIM_DURATION: Final = "gpucloud.sim.duration_s"
 LABEL_SIM_EXIT_CODE: Final = "gpucloud.sim.exit_code"
 # The label every attempt of one workload shares (the control plane sets it): what a
 # checkpoint belongs to, so a later attempt resumes from it.
 LABEL_WORKLOAD: Final = "gpucloud.workload"
-# A container's env may set how hard it drives its GPUs, 0..100 (percent): tests and the demo
-# drive utilisation with it (0: idle, for idle auto-stop). Without it the load is random.
-ENV_SIM_GPU_UTIL: Final = "GPUCLOUD_SIM_GPU_UTIL"
 
 _NAMESPACE = uuidlib.UUID("6f1c9a52-3d7e-4b8a-9c0e-2f5d8e1a7b34")
 
@@ -68,16 +65,6 @@ def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-
-
-def _sim_load(given: str | None, rng: random.Random) -> float:
-    """A container's GPU load 0..1: its GPUCLOUD_SIM_GPU_UTIL percent, else random 0.55..1."""
-    if given is not None:
-        try:
-            return utilisation_fraction(float(given))
-        except ValueError:
-            pass
-    return 0.55 + 0.45 * rng.random()
 
 
 # --- runtime ----------------------------------------------------------------------------
@@ -145,10 +132,10 @@ class SimRuntime:
         ]
         return max(0.0, min(ends) - self._clock()) if ends else None
 
-    def gpu_load(self) -> dict[str, list[tuple[int, float]]]:
+    def gpu_load(self) -> GpuLoad:
         """GPU UUID -> [(milli, load)] of the running containers on it."""
         self._tick()
-        out: dict[str, list[tuple[int, float]]] = {}
+        out: GpuLoad = {}
         for c in self._containers.values():
             if c.state == "running":
                 for u in c.spec.gpu_uuids:
@@ -182,7 +169,7 @@ class SimRuntime:
             ends_at=now + max(0.0, float(duration) - saved) if duration is not None else None,
             exit_code_on_end=int(spec.labels.get(LABEL_SIM_EXIT_CODE, "0")),
             host_ports=ports,
-            load=_sim_load(spec.env.get(ENV_SIM_GPU_UTIL), self._rng),
+            load=declared_gpu_load(spec.env, self._rng),
         )
         c.log.append(f"started {spec.image} {' '.join(spec.command)}".rstrip())
         if saved:
@@ -257,7 +244,8 @@ class SimRuntime:
 
 
 class SimGpuBackend:
-    """``count`` GPUs of ``model`` whose load follows ``runtime``'s running containers."""
+    """``count`` GPUs of ``model`` whose load follows ``runtime``'s running containers
+    (``Runtime.gpu_load``: the simulated runtime's, or the Docker engine's in the demo)."""
 
     name = "sim"
 
@@ -268,7 +256,7 @@ class SimGpuBackend:
         count: int = 8,
         hostname: str = "sim-host",
         seed: int = 0,
-        runtime: SimRuntime | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         if model not in MODELS:
             raise ValueError(f"unknown sim model {model!r}; choose from {sorted(MODELS)}")
