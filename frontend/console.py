@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
+from functools import cached_property, wraps
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +33,7 @@ from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, reset_actor, set_actor
 from gpucloud.tenancy.models import Membership, Tenant
 from gpucloud.tenancy.selectors import membership_list_for_user
+from notifications.selectors import notification_unread_count
 
 SAFE_METHODS = ("GET", "HEAD")
 
@@ -80,6 +81,12 @@ class Console:
     @property
     def can_manage_billing(self) -> bool:
         return self.can(perms.BILLING_MANAGE)
+
+    @cached_property
+    def unread(self) -> int:
+        """The actor's unread notifications in this tenant (the nav's badge): one COUNT, on pages
+        that render the nav only."""
+        return notification_unread_count(user=self.membership.user, tenant=self.tenant)
 
 
 def refusal(console: Console, permission: str) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 
 from frontend import account_views as account
-from frontend import alarm_views, groups, views
+from frontend import alarm_views, groups, notification_views, views
 from frontend import volume_views as volumes
 from frontend.console import session_probe
 from scheduler.choices import WorkloadKind
@@ -39,6 +39,8 @@ console = [
     path("settings/security/", account.security, name="security"),
     path("signout/", views.signout, name="logout"),
     path("session", session_probe, name="session"),
+    path("inbox/", notification_views.inbox, name="inbox"),
+    path("settings/notifications/", notification_views.notification_settings, name="notification_settings"),
     path("tenant/", views.tenant_switch, name="tenant_switch"),
     path("invitations/accept/", views.invitation_accept, name="invitation_accept"),
     path("catalogue/", views.catalogue, name="catalogue"),

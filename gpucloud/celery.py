@@ -37,6 +37,9 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
         # Alarms: evaluate the due ones (each once per period, whichever worker), retry failed actions.
         "alarms-tick": {"task": "alarms.tasks.alarms_tick_task", "schedule": 10.0, "options": {"expires": 30}},
         "alarm-actions-retry": {"task": "alarms.tasks.alarm_actions_retry_task", "schedule": 15.0},
+        # Notifications: what happened (transitions, notices, budgets, hosts) told to whoever chose to hear.
+        "notifications-tick": {"task": "notifications.tasks.notifications_tick_task", "schedule": 5.0,
+                               "options": {"expires": 20}},
         # Heartbeats answered from Redis (agents/fastpath.py): samples and liveness -> PostgreSQL.
         "heartbeats-flush": {"task": "agents.tasks.heartbeats_flush_task", "schedule": 1.0,
                              "options": {"expires": 10}},

@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "volumes",
     "frontend",
     "autoscaling",
+    "notifications",
     "gateway",  # no models: its AppConfig gives the instances' resource its connect hints
 ]
 
@@ -319,6 +320,7 @@ SPECTACULAR_SETTINGS = {
         "ActivityKindEnum": "autoscaling.choices.ActivityKind",
         "JobArrayStateEnum": "scheduler.arrays.ARRAY_STATES",
         "AlarmStateEnum": "alarms.choices.AlarmState",
+        "NotificationDeliveryEnum": "notifications.choices.Delivery",
     },
 }
 
@@ -433,6 +435,12 @@ SPOT_RECOMPUTE_S = env_int("SPOT_RECOMPUTE_S", 60)
 # arrived); a failing action (a webhook answering 5xx) is tried this many times with backoff.
 ALARM_EVAL_DELAY_S = env_int("ALARM_EVAL_DELAY_S", 15)
 ALARM_ACTION_MAX_ATTEMPTS = env_int("ALARM_ACTION_MAX_ATTEMPTS", 8)
+# Notifications (docs/notifications.md): a log entry is read once it is this old (its transaction
+# has committed), and a person gets at most this many notification e-mails an hour (the rest stay
+# in their console inbox). The links in e-mails start with PUBLIC_URL (the console's address).
+NOTIFY_SETTLE_S = env_int("NOTIFY_SETTLE_S", 3)
+NOTIFY_EMAIL_PER_HOUR = env_int("NOTIFY_EMAIL_PER_HOUR", 20)
+PUBLIC_URL = env_str("PUBLIC_URL", "http://127.0.0.1:8000")
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpucloud <noreply@localhost>")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")

@@ -131,6 +131,12 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("budget-detail", "PUT"): ADMIN,
     ("budget-detail", "PATCH"): ADMIN,
     ("budget-detail", "DELETE"): ADMIN,
+    # --- notifications: the caller's own inbox and choices (any member; changing them needs write)
+    ("notification-list", "GET"): READ,
+    ("notification-detail", "GET"): READ,
+    ("notification-read", "POST"): WRITE,
+    ("notification-settings", "GET"): READ,
+    ("notification-settings", "PUT"): WRITE,
     # --- alarms (workloads.read / workloads.manage: an alarm may stop a workload)
     ("alarm-list", "GET"): READ,
     ("alarm-list", "POST"): WRITE,

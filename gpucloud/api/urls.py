@@ -13,6 +13,7 @@ from frontend.api import views as ssh_keys
 from gpucloud.api.errors import not_found
 from gpucloud.catalogue.api import views as catalogue
 from gpucloud.tenancy.api import views as tenancy
+from notifications.api import views as notifications
 from scheduler.api import views as scheduler
 from volumes.api import views as volumes
 
@@ -46,6 +47,7 @@ router.register("scaling-policies", autoscaling.ScalingPolicyViewSet, basename="
 router.register("scheduled-actions", autoscaling.ScheduledActionViewSet, basename="scheduled-action")
 router.register("alarms", alarms.AlarmViewSet, basename="alarm")
 router.register("volumes", volumes.VolumeViewSet, basename="volume")
+router.register("notifications", notifications.NotificationViewSet, basename="notification")
 
 urlpatterns = [
     path("auth/signup", tenancy.SignupApi.as_view(), name="signup"),
@@ -57,6 +59,7 @@ urlpatterns = [
     path("usage", billing.UsageApi.as_view(), name="usage"),
     path("metrics", SeriesApi.as_view(), name="metrics"),
     path("availability", AvailabilityApi.as_view(), name="availability"),
+    path("notification-settings", notifications.NotificationSettingsApi.as_view(), name="notification-settings"),
     *router.urls,
     # Unknown API paths answer in the API's error shape, also with DEBUG on.
     re_path(r"^.*$", not_found, name="api-not-found"),

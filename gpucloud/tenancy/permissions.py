@@ -44,11 +44,13 @@ SSH_KEYS_READ = "ssh_keys.read"  # one's own saved SSH public keys
 SSH_KEYS_MANAGE = "ssh_keys.manage"  # save and remove one's own SSH public keys
 BILLING_READ = "billing.read"
 BILLING_MANAGE = "billing.manage"  # budgets, alerts, payment settings
+NOTIFICATIONS_READ = "notifications.read"  # one's own inbox and notification settings
+NOTIFICATIONS_MANAGE = "notifications.manage"  # mark one's own read, change one's own settings
 
 # Everybody may leave and revoke their own keys (a leaked key must die fast).
 _VIEWER = frozenset(
     {TENANT_READ, MEMBERS_READ, QUOTAS_READ, WORKLOADS_READ, BILLING_READ, API_KEYS_READ,
-     MEMBERS_LEAVE, API_KEYS_REVOKE, SSH_KEYS_READ, SSH_KEYS_MANAGE}
+     MEMBERS_LEAVE, API_KEYS_REVOKE, SSH_KEYS_READ, SSH_KEYS_MANAGE, NOTIFICATIONS_READ, NOTIFICATIONS_MANAGE}
 )
 # A viewer may keep keys (they are personal and harmless alone) but not connect with them.
 _MEMBER = _VIEWER | {API_KEYS_CREATE, WORKLOADS_LAUNCH, WORKLOADS_MANAGE, WORKLOADS_CONNECT}
@@ -71,7 +73,7 @@ SCOPE_PERMISSIONS: dict[str, frozenset[str]] = {
     Scope.READ: _READS,
     Scope.WRITE: _READS
     | {WORKLOADS_LAUNCH, WORKLOADS_MANAGE, WORKLOADS_CONNECT, API_KEYS_CREATE, API_KEYS_REVOKE, MEMBERS_LEAVE,
-       SSH_KEYS_MANAGE},
+       SSH_KEYS_MANAGE, NOTIFICATIONS_MANAGE},
     Scope.ADMIN: ALL_PERMISSIONS,
 }
 

@@ -16,6 +16,7 @@ from frontend.models import SshKey
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
+from notifications.models import Notification
 from scheduler.models import JobArray, Workload
 from tests.conftest import make_user
 from volumes.models import Volume
@@ -140,6 +141,14 @@ def _volume(actor):
     return volume_create(tenant=actor.tenant, name=f"vol-{actor.tenant.slug}", region="us-east-1", size_gib=10)
 
 
+def _notification(actor):
+    from notifications.models import Notification
+
+    n = Notification.objects.filter(tenant=actor.tenant).count()
+    return Notification.objects.create(user=actor.user, tenant=actor.tenant, event="instance.running",
+                                       key=f"test:{actor.tenant.pk}:{n}", subject="Instance x is running")
+
+
 ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMeVOCYy/wjDgJNKrNZvHv2AK3f35LoEeTzSNC4Zt7Rj t@x"
 
 
@@ -173,6 +182,7 @@ TENANT_OBJECT_ROUTES = {
     "alarm-detail": _alarm,
     "alarm-history": _alarm,
     "volume-detail": _volume,
+    "notification-detail": _notification,
 }
 # route name -> the model whose rows a list must restrict to the tenant
 TENANT_LIST_ROUTES = {
@@ -192,6 +202,7 @@ TENANT_LIST_ROUTES = {
     "scheduled-action-list": ScheduledAction,
     "alarm-list": Alarm,
     "volume-list": Volume,
+    "notification-list": Notification,
 }
 # route name -> (query parameter naming the object, factory, other parameters): GET with another
 # tenant's id is 404
@@ -200,7 +211,7 @@ TENANT_QUERY_ROUTES = {
 }
 # routes whose answer is about the caller's own tenant, without an object id
 TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "signup", "balance", "usage",
-                      "availability"}
+                      "availability", "notification-read", "notification-settings"}
 # the public catalogue, the same for everybody
 PUBLIC_ROUTES = {
     "region-list", "region-detail", "gpu-model-list", "gpu-model-detail", "instance-type-list",

@@ -35,6 +35,7 @@ from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.choices import Role, Scope
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Membership
 from gpucloud.tenancy.services import api_key_create, invitation_create
+from notifications.models import Notification
 from scheduler.models import JobArray, Workload
 from tests.api.test_isolation import ED25519
 from tests.conftest import make_actor, make_user
@@ -160,6 +161,8 @@ def world(db) -> World:
         "ssh-key": ssh_key_add(membership=alice.membership, name="laptop", public_key=ED25519),
         "alarm": alarm_create(tenant=alice.tenant, name="queue", target_kind="tenant", metric="queued_gpus",
                               threshold=4, comparison="gt")[0],
+        "notification": Notification.objects.create(user=alice.user, tenant=alice.tenant, event="instance.running",
+                                                    key="scopes", subject="Instance w is running"),
     }
     group = group_create(tenant=alice.tenant, name="g", instance_type="h100.1x", region="us-east-1",
                          image="busybox", max_size=2)
