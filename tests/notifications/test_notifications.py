@@ -185,7 +185,8 @@ def test_a_webhook_goes_through_the_ssrf_guard_signed_and_its_choice_is_audited(
     assert services.notifications_deliver()["webhook"] == 1
     [(headers, body)] = got
     assert notify.verify(secret=secret, header=headers[notify.SIGNATURE_HEADER], body=body)
-    assert json.loads(body)["event"] == "instance.running" and headers["X-Gpucloud-Event"] == "notification.instance.running"
+    assert json.loads(body)["event"] == "instance.running"
+    assert headers["X-Gpucloud-Event"] == "notification.instance.running"
 
 
 def test_bad_settings_are_refused_and_change_nothing(alice):
