@@ -78,3 +78,4 @@ def test_an_expired_ticket_is_refused(web, alice):  # noqa: F811
     assert opens(url) == 404
     assert not ticket.objects.exists()  # and it is gone
     assert opens(console_terminal(alice.user, w, browser)[1]) == 101  # a reload gets a new one
+
