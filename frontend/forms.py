@@ -12,7 +12,26 @@ from django import forms
 from django.contrib.auth.forms import AuthenticationForm
 
 from gpucloud.catalogue.selectors import instance_type_list, region_list
+from gpucloud.lib import paths
 from gpucloud.tenancy.choices import Role, Scope
+
+
+class ContainerPathFormField(forms.CharField):
+    """A path inside the container: the API's one rule (`gpucloud.lib.paths.container_path`), said
+    beside the field itself rather than only under the API field it feeds."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("max_length", paths.MAX_LENGTH)
+        super().__init__(**kwargs)
+
+    def clean(self, value):
+        value = super().clean(value)
+        if value in self.empty_values:
+            return value
+        try:
+            return paths.container_path(value)
+        except paths.PathError as e:
+            raise forms.ValidationError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -131,8 +150,8 @@ class LaunchForm(forms.Form):
     volume = forms.ChoiceField(label="Volume", required=False, widget=VolumeSelect,
                                help_text="One of your volumes in the launch's region: its files outlive the "
                                          "instance, and it starts on the volume's host.")
-    mount_path = forms.CharField(label="Mount path", max_length=200, required=False, initial="/workspace",
-                                 help_text="Where the container sees the volume.")
+    mount_path = ContainerPathFormField(label="Mount path", required=False, initial="/workspace",
+                                        help_text="Where the container sees the volume.")
 
     # API field -> form field, for errors the serializer or the service reports.
     FIELD_MAP = {"billing": "spot", "volumes": "volume"}

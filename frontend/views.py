@@ -21,6 +21,7 @@ from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
@@ -45,7 +46,8 @@ from frontend.forms import (
     RoleForm,
     SshKeyForm,
 )
-from gateway.public import connect_hints, terminal_ticket, terminal_ws_url
+from gateway.public import connect_hints, terminal_ws_url
+from gateway.services import terminal_ticket_issue
 from gpucloud.catalogue.selectors import (
     gpu_model_list,
     instance_type_list,
@@ -488,14 +490,21 @@ def workload_live(request, kind: str, pk):
 
 @console_view(read=perms.WORKLOADS_CONNECT)
 def instance_terminal(request, pk):
-    """The web terminal: xterm.js over a WebSocket to the gateway, opened with a short-lived
-    ticket signed for this user and instance (the gateway then checks the rules SSH does)."""
+    """The web terminal: xterm.js over a WebSocket to the gateway, opened with a one-time ticket
+    for this user, session, instance and page origin (gateway/services.py; the gateway then
+    checks the rules SSH does). The page is not cached: each load asks for a new ticket."""
     workload = _workload(request, WorkloadKind.INSTANCE, pk)
     ws_url = None
     if workload.state == State.RUNNING:
-        ws_url = terminal_ws_url(workload.pk, terminal_ticket(user_id=request.user.pk, workload_id=workload.pk))
-    return render(request, "frontend/terminal.html", {**_kind(WorkloadKind.INSTANCE), "w": workload,
-                                                      "ws_url": ws_url})
+        # the origin the browser will send with the upgrade: this page's, as Django's CSRF check reads it
+        ticket = terminal_ticket_issue(user_id=request.user.pk, workload_id=workload.pk,
+                                       session_key=request.session.session_key or "",
+                                       origin=f"{request.scheme}://{request.get_host()}")
+        ws_url = terminal_ws_url(workload.pk, ticket)
+    response = render(request, "frontend/terminal.html", {**_kind(WorkloadKind.INSTANCE), "w": workload,
+                                                          "ws_url": ws_url})
+    add_never_cache_headers(response)
+    return response
 
 
 @console_view(read=perms.WORKLOADS_READ)

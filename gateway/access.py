@@ -20,6 +20,7 @@ from django.utils import timezone
 from agents.selectors import host_by_token, workload_attempt
 from frontend.models import SshKey, openssh_fingerprint
 from gateway import public
+from gateway.services import Redeemed, terminal_ticket_redeem
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record
 from gpucloud.tenancy.models import Membership, Tenant
@@ -172,13 +173,17 @@ def _member_grant(instance: str, user_id: int, *, key_scopes: list[str] | None =
 
 
 @in_worker_thread
-def authorize_terminal(*, instance: str, ticket: str) -> Grant | None:
-    """The web terminal: a ticket the console signed for this user and instance (a minute or
-    two old at most), then the same rules as every other way in."""
-    read = public.terminal_ticket_read(ticket)
-    if read is None or read[1] != instance:
+def authorize_terminal(*, instance: str, ticket: str, origin: str) -> Grant | str | None:
+    """The web terminal: a ticket the console issued for this user, session and instance, used
+    up here (once, within seconds, from the console page's own origin: gateway/services.py),
+    while the session it was issued in lasts; then the same rules as every other way in."""
+    redeemed = terminal_ticket_redeem(ticket=ticket, workload_id=instance, origin=origin)
+    if not isinstance(redeemed, Redeemed):
+        return redeemed  # None, or services.WRONG_ORIGIN (the proxy's 403)
+    user = _session_user(redeemed.session_key)  # signed out, expired or deactivated: no terminal
+    if user is None or user.pk != redeemed.user_id:
         return None
-    return _member_grant(instance, read[0], via="console")
+    return _member_grant(instance, user.pk, via="console")
 
 
 @in_worker_thread

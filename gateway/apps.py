@@ -4,7 +4,8 @@ from django.apps import AppConfig
 
 
 class GatewayConfig(AppConfig):
-    """SSH and HTTP into instances through the agents' tunnels (`python -m gateway`); no models."""
+    """SSH and HTTP into instances through the agents' tunnels (`python -m gateway`); one model: the
+    web terminal's one-time tickets (gateway/models.py)."""
 
     name = "gateway"
 

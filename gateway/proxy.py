@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import h11
 from asgiref.sync import sync_to_async
@@ -41,7 +41,7 @@ from websockets.http11 import Request as WsRequest
 from websockets.server import ServerProtocol
 
 from agents.host import mux as m
-from gateway import access, public
+from gateway import access, public, services
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -72,6 +72,67 @@ def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str:
 
 def _tokens(value: str) -> set[str]:
     return {t.strip().lower() for t in value.split(",") if t.strip()}
+
+
+def _is_upgrade(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    return "upgrade" in _tokens(_header(headers, b"connection")) and bool(_header(headers, b"upgrade"))
+
+
+def _bearer(headers: Sequence[tuple[bytes, bytes]]) -> str:
+    auth = _header(headers, b"authorization")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+
+
+# Every way into the HTTP side, by path prefix. tests/gateway/test_gateway_origin.py walks this
+# table: each entrance must refuse a WebSocket from a foreign Origin, and a new one fails the
+# test until it is added there (with how to reach it).
+ENTRANCES: dict[str, str] = {"/healthz": "health", public.TERMINAL_PATH: "terminal", public.URL_PREFIX: "port"}
+
+
+def entrance(path: str) -> str | None:
+    """Which entrance `path` is ("health", "terminal", "port"), or None (404)."""
+    if path == "/healthz":
+        return ENTRANCES[path]
+    return next((name for prefix, name in ENTRANCES.items() if prefix.endswith("/") and path.startswith(prefix)),
+                None)
+
+
+_DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    """(scheme, host name, port or None for the scheme's default) of an origin or URL, lower-case;
+    None when it is not one (`null`, no host, another scheme)."""
+    try:
+        parts = urlsplit(url.strip())
+        host, port = (parts.hostname or ""), parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in _DEFAULT_PORTS or not host:
+        return None
+    return parts.scheme, host.lower(), None if port == _DEFAULT_PORTS[parts.scheme] else port
+
+
+def origin_allowed(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """May a WebSocket authenticated by the console's cookie open from this request's Origin?
+
+    Yes without an Origin (browsers always send one on a WebSocket handshake: no Origin is no
+    browser, so no visitor's cookie is being borrowed); yes from the gateway's own host name
+    (the port URL's origin; any port of it, as the cookie itself ignores ports: that is the
+    console's when the gateway shares its host name, the only case the cookie reaches us), from
+    GATEWAY_PUBLIC_HTTP_URL's origin and from the console's CSRF_TRUSTED_ORIGINS. No otherwise,
+    `null` (a sandboxed or file page) included."""
+    given = _header(headers, b"origin")
+    if not given:
+        return True
+    seen = _origin(given)
+    if seen is None:
+        return False
+    own = _origin("http://" + _header(headers, b"host"))
+    if own is not None and own[1] == seen[1]:
+        return True
+    trusted = [settings.GATEWAY_PUBLIC_HTTP_URL, *settings.CSRF_TRUSTED_ORIGINS]
+    return any(_origin(t) == seen for t in trusted)
 
 
 class HttpProxy:
@@ -121,15 +182,16 @@ class HttpProxy:
         target = req.target.decode("latin-1")
         path, _, query = target.partition("?")
         try:
-            if path == "/healthz":
+            way_in = entrance(path)
+            if way_in == "health":
                 await _write(writer, conn, h11.Response(status_code=200, headers=[(b"content-length", b"3")]),
                              h11.Data(data=b"ok\n"), h11.EndOfMessage())
                 await _drain_request(conn, reader)
                 return True
-            if path.startswith(public.TERMINAL_PATH):
+            if way_in == "terminal":
                 await self._terminal(conn, req, reader, writer, source, path[len(public.TERMINAL_PATH):], query)
                 return False
-            if not path.startswith(public.URL_PREFIX):
+            if way_in != "port":
                 raise Reply(404, "not_found", "Nothing here: ports are served under /i/<instance id>/<port>/.")
             instance, _, rest = path[len(public.URL_PREFIX):].partition("/")
             port_s, slash, rest = rest.partition("/")
@@ -142,6 +204,11 @@ class HttpProxy:
                     (b"location", location.encode("latin-1")), (b"content-length", b"0")]), h11.EndOfMessage())
                 await _drain_request(conn, reader)
                 return True
+            if _is_upgrade(req.headers) and not _bearer(req.headers) and not origin_allowed(req.headers):
+                # a page of another site opening a WebSocket with the visitor's console cookie
+                # (cross-site WebSocket hijacking); an API key is not sent by browsers on their own
+                raise Reply(403, "forbidden_origin", "A WebSocket with the console's session opens from the "
+                                                     "console's or the gateway's own site only.")
             grant = await self._authorize(req.headers, instance)
             if port not in grant.ports:
                 raise Reply(404, "not_found", "No such instance, or it is not yours to reach, or that port "
@@ -156,10 +223,7 @@ class HttpProxy:
             return False
 
     async def _authorize(self, headers: Sequence[tuple[bytes, bytes]], instance: str) -> access.Grant:
-        api_key = ""
-        auth = _header(headers, b"authorization")
-        if auth[:7].lower() == "bearer ":
-            api_key = auth[7:].strip()
+        api_key = _bearer(headers)
         session_key = _cookies(headers).get(settings.SESSION_COOKIE_NAME, "")
         if not api_key and not session_key:
             raise Reply(401, "not_authenticated", "Sign in to the console, or send `Authorization: Bearer <api key>`.",
@@ -186,7 +250,7 @@ class HttpProxy:
     async def _forward(self, conn: h11.Connection, req: h11.Request, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter, source: str, grant: access.Grant, port: int, prefix: str,
                        target: str) -> bool:
-        upgrade = "upgrade" in _tokens(_header(req.headers, b"connection")) and bool(_header(req.headers, b"upgrade"))
+        upgrade = _is_upgrade(req.headers)
         try:
             stream = await self.gateway.open_stream(grant, m.OPEN_TCP, {"port": port})
         except (m.OpenFailed, ConnectionError) as e:
@@ -274,8 +338,13 @@ class HttpProxy:
         if "websocket" not in _header(req.headers, b"upgrade").lower():
             raise Reply(400, "bad_request", "The web terminal is a WebSocket.")
         ticket = (parse_qs(query).get("ticket") or [""])[0]
-        grant = await _sync(access.authorize_terminal)(instance=instance, ticket=ticket) if ticket else None
-        if grant is None:
+        origin = _header(req.headers, b"origin")
+        grant = await _sync(access.authorize_terminal)(instance=instance, ticket=ticket, origin=origin) \
+            if ticket else None
+        if grant == services.WRONG_ORIGIN:
+            raise Reply(403, "forbidden_origin", "The web terminal opens from the console page that asked for it "
+                                                 "(this ticket is now used up: reload that page).")
+        if not isinstance(grant, access.Grant):
             raise Reply(404, "not_found", "No such instance, or it is not yours to reach, or the page is stale "
                                           "(reload it).")
         ws = ServerProtocol(max_size=2**20)

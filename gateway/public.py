@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core import signing
 
 from agents.instance_env import (  # noqa: F401  (the gateway's URL scheme, re-exported)
     JUPYTER_PORT,
@@ -66,27 +65,11 @@ def connect_hints(workload: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- the HTTP side
 
-TERMINAL_PATH = "/terminal/"
-_TICKET_SALT = "gpucloud.gateway.terminal"
-TICKET_MAX_AGE_S = 120
+TERMINAL_PATH = "/terminal/"  # its tickets: gateway/services.py
 
 
 def port_url(workload_id: object, port: int) -> str:
     return settings.GATEWAY_PUBLIC_HTTP_URL.rstrip("/") + port_prefix(workload_id, port)
-
-
-def terminal_ticket(*, user_id: int, workload_id: object) -> str:
-    """A short-lived, signed ticket that opens the web terminal (the console puts it in the
-    page; the gateway checks it and then the same rules as for SSH)."""
-    return signing.dumps({"u": user_id, "w": str(workload_id)}, salt=_TICKET_SALT, compress=True)
-
-
-def terminal_ticket_read(ticket: str) -> tuple[int, str] | None:
-    try:
-        data = signing.loads(ticket, salt=_TICKET_SALT, max_age=TICKET_MAX_AGE_S)
-        return int(data["u"]), str(data["w"])
-    except (signing.BadSignature, KeyError, TypeError, ValueError):
-        return None
 
 
 def terminal_ws_url(workload_id: object, ticket: str) -> str:

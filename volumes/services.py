@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from agents.fastpath import hosts_changed
 from gpucloud.catalogue.models import Region
+from gpucloud.lib import paths
 from gpucloud.lib.errors import Conflict, InvalidInput
 from gpucloud.tenancy.audit import audit_record
 from gpucloud.tenancy.models import Tenant
@@ -134,6 +135,12 @@ def attach_for_launch(*, workload: Workload, volumes: list[dict[str, Any]]) -> N
     if workload.nodes > 1:
         raise InvalidInput("A volume lives on one host: a multi-node job cannot attach one.",
                            fields={"volumes": ["Only single-node work attaches volumes."]})
+    for spec in volumes:  # the API checked it; a spec stored before the rule (a group's) is checked here
+        try:
+            paths.container_path(spec["mount_path"])
+        except paths.PathError as e:
+            raise InvalidInput(f"Mount path {spec['mount_path']!r}: {e}",
+                               fields={"volumes": [f"{spec['mount_path']!r}: {e}"]}) from None
     ids = [v["volume"] for v in volumes]
     found = {v.pk: v for v in Volume.objects.for_tenant(workload.tenant).select_for_update(of=("self",))
              .select_related("host").filter(pk__in=ids, deleted_at__isnull=True).order_by("pk")}

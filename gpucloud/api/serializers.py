@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
+from gpucloud.lib import paths
+
 # The JSON types the schema gives each kind of field (bool is an int in Python, so it is named).
 # With DRF's own words for a wrong value where they fit (None: the field's "invalid" message).
 _JSON_TYPES: list[tuple[tuple[type[serializers.Field], ...], tuple[type, ...], str | None]] = [
@@ -103,6 +105,23 @@ def validated(cls: type[serializers.BaseSerializer], data: Any) -> dict:
         return ser.validated_data
     finally:
         del ser.initial_data
+
+
+class ContainerPathField(serializers.CharField):
+    """A path inside a container that a tenant gives (a volume's mount path): normal first, then
+    outside the system trees (`gpucloud.lib.paths.container_path`, the one rule for every such
+    field; tests/api/test_container_paths.py walks every serializer and form for one without it)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", paths.MAX_LENGTH)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        try:
+            return paths.container_path(value)
+        except paths.PathError as e:
+            raise serializers.ValidationError(str(e)) from None
 
 
 class StrictModelSerializer(StrictMixin, serializers.ModelSerializer):

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from agents.protocol import CHECKPOINT_GRACE_MAX_S, CHECKPOINT_SIGNALS
-from gpucloud.api.serializers import StrictSerializer
+from gpucloud.api.serializers import ContainerPathField, StrictSerializer
 from scheduler.api import contributors
 from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
@@ -46,23 +46,10 @@ class CommandField(serializers.Field):
         return value
 
 
-# where a volume may be mounted: an absolute path, not the root nor the system's own trees
-_MOUNT_PATH = re.compile(r"^/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
-_SYSTEM_PATHS = ("/proc", "/sys", "/dev", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/usr", "/run", "/tmp",
-                 "/var/run", "/boot")
-
-
 class VolumeMountSerializer(StrictSerializer):
     volume = serializers.UUIDField(help_text="a volume of yours in the same region (`/api/v1/volumes`)")
-    mount_path = serializers.CharField(max_length=200, help_text="where the container sees it, e.g. /workspace")
-
-    def validate_mount_path(self, value: str) -> str:
-        value = value.rstrip("/") if value != "/" else value
-        if not _MOUNT_PATH.match(value) or ".." in value.split("/"):
-            raise serializers.ValidationError("An absolute path such as /workspace (letters, digits, . _ -).")
-        if any(value == p or value.startswith(p + "/") for p in _SYSTEM_PATHS):
-            raise serializers.ValidationError("Not a system directory; use e.g. /workspace or /data.")
-        return value
+    mount_path = ContainerPathField(help_text="where the container sees it, e.g. /workspace: an absolute path in "
+                                              "its plain form, not the root nor a system directory")
 
 
 class WorkloadCreateSerializer(StrictSerializer):

@@ -8,7 +8,9 @@ only, real PostgreSQL, every wait bounded.
 """
 from __future__ import annotations
 
+import html
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -21,7 +23,8 @@ from websockets.sync.client import connect as ws_connect
 from websockets.sync.server import serve as ws_serve
 
 from agents.host.tunnel import SimConnector
-from gateway.public import jupyter_token, terminal_ticket
+from gateway.public import jupyter_token
+from gateway.services import terminal_ticket_issue
 from gpucloud.tenancy.models import AuditEvent
 from scheduler.choices import State
 from scheduler.services import workload_transition
@@ -79,6 +82,23 @@ def web(make_sim_host, alice, tmp_path, settings):
     gw.stop()
     http.shutdown()
     wss.shutdown()
+
+
+# The origin of the console pages Django's test client renders (its Host is "testserver").
+CONSOLE_ORIGIN = "http://testserver"
+
+
+def console_terminal(user, workload, client=None) -> tuple[Client, str]:
+    """The web terminal's WebSocket URL with its ticket, as the console's terminal page gives it
+    to `user` (signed in with `client`, or a new browser)."""
+    if client is None:
+        client = Client()
+        client.force_login(user)
+    page = client.get(f"/console/instances/{workload.pk}/terminal/")
+    assert page.status_code == 200, page.status_code
+    found = re.search(r'data-ws-url="([^"]+)"', page.content.decode())
+    assert found, "no ticket: the instance is not running"
+    return client, html.unescape(found.group(1))
 
 
 def fetch(url, *, key=None, cookie=None, data=None, headers=None):
@@ -151,9 +171,9 @@ def test_websockets_the_jupyter_port_with_its_token_and_the_terminal_with_its_ti
     with pytest.raises(Exception, match="401"):
         ws_connect(url, open_timeout=10)
 
-    # The web terminal's WebSocket: a ticket the console signs for the user and instance.
-    terminal = f"ws://127.0.0.1:{gw.gw.http_port}/terminal/{w.pk}?ticket="
-    with ws_connect(terminal + terminal_ticket(user_id=alice.user.pk, workload_id=w.pk), open_timeout=10) as ws:
+    # The web terminal's WebSocket: a one-time ticket the console's page gets for the user and instance.
+    browser, url = console_terminal(alice.user, w)
+    with ws_connect(url, origin=CONSOLE_ORIGIN, open_timeout=10) as ws:
         ws.send(json.dumps({"resize": [100, 30]}))
         ws.send(b"stty size\r")
         seen = b""
@@ -163,17 +183,23 @@ def test_websockets_the_jupyter_port_with_its_token_and_the_terminal_with_its_ti
         while isinstance(message := ws.recv(timeout=10), bytes):
             pass
         assert json.loads(message) == {"exit": 7}
+    terminal = f"ws://127.0.0.1:{gw.gw.http_port}/terminal/{w.pk}?ticket="
     victor = make_actor("victor@acme.test", tenant=alice.tenant, role="viewer")
+    viewer = Client()
+    viewer.force_login(victor.user)
     other = place(sim.host, alice.tenant)  # not running: no terminal, whoever asks
-    for ticket in ("forged", terminal_ticket(user_id=victor.user.pk, workload_id=w.pk),
-                   terminal_ticket(user_id=alice.user.pk, workload_id=other.pk)):
+    for ticket in ("forged",  # then tickets the console would not give (a viewer; a stopped instance)
+                   terminal_ticket_issue(user_id=victor.user.pk, workload_id=w.pk, origin=CONSOLE_ORIGIN,
+                                         session_key=viewer.cookies[django_settings.SESSION_COOKIE_NAME].value),
+                   terminal_ticket_issue(user_id=alice.user.pk, workload_id=other.pk, origin=CONSOLE_ORIGIN,
+                                         session_key=browser.cookies[django_settings.SESSION_COOKIE_NAME].value)):
         with pytest.raises(Exception, match="404"):
-            ws_connect(terminal + ticket, open_timeout=10)
+            ws_connect(terminal + ticket, origin=CONSOLE_ORIGIN, open_timeout=10)
     events = AuditEvent.objects.filter(tenant=alice.tenant, action="session.end").values_list("data", flat=True)
     assert sorted(e["kind"] for e in events) == ["terminal", "websocket"]
 
     # An open terminal is ended when the instance stops (the gateway's re-check), and says why.
-    with ws_connect(terminal + terminal_ticket(user_id=alice.user.pk, workload_id=w.pk), open_timeout=10) as ws:
+    with ws_connect(console_terminal(alice.user, w, browser)[1], origin=CONSOLE_ORIGIN, open_timeout=10) as ws:
         assert ws.recv(timeout=10) == b"$ "
         assert workload_transition(workload=w, to=State.STOPPING, reason="user stop")
         while isinstance(message := ws.recv(timeout=5), bytes):

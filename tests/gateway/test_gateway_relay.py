@@ -28,7 +28,6 @@ from agents.host import mux as m
 from agents.host.tunnel import AgentTunnel, SimConnector
 from frontend.services import ssh_key_add
 from gateway import relay
-from gateway.public import terminal_ticket
 from gateway.routes import Routes
 from gateway.server import load_host_key
 from gpucloud.tenancy.models import AuditEvent
@@ -36,7 +35,7 @@ from scheduler.choices import State
 from scheduler.services import workload_transition
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
 from tests.aio import run_in_own_loop
-from tests.gateway.test_gateway_http import _Echo, fetch
+from tests.gateway.test_gateway_http import CONSOLE_ORIGIN, _Echo, console_terminal, fetch
 from tests.gateway.test_gateway_replicas import GatewayProcess
 from tests.gateway.test_gateway_ssh import GatewayThread, keypair, running_instance, ssh, tunnel_up
 from tests.gateway.test_gateway_wake import wait_until
@@ -95,8 +94,9 @@ def test_ssh_http_pty_and_forwarding_through_the_replica_without_the_tunnel_and_
     assert fetch(f"http://127.0.0.1:{b.http_port}/i/{w.pk}/80/")[0] == 401  # B still checks credentials
 
     # the web terminal through B: a PTY, its size, the exit status
-    ticket = terminal_ticket(user_id=alice.user.pk, workload_id=w.pk)
-    with ws_connect(f"ws://127.0.0.1:{b.http_port}/terminal/{w.pk}?ticket={ticket}", open_timeout=10) as ws:
+    ticket = console_terminal(alice.user, w)[1].partition("?ticket=")[2]
+    with ws_connect(f"ws://127.0.0.1:{b.http_port}/terminal/{w.pk}?ticket={ticket}", origin=CONSOLE_ORIGIN,
+                    open_timeout=10) as ws:
         ws.send(json.dumps({"resize": [100, 30]}))
         ws.send(b"stty size\r")
         seen = b""
