@@ -272,6 +272,30 @@ def _owner_count(tenant: Tenant) -> int:
     return Membership.objects.filter(tenant=tenant, role=Role.OWNER).count()
 
 
+def _acting_key_scopes() -> list[str] | None:
+    """The scopes of the API key the current request acts through, None for a console session,
+    a command or a task. The API's base view puts the key on the audit actor for every request
+    (gpucloud/api/views.py), so a new API route that grants is held to its key without a word."""
+    key = current_actor().api_key
+    return None if key is None else list(key.scopes)
+
+
+def _check_grant(*, actor: Membership, field: str, role: str | None = None, scopes: list[str] | None = None) -> None:
+    """Refuse (403) a grant of `role` or key `scopes` beyond what `actor` holds: their role and,
+    acting through an API key, its scopes (permissions.grant_within, the rule for every grant)."""
+    held = _acting_key_scopes()
+    if permissions.grant_within(role=actor.role, scopes=held, grant_role=role, grant_scopes=scopes or ()):
+        return
+    what = f"the role {role}" if role is not None else f"keys with scopes {', '.join(scopes or ())}"
+    if held is not None and permissions.grant_within(role=actor.role, scopes=None, grant_role=role,
+                                                     grant_scopes=scopes or ()):
+        raise Forbidden(f"This API key's scopes ({', '.join(held)}) cannot grant {what}.",
+                        code="insufficient_scope", fields={field: ["Exceeds this API key's scopes."]})
+    if role is not None:
+        raise Forbidden(f"You cannot grant the role {role}.", fields={field: ["Above your own role."]})
+    raise Forbidden(f"A {actor.role} cannot create {what}.", fields={field: ["Exceeds your role."]})
+
+
 def _check_can_manage(*, actor: Membership, target: Membership) -> None:
     if not permissions.can_grant_role(actor_role=actor.role, role=target.role):
         raise Forbidden(f"Only an owner can change or remove an {target.role}.")
@@ -283,8 +307,7 @@ def member_update_role(*, actor: Membership, membership: Membership, role: str) 
     list(Membership.objects.select_for_update().filter(tenant=membership.tenant))
     membership.refresh_from_db()
     _check_can_manage(actor=actor, target=membership)
-    if not permissions.can_grant_role(actor_role=actor.role, role=role):
-        raise Forbidden(f"You cannot grant the role {role}.", fields={"role": ["Above your own role."]})
+    _check_grant(actor=actor, role=role, field="role")
     if membership.role == Role.OWNER and role != Role.OWNER and _owner_count(membership.tenant) == 1:
         raise Conflict("A tenant keeps at least one owner.", code="last_owner")
     old = membership.role
@@ -336,6 +359,7 @@ def invitation_create(*, actor: Membership, email: str, role: str) -> tuple[Invi
     tenant = actor.tenant
     if not permissions.can_grant_role(actor_role=actor.role, role=role):
         raise Forbidden(f"You cannot invite with the role {role}.", fields={"role": ["Above your own role."]})
+    _check_grant(actor=actor, role=role, field="role")
     email = User.objects.normalize_email(email).lower()
     if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
         raise Conflict(
@@ -375,6 +399,13 @@ def invitation_accept(*, token: str, user) -> Membership:
     if invitation.email.lower() != (user.email or "").lower():
         raise Forbidden("This invitation was sent to another email address.",
                         code="invitation_email_mismatch")
+    # The role is granted now, so it is the inviter's standing now that bounds it: an invitation
+    # outlives neither its sender's membership nor their rank (a demoted admin's invitations
+    # to admin are spent).
+    inviter = Membership.objects.filter(tenant=invitation.tenant, user_id=invitation.invited_by_id).first()
+    if inviter is None or not permissions.can_grant_role(actor_role=inviter.role, role=invitation.role):
+        raise Forbidden(f"Whoever sent this invitation can no longer grant the role {invitation.role}: "
+                        "ask for a new invitation.", code="invitation_invalid")
     membership, created = Membership.objects.get_or_create(
         tenant=invitation.tenant, user=user, defaults={"role": invitation.role}
     )
@@ -408,14 +439,12 @@ def api_key_create(
 ) -> tuple[ApiKey, str]:
     """Create a key for `membership`'s user in its tenant. Returns (key, full secret).
 
-    The secret is returned exactly once; only its hash is kept.
+    The key's scopes stay within what the creator holds: their role, and the scopes of the key
+    they act through (a `write` key mints no `admin` key). The secret is returned exactly
+    once; only its hash is kept.
     """
     scope_list = _normalise_scopes(scopes)
-    if not permissions.scopes_within_role(role=membership.role, scopes=scope_list):
-        raise Forbidden(
-            f"A {membership.role} cannot create keys with scopes {', '.join(scope_list)}.",
-            fields={"scopes": ["Exceeds your role."]},
-        )
+    _check_grant(actor=membership, scopes=scope_list, field="scopes")
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidInput("The expiry must be in the future.",
                            fields={"expires_at": ["Must be in the future."]})
