@@ -1,5 +1,5 @@
 """Writes for tenancy: sign-up (and its email confirmation), members, invitations, API keys,
-suspension, two-factor devices.
+members' SSH keys, suspension, two-factor devices.
 
 Every service that changes something records an audit event in the same transaction.
 """
@@ -29,7 +29,17 @@ from gpucloud.lib.errors import Conflict, Forbidden, InvalidInput, NotFoundError
 from gpucloud.tenancy import hooks, permissions
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record, current_actor
 from gpucloud.tenancy.choices import Role, Scope, TenantStatus
-from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
+from gpucloud.tenancy.models import (
+    SSH_PUBLIC_KEY,
+    SSH_PUBLIC_KEY_INVALID,
+    ApiKey,
+    AuditEvent,
+    EmailVerification,
+    Invitation,
+    Membership,
+    SshKey,
+    Tenant,
+)
 
 User = get_user_model()
 logger = logging.getLogger(__name__)
@@ -322,8 +332,8 @@ def member_update_role(*, actor: Membership, membership: Membership, role: str) 
 
 @transaction.atomic
 def member_remove(*, actor: Membership, membership: Membership) -> None:
-    """Remove a member (or leave, when `actor` is `membership`) and revoke their API keys
-    in this tenant."""
+    """Remove a member (or leave, when `actor` is `membership`), revoke their API keys and
+    delete their saved SSH keys in this tenant."""
     list(Membership.objects.select_for_update().filter(tenant=membership.tenant))
     membership.refresh_from_db()
     if actor.pk != membership.pk:  # leaving a tenant needs no rank
@@ -342,10 +352,19 @@ def member_remove(*, actor: Membership, membership: Membership) -> None:
     for key in keys:
         audit_record(tenant=membership.tenant, action="api_key.revoke", obj=key,
                      data={"reason": "member.remove"})
+    # Their SSH keys too: the gateway lets a saved key in for whoever is a member, so a key
+    # left behind would open the tenant's instances again the day they rejoin.
+    ssh_keys = list(SshKey.objects.select_for_update().for_tenant(membership.tenant)
+                    .filter(user=membership.user).order_by("pk"))
+    for ssh_key in ssh_keys:
+        audit_record(tenant=membership.tenant, action="ssh_key.delete", obj=ssh_key, object_repr=ssh_key.name,
+                     data={"reason": "member.remove", "fingerprint": ssh_key.fingerprint})
+    SshKey.objects.filter(pk__in=[k.pk for k in ssh_keys]).delete()
     audit_record(
         tenant=membership.tenant, action="member.remove", obj=membership,
         object_repr=membership.user.email,
-        data={"role": membership.role, "api_keys_revoked": [k.prefix for k in keys]},
+        data={"role": membership.role, "api_keys_revoked": [k.prefix for k in keys],
+              "ssh_keys_removed": [k.fingerprint for k in ssh_keys]},
     )
     membership.delete()
 
@@ -533,6 +552,30 @@ def api_key_touch(*, key: ApiKey, ip: str | None) -> None:
         return
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=now, last_used_ip=ip)
     key.last_used_at, key.last_used_ip = now, ip
+
+
+# ---------------------------------------------------------------- SSH keys
+
+
+@transaction.atomic
+def ssh_key_add(*, membership: Membership, name: str, public_key: str) -> SshKey:
+    """Save a public key for `membership`'s user in its tenant; it must be one the launch API
+    would accept (the same SSH_PUBLIC_KEY), so a saved key is never refused at launch."""
+    key = public_key.strip()
+    if not SSH_PUBLIC_KEY.match(key):
+        raise InvalidInput(SSH_PUBLIC_KEY_INVALID, fields={"public_key": [SSH_PUBLIC_KEY_INVALID]})
+    name = name.strip()
+    if SshKey.objects.filter(tenant=membership.tenant, user=membership.user, name=name).exists():
+        raise Conflict(f"You already have a key named {name!r}.", fields={"name": ["Already in use."]})
+    row = SshKey.objects.create(tenant=membership.tenant, user=membership.user, name=name, public_key=key)
+    audit_record(tenant=membership.tenant, action="ssh_key.create", obj=row, object_repr=name)
+    return row
+
+
+@transaction.atomic
+def ssh_key_remove(*, key: SshKey) -> None:
+    audit_record(tenant=key.tenant, action="ssh_key.delete", obj=key, object_repr=key.name)
+    key.delete()
 
 
 # ---------------------------------------------------------------- audit retention
