@@ -340,8 +340,24 @@ def member_remove(*, actor: Membership, membership: Membership) -> None:
         _check_can_manage(actor=actor, target=membership)
     if membership.role == Role.OWNER and _owner_count(membership.tenant) == 1:
         raise Conflict("A tenant keeps at least one owner.", code="last_owner")
-    # Their keys in this tenant die with the membership, for good: a key only checked
-    # for a membership would come back to life if they were invited again.
+    _membership_end(membership)
+
+
+@transaction.atomic
+def member_remove_by_operator(*, membership: Membership) -> None:
+    """An operator removes a member in /admin/ (no rank to check: operators stand above
+    tenants); the member's keys go as with `member_remove`."""
+    list(Membership.objects.select_for_update().filter(tenant=membership.tenant))
+    _membership_end(membership)
+
+
+def _membership_end(membership: Membership) -> None:
+    """Delete the membership and what it holds in the tenant, in the caller's transaction.
+
+    Their keys in this tenant die with the membership, for good: a key only checked for a
+    membership would come back to life if they were invited again. Their saved SSH keys
+    too: the gateway lets a saved key in for whoever is a member.
+    """
     keys = list(
         ApiKey.objects.select_for_update()
         .filter(tenant=membership.tenant, created_by=membership.user, revoked_at__isnull=True)
@@ -352,8 +368,6 @@ def member_remove(*, actor: Membership, membership: Membership) -> None:
     for key in keys:
         audit_record(tenant=membership.tenant, action="api_key.revoke", obj=key,
                      data={"reason": "member.remove"})
-    # Their SSH keys too: the gateway lets a saved key in for whoever is a member, so a key
-    # left behind would open the tenant's instances again the day they rejoin.
     ssh_keys = list(SshKey.objects.select_for_update().for_tenant(membership.tenant)
                     .filter(user=membership.user).order_by("pk"))
     for ssh_key in ssh_keys:

@@ -3,12 +3,13 @@
 A removed member's saved keys stayed in the tenant: the gateway refused them only while the
 person was away, and let them in again the day they rejoined. Removal now deletes them in the
 same transaction that revokes the member's API keys, whichever way the member goes (removed
-through the API or the console, or leaving). Migration tenancy 0005 moves the rows from the
+through the API, the console or the operators' admin, or leaving). Migration tenancy 0005 moves the rows from the
 console's table to tenancy's, keeping them, and deletes the keys removal left behind before.
 """
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
@@ -28,7 +29,8 @@ OTHER_ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHziNYTO++j1tTOhNVBAXJUY+Aq
 
 
 def _remove(how: str, alice, bob) -> None:
-    """bob leaves Acme: removed by alice through the API or the console, or leaving himself."""
+    """bob leaves Acme: removed by alice through the API or the console, by an operator in
+    /admin/, or leaving himself."""
     if how == "api":
         resp = alice.client().delete(f"/api/v1/members/{bob.membership.pk}")
         assert resp.status_code == 204, resp.content
@@ -37,6 +39,11 @@ def _remove(how: str, alice, bob) -> None:
         client.force_login(alice.user)
         resp = client.post(reverse("console:member_remove", kwargs={"pk": bob.membership.pk}))
         assert resp.status_code == 302, resp.content
+    elif how == "operator":  # in /admin/, as an operator
+        client = Client()
+        client.force_login(get_user_model().objects.create_superuser("op@example.test", "op@example.test", "x"))
+        resp = client.post(reverse("admin:tenancy_membership_delete", args=[bob.membership.pk]), {"post": "yes"})
+        assert resp.status_code == 302, resp.content
     else:
         resp = bob.client().delete(f"/api/v1/members/{bob.membership.pk}")
         assert resp.status_code == 204, resp.content
@@ -44,7 +51,7 @@ def _remove(how: str, alice, bob) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("how", ["api", "console", "leave"])
+@pytest.mark.parametrize("how", ["api", "console", "operator", "leave"])
 def test_a_removed_member_s_ssh_keys_go_with_them_and_do_not_come_back(how, make_sim_host, alice):  # noqa: F811
     bob = make_actor("bob@acme.test", tenant=alice.tenant, role=Role.MEMBER)
     _, w = running_instance(make_sim_host, alice.tenant)
