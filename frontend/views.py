@@ -33,8 +33,6 @@ from billing.api import serializers as billing_s
 from billing.api.views import invoice_csv
 from billing.choices import UsageGroup
 from billing.models import BudgetAlert
-from frontend import selectors as console_selectors
-from frontend import services as console_services
 from frontend.console import apply_errors, console_view, refusal, service_error_to_form
 from frontend.forms import (
     IMAGE_TEMPLATES,
@@ -324,7 +322,7 @@ def _free_by_region(it, tenant) -> dict[str, int]:
 @console_view(read=perms.WORKLOADS_LAUNCH, write=perms.WORKLOADS_LAUNCH)
 def launch(request):
     console = request.console
-    saved = list(console_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
+    saved = list(tenancy_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
     vols = list(volume_selectors.volume_list(tenant=console.tenant).order_by("name"))
     initial = {"instance_type": request.GET.get("type", ""), "region": request.GET.get("region", ""),
                "kind": request.GET.get("kind", "instance"), "mount_path": "/workspace",
@@ -704,23 +702,23 @@ def ssh_keys(request):
     form = SshKeyForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            console_services.ssh_key_add(membership=console.membership, **form.cleaned_data)
+            tenancy_services.ssh_key_add(membership=console.membership, **form.cleaned_data)
         except ServiceError as exc:
             service_error_to_form(form, exc)
         else:
             messages.success(request, f"Saved {form.cleaned_data['name']}; the launch page offers it.")
             return redirect("console:ssh_keys")
-    keys = list(console_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
+    keys = list(tenancy_selectors.ssh_key_list(tenant=console.tenant, user=request.user))
     return render(request, "frontend/settings_ssh.html", {"form": form, "keys": keys},
                   status=400 if form.is_bound and form.errors else 200)
 
 
 @console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
 def ssh_key_delete(request, pk):
-    key = console_selectors.ssh_key_list(tenant=request.console.tenant, user=request.user).filter(pk=pk).first()
+    key = tenancy_selectors.ssh_key_list(tenant=request.console.tenant, user=request.user).filter(pk=pk).first()
     if key is None:
         raise Http404("No such key.")
-    console_services.ssh_key_remove(key=key)
+    tenancy_services.ssh_key_remove(key=key)
     messages.success(request, f"Removed {key.name}.")
     return redirect("console:ssh_keys")
 

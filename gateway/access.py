@@ -18,12 +18,11 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from agents.selectors import host_by_token, workload_attempt
-from frontend.models import SshKey, openssh_fingerprint
 from gateway import public
 from gateway.services import Redeemed, terminal_ticket_redeem
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record
-from gpucloud.tenancy.models import Membership, Tenant
+from gpucloud.tenancy.models import Membership, SshKey, Tenant, openssh_fingerprint
 from gpucloud.tenancy.services import api_key_check
 from scheduler.choices import State, WorkloadKind
 from scheduler.models import Workload

@@ -99,10 +99,9 @@ def _setup(key_line: str) -> dict[str, Any]:
     from agents.models import Gpu
     from agents.protocol import RegisterRequest
     from agents.services.registration import bootstrap_token_create, host_register
-    from frontend.services import ssh_key_add
     from gpucloud.catalogue.models import GpuModel, InstanceType, Region
     from gpucloud.tenancy.models import Membership
-    from gpucloud.tenancy.services import api_key_create, tenant_create
+    from gpucloud.tenancy.services import api_key_create, ssh_key_add, tenant_create
     from scheduler.choices import State, WorkloadKind
     from scheduler.models import Allocation, Workload
 

@@ -21,7 +21,7 @@ from agents.instance_env import (  # noqa: F401  (the gateway's URL scheme, re-e
     platform_env,
     port_prefix,
 )
-from frontend.models import openssh_fingerprint
+from gpucloud.tenancy.models import openssh_fingerprint
 from scheduler.choices import State, WorkloadKind
 
 _cache: dict[tuple[str, float], str] = {}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from frontend.models import SshKey
 from gpucloud.api.serializers import StrictSerializer
+from gpucloud.tenancy.models import SshKey
 
 
 class SshKeySerializer(serializers.ModelSerializer):

@@ -11,10 +11,10 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.response import Response
 
-from frontend import selectors, services
 from frontend.api import serializers as s
 from gpucloud.api.views import TenantViewSet
 from gpucloud.tenancy import permissions as perms
+from gpucloud.tenancy import selectors, services
 
 
 class SshKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,

@@ -22,7 +22,7 @@ from gpucloud.lib.http import client_ip
 from gpucloud.tenancy import services
 from gpucloud.tenancy.audit import Actor, acting_as
 from gpucloud.tenancy.choices import TenantStatus
-from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
+from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, SshKey, Tenant
 
 
 def operator_actor(request) -> Actor:
@@ -153,6 +153,17 @@ class TenantAdmin(OperatorAdmin):
         return obj._members
 
     @admin.display(ordering="_balance", description="balance")
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Membership:
+            return super().save_formset(request, form, formset, change)
+        # A member deleted in the inline goes as in MembershipAdmin: their keys with them.
+        instances = formset.save(commit=False)
+        for membership in formset.deleted_objects:
+            services.member_remove_by_operator(membership=membership)
+        for membership in instances:
+            membership.save()
+        formset.save_m2m()
+
     def balance(self, obj) -> str:
         return "—" if obj._balance is None else f"{obj._balance:.2f}"
 
@@ -196,6 +207,39 @@ class MembershipAdmin(OperatorAdmin):
     search_fields = ["user__email", "tenant__name", "tenant__slug"]
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user", "tenant"]
+
+    # Deleting a membership here removes the member as the console does: their API keys
+    # revoked, their SSH keys deleted (a bare delete would leave them for a rejoin).
+    def delete_model(self, request, obj):
+        services.member_remove_by_operator(membership=obj)
+
+    def delete_queryset(self, request, queryset):
+        for membership in queryset.select_related("tenant", "user"):
+            services.member_remove_by_operator(membership=membership)
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(OperatorAdmin):
+    """Members' saved SSH public keys: members save their own; an operator may delete one
+    (audited as the member's own removal is)."""
+
+    list_display = ["name", "user", "tenant", "fingerprint", "created_at"]
+    search_fields = ["name", "user__email", "tenant__name", "tenant__slug"]
+    list_select_related = ["user", "tenant"]
+    readonly_fields = ["tenant", "user", "name", "public_key", "created_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def delete_model(self, request, obj):
+        services.ssh_key_remove(key=obj)
+
+    def delete_queryset(self, request, queryset):
+        for key in queryset.select_related("tenant"):
+            services.ssh_key_remove(key=key)
 
 
 @admin.register(Invitation)

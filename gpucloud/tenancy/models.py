@@ -1,6 +1,11 @@
-"""Tenants (organisations), their members, invitations, API keys and the audit log."""
+"""Tenants (organisations), their members, invitations, API keys, members' SSH keys and the
+audit log."""
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import re
 import uuid
 
 from django.conf import settings
@@ -147,6 +152,52 @@ class ApiKey(models.Model):
     def is_active(self, now=None) -> bool:
         now = now or timezone.now()
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+# An OpenSSH public key line, as the launch API takes it inline and the saved keys hold it.
+SSH_PUBLIC_KEY = re.compile(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp\d+|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( .*)?$")
+SSH_PUBLIC_KEY_INVALID = "Not an OpenSSH public key (ssh-ed25519 AAAA… comment)."
+
+
+class SshKey(models.Model):
+    """A member's saved public key within one tenant. Only the public half is ever stored.
+
+    The console offers the keys at launch and the gateway lets them in (for a member who may
+    connect). They are the member's standing in the tenant like their API keys: removing the
+    member deletes them (tenancy.services.member_remove), so rejoining brings none back.
+    The table was the console's (frontend_sshkey) until migration 0005 moved it here.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100)
+    public_key = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "user", "name"], name="sshkey_unique_name")]
+        verbose_name = "SSH key"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def fingerprint(self) -> str:
+        """The key's SHA256 fingerprint as `ssh-keygen -lf` prints it (SHA256:base64, no padding)."""
+        return openssh_fingerprint(self.public_key)
+
+
+def openssh_fingerprint(public_key: str) -> str:
+    """SHA256 fingerprint of an OpenSSH public key line; "" when it is not one."""
+    parts = public_key.split()
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (IndexError, binascii.Error):
+        return ""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 class AuditEvent(models.Model):

@@ -114,25 +114,48 @@ def effective_permissions(
     return perms
 
 
-def can_grant_role(*, actor_role: str, role: str) -> bool:
-    """An owner can grant any role; an admin up to admin; nobody else grants roles."""
-    if actor_role == Role.OWNER:
-        return True
-    if actor_role == Role.ADMIN:
-        return ROLE_RANK[role] <= ROLE_RANK[Role.ADMIN]
-    return False
+# The widest scope a role's keys may carry: a viewer's keys read, a member's read or write.
+ROLE_KEY_SCOPE: dict[str, str] = {
+    Role.VIEWER: Scope.READ, Role.MEMBER: Scope.WRITE, Role.ADMIN: Scope.ADMIN, Role.OWNER: Scope.ADMIN,
+}
 
 
-def scopes_within_role(*, role: str, scopes: Iterable[str]) -> bool:
-    """A key may not carry a scope that grants more than its creator's role.
+def held_scope_rank(*, role: str, scopes: Iterable[str] | None) -> int:
+    """How wide a scope an actor holds: its role's widest, narrowed to its key's widest scope
+    (`scopes` None: a browser session, narrowed by nothing). -1 holds no scope at all."""
+    rank = SCOPE_RANK[ROLE_KEY_SCOPE[role]] if role in ROLE_KEY_SCOPE else -1
+    if scopes is not None:
+        rank = min(rank, max((SCOPE_RANK.get(s, -1) for s in scopes), default=-1))
+    return rank
 
-    A viewer's key is read-only; members can mint read/write keys; admin keys
-    need the admin role.
+
+def grant_within(
+    *, role: str, scopes: Iterable[str] | None, grant_role: str | None = None, grant_scopes: Iterable[str] = (),
+) -> bool:
+    """The one rule for every grant (a new API key's scopes, an invitation's role, a member's new
+    role): nobody hands on more than they hold, and that is their role AND, when they act through
+    an API key, that key's scopes.
+
+    An actor with `role`, acting through a key with `scopes` (None: a browser session), may grant
+    `grant_role` up to their own role, and `grant_scopes` up to the widest scope they hold. A
+    role counts as the widest scope its keys may carry (ROLE_KEY_SCOPE), so a `write` key can
+    neither mint an `admin` key nor make anybody an admin. Whether the actor may grant at all
+    (api_keys.create, members.manage) is the route's permission, checked before this.
     """
-    allowed = {Role.VIEWER: {Scope.READ}, Role.MEMBER: {Scope.READ, Scope.WRITE}}.get(
-        role, {Scope.READ, Scope.WRITE, Scope.ADMIN}
-    )
-    return set(scopes) <= set(allowed)
+    held = held_scope_rank(role=role, scopes=scopes)
+    wanted = list(grant_scopes)
+    if grant_role is not None:
+        if role not in ROLE_RANK or ROLE_RANK[grant_role] > ROLE_RANK[role]:
+            return False
+        wanted.append(ROLE_KEY_SCOPE[grant_role])
+    return all(SCOPE_RANK[s] <= held for s in wanted)
+
+
+def can_grant_role(*, actor_role: str, role: str) -> bool:
+    """Whether a member with `actor_role` may manage (grant, change, remove) a member of `role`:
+    owners and admins manage members (members.manage), never above their own role."""
+    return MEMBERS_MANAGE in ROLE_PERMISSIONS.get(actor_role, ()) and grant_within(
+        role=actor_role, scopes=None, grant_role=role)
 
 
 def to_revoke_key(*, created_by_id: object, user_id: object) -> str:

@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from gpucloud.tenancy.choices import Role
-from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
+from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, SshKey, Tenant
 
 
 def membership_get(*, user, tenant: Tenant) -> Membership | None:
@@ -52,3 +52,8 @@ def totp_device_for(*, user, confirmed: bool = True) -> TOTPDevice | None:
     if user is None or not user.is_authenticated:
         return None
     return TOTPDevice.objects.filter(user=user, confirmed=confirmed).order_by("-pk").first()
+
+
+def ssh_key_list(*, tenant: Tenant, user) -> QuerySet[SshKey]:
+    """The user's saved SSH keys in this tenant (keys are personal, not shared)."""
+    return SshKey.objects.for_tenant(tenant).filter(user=user)

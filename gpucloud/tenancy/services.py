@@ -1,5 +1,5 @@
 """Writes for tenancy: sign-up (and its email confirmation), members, invitations, API keys,
-suspension, two-factor devices.
+members' SSH keys, suspension, two-factor devices.
 
 Every service that changes something records an audit event in the same transaction.
 """
@@ -29,7 +29,17 @@ from gpucloud.lib.errors import Conflict, Forbidden, InvalidInput, NotFoundError
 from gpucloud.tenancy import hooks, permissions
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record, current_actor
 from gpucloud.tenancy.choices import Role, Scope, TenantStatus
-from gpucloud.tenancy.models import ApiKey, AuditEvent, EmailVerification, Invitation, Membership, Tenant
+from gpucloud.tenancy.models import (
+    SSH_PUBLIC_KEY,
+    SSH_PUBLIC_KEY_INVALID,
+    ApiKey,
+    AuditEvent,
+    EmailVerification,
+    Invitation,
+    Membership,
+    SshKey,
+    Tenant,
+)
 
 User = get_user_model()
 logger = logging.getLogger(__name__)
@@ -272,6 +282,30 @@ def _owner_count(tenant: Tenant) -> int:
     return Membership.objects.filter(tenant=tenant, role=Role.OWNER).count()
 
 
+def _acting_key_scopes() -> list[str] | None:
+    """The scopes of the API key the current request acts through, None for a console session,
+    a command or a task. The API's base view puts the key on the audit actor for every request
+    (gpucloud/api/views.py), so a new API route that grants is held to its key without a word."""
+    key = current_actor().api_key
+    return None if key is None else list(key.scopes)
+
+
+def _check_grant(*, actor: Membership, field: str, role: str | None = None, scopes: list[str] | None = None) -> None:
+    """Refuse (403) a grant of `role` or key `scopes` beyond what `actor` holds: their role and,
+    acting through an API key, its scopes (permissions.grant_within, the rule for every grant)."""
+    held = _acting_key_scopes()
+    if permissions.grant_within(role=actor.role, scopes=held, grant_role=role, grant_scopes=scopes or ()):
+        return
+    what = f"the role {role}" if role is not None else f"keys with scopes {', '.join(scopes or ())}"
+    if held is not None and permissions.grant_within(role=actor.role, scopes=None, grant_role=role,
+                                                     grant_scopes=scopes or ()):
+        raise Forbidden(f"This API key's scopes ({', '.join(held)}) cannot grant {what}.",
+                        code="insufficient_scope", fields={field: ["Exceeds this API key's scopes."]})
+    if role is not None:
+        raise Forbidden(f"You cannot grant the role {role}.", fields={field: ["Above your own role."]})
+    raise Forbidden(f"A {actor.role} cannot create {what}.", fields={field: ["Exceeds your role."]})
+
+
 def _check_can_manage(*, actor: Membership, target: Membership) -> None:
     if not permissions.can_grant_role(actor_role=actor.role, role=target.role):
         raise Forbidden(f"Only an owner can change or remove an {target.role}.")
@@ -283,8 +317,7 @@ def member_update_role(*, actor: Membership, membership: Membership, role: str) 
     list(Membership.objects.select_for_update().filter(tenant=membership.tenant))
     membership.refresh_from_db()
     _check_can_manage(actor=actor, target=membership)
-    if not permissions.can_grant_role(actor_role=actor.role, role=role):
-        raise Forbidden(f"You cannot grant the role {role}.", fields={"role": ["Above your own role."]})
+    _check_grant(actor=actor, role=role, field="role")
     if membership.role == Role.OWNER and role != Role.OWNER and _owner_count(membership.tenant) == 1:
         raise Conflict("A tenant keeps at least one owner.", code="last_owner")
     old = membership.role
@@ -299,16 +332,32 @@ def member_update_role(*, actor: Membership, membership: Membership, role: str) 
 
 @transaction.atomic
 def member_remove(*, actor: Membership, membership: Membership) -> None:
-    """Remove a member (or leave, when `actor` is `membership`) and revoke their API keys
-    in this tenant."""
+    """Remove a member (or leave, when `actor` is `membership`), revoke their API keys and
+    delete their saved SSH keys in this tenant."""
     list(Membership.objects.select_for_update().filter(tenant=membership.tenant))
     membership.refresh_from_db()
     if actor.pk != membership.pk:  # leaving a tenant needs no rank
         _check_can_manage(actor=actor, target=membership)
     if membership.role == Role.OWNER and _owner_count(membership.tenant) == 1:
         raise Conflict("A tenant keeps at least one owner.", code="last_owner")
-    # Their keys in this tenant die with the membership, for good: a key only checked
-    # for a membership would come back to life if they were invited again.
+    _membership_end(membership)
+
+
+@transaction.atomic
+def member_remove_by_operator(*, membership: Membership) -> None:
+    """An operator removes a member in /admin/ (no rank to check: operators stand above
+    tenants); the member's keys go as with `member_remove`."""
+    list(Membership.objects.select_for_update().filter(tenant=membership.tenant))
+    _membership_end(membership)
+
+
+def _membership_end(membership: Membership) -> None:
+    """Delete the membership and what it holds in the tenant, in the caller's transaction.
+
+    Their keys in this tenant die with the membership, for good: a key only checked for a
+    membership would come back to life if they were invited again. Their saved SSH keys
+    too: the gateway lets a saved key in for whoever is a member.
+    """
     keys = list(
         ApiKey.objects.select_for_update()
         .filter(tenant=membership.tenant, created_by=membership.user, revoked_at__isnull=True)
@@ -319,10 +368,17 @@ def member_remove(*, actor: Membership, membership: Membership) -> None:
     for key in keys:
         audit_record(tenant=membership.tenant, action="api_key.revoke", obj=key,
                      data={"reason": "member.remove"})
+    ssh_keys = list(SshKey.objects.select_for_update().for_tenant(membership.tenant)
+                    .filter(user=membership.user).order_by("pk"))
+    for ssh_key in ssh_keys:
+        audit_record(tenant=membership.tenant, action="ssh_key.delete", obj=ssh_key, object_repr=ssh_key.name,
+                     data={"reason": "member.remove", "fingerprint": ssh_key.fingerprint})
+    SshKey.objects.filter(pk__in=[k.pk for k in ssh_keys]).delete()
     audit_record(
         tenant=membership.tenant, action="member.remove", obj=membership,
         object_repr=membership.user.email,
-        data={"role": membership.role, "api_keys_revoked": [k.prefix for k in keys]},
+        data={"role": membership.role, "api_keys_revoked": [k.prefix for k in keys],
+              "ssh_keys_removed": [k.fingerprint for k in ssh_keys]},
     )
     membership.delete()
 
@@ -336,6 +392,7 @@ def invitation_create(*, actor: Membership, email: str, role: str) -> tuple[Invi
     tenant = actor.tenant
     if not permissions.can_grant_role(actor_role=actor.role, role=role):
         raise Forbidden(f"You cannot invite with the role {role}.", fields={"role": ["Above your own role."]})
+    _check_grant(actor=actor, role=role, field="role")
     email = User.objects.normalize_email(email).lower()
     if Membership.objects.filter(tenant=tenant, user__email__iexact=email).exists():
         raise Conflict(
@@ -375,6 +432,13 @@ def invitation_accept(*, token: str, user) -> Membership:
     if invitation.email.lower() != (user.email or "").lower():
         raise Forbidden("This invitation was sent to another email address.",
                         code="invitation_email_mismatch")
+    # The role is granted now, so it is the inviter's standing now that bounds it: an invitation
+    # outlives neither its sender's membership nor their rank (a demoted admin's invitations
+    # to admin are spent).
+    inviter = Membership.objects.filter(tenant=invitation.tenant, user_id=invitation.invited_by_id).first()
+    if inviter is None or not permissions.can_grant_role(actor_role=inviter.role, role=invitation.role):
+        raise Forbidden(f"Whoever sent this invitation can no longer grant the role {invitation.role}: "
+                        "ask for a new invitation.", code="invitation_invalid")
     membership, created = Membership.objects.get_or_create(
         tenant=invitation.tenant, user=user, defaults={"role": invitation.role}
     )
@@ -408,14 +472,12 @@ def api_key_create(
 ) -> tuple[ApiKey, str]:
     """Create a key for `membership`'s user in its tenant. Returns (key, full secret).
 
-    The secret is returned exactly once; only its hash is kept.
+    The key's scopes stay within what the creator holds: their role, and the scopes of the key
+    they act through (a `write` key mints no `admin` key). The secret is returned exactly
+    once; only its hash is kept.
     """
     scope_list = _normalise_scopes(scopes)
-    if not permissions.scopes_within_role(role=membership.role, scopes=scope_list):
-        raise Forbidden(
-            f"A {membership.role} cannot create keys with scopes {', '.join(scope_list)}.",
-            fields={"scopes": ["Exceeds your role."]},
-        )
+    _check_grant(actor=membership, scopes=scope_list, field="scopes")
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidInput("The expiry must be in the future.",
                            fields={"expires_at": ["Must be in the future."]})
@@ -504,6 +566,30 @@ def api_key_touch(*, key: ApiKey, ip: str | None) -> None:
         return
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=now, last_used_ip=ip)
     key.last_used_at, key.last_used_ip = now, ip
+
+
+# ---------------------------------------------------------------- SSH keys
+
+
+@transaction.atomic
+def ssh_key_add(*, membership: Membership, name: str, public_key: str) -> SshKey:
+    """Save a public key for `membership`'s user in its tenant; it must be one the launch API
+    would accept (the same SSH_PUBLIC_KEY), so a saved key is never refused at launch."""
+    key = public_key.strip()
+    if not SSH_PUBLIC_KEY.match(key):
+        raise InvalidInput(SSH_PUBLIC_KEY_INVALID, fields={"public_key": [SSH_PUBLIC_KEY_INVALID]})
+    name = name.strip()
+    if SshKey.objects.filter(tenant=membership.tenant, user=membership.user, name=name).exists():
+        raise Conflict(f"You already have a key named {name!r}.", fields={"name": ["Already in use."]})
+    row = SshKey.objects.create(tenant=membership.tenant, user=membership.user, name=name, public_key=key)
+    audit_record(tenant=membership.tenant, action="ssh_key.create", obj=row, object_repr=name)
+    return row
+
+
+@transaction.atomic
+def ssh_key_remove(*, key: SshKey) -> None:
+    audit_record(tenant=key.tenant, action="ssh_key.delete", obj=key, object_repr=key.name)
+    key.delete()
 
 
 # ---------------------------------------------------------------- audit retention

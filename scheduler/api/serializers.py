@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from agents.protocol import CHECKPOINT_GRACE_MAX_S, CHECKPOINT_SIGNALS
 from gpucloud.api.serializers import ContainerPathField, StrictSerializer
+from gpucloud.tenancy.models import SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_INVALID
 from scheduler.api import contributors
 from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
@@ -17,7 +18,6 @@ from scheduler.selectors import workload_last_allocations
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # name[:tag][@digest], with an optional registry host; what `docker pull` accepts, roughly.
 _IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
-_SSH_KEY = re.compile(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp\d+|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( .*)?$")
 
 
 @extend_schema_field({"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}],
@@ -118,8 +118,8 @@ class WorkloadCreateSerializer(StrictSerializer):
 
     def validate_ssh_keys(self, value: list[str]) -> list[str]:
         for key in value:
-            if not _SSH_KEY.match(key.strip()):
-                raise serializers.ValidationError("Not an OpenSSH public key (ssh-ed25519 AAAA… comment).")
+            if not SSH_PUBLIC_KEY.match(key.strip()):
+                raise serializers.ValidationError(SSH_PUBLIC_KEY_INVALID)
         return [k.strip() for k in value]
 
 

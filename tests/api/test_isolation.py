@@ -12,9 +12,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from alarms.models import Alarm
 from autoscaling.models import AutoscalingGroup, ScalingPolicy, ScheduledAction
 from billing.models import Budget, Invoice, LedgerEntry
-from frontend.models import SshKey
 from gpucloud.tenancy.choices import Role
-from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership
+from gpucloud.tenancy.models import ApiKey, AuditEvent, Invitation, Membership, SshKey
 from gpucloud.tenancy.services import api_key_create, invitation_create
 from notifications.models import Notification
 from scheduler.models import JobArray, Workload
@@ -101,7 +100,7 @@ def _alarm(actor):
 
 
 def _ssh_key(actor):
-    from frontend.services import ssh_key_add
+    from gpucloud.tenancy.services import ssh_key_add
 
     return ssh_key_add(membership=actor.membership, name=f"key-{actor.tenant.slug}", public_key=ED25519)
 

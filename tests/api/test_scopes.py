@@ -28,13 +28,12 @@ from alarms.services import alarm_create
 from autoscaling.services import group_create, policy_create, scheduled_create
 from billing.models import Invoice, LedgerEntry
 from billing.services import budget_create
-from frontend.services import ssh_key_add
 from gpucloud.api.scopes import ANY_METHOD, NO_KEY, ROUTE_SCOPES, required_scope
 from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.choices import Role, Scope
 from gpucloud.tenancy.models import ApiKey, AuditEvent, Membership
-from gpucloud.tenancy.services import api_key_create, invitation_create
+from gpucloud.tenancy.services import api_key_create, invitation_create, ssh_key_add
 from notifications.models import Notification
 from scheduler.models import JobArray, Workload
 from tests.api.test_isolation import ED25519

@@ -16,7 +16,7 @@ from tests.frontend.conftest import horizontal_overflow, shot, sign_in
 def acme(alice, victor, catalog):
     """Acme with something on every page: an instance, a job, a budget, a key, an invoice."""
     from billing.services import budget_create, invoice_refresh
-    from frontend.services import ssh_key_add
+    from gpucloud.tenancy.services import ssh_key_add
     from scheduler.services import WorkloadSpec, workload_launch
     from tests.scheduler.fleet import make_hosts
 

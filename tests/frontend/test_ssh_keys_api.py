@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.models import SshKey
 from gpucloud.tenancy import permissions as perms
-from gpucloud.tenancy.models import AuditEvent
+from gpucloud.tenancy.models import AuditEvent, SshKey
 from tests.api.test_isolation import ED25519
 from tests.conftest import make_actor
 

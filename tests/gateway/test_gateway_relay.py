@@ -26,11 +26,11 @@ from websockets.sync.client import connect as ws_connect
 
 from agents.host import mux as m
 from agents.host.tunnel import AgentTunnel, SimConnector
-from frontend.services import ssh_key_add
 from gateway import relay
 from gateway.routes import Routes
 from gateway.server import load_host_key
 from gpucloud.tenancy.models import AuditEvent
+from gpucloud.tenancy.services import ssh_key_add
 from scheduler.choices import State
 from scheduler.services import workload_transition
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401

@@ -23,8 +23,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from agents.host.tunnel import AgentTunnel, SimConnector
-from frontend.services import ssh_key_add
 from gateway.routes import Routes
+from gpucloud.tenancy.services import ssh_key_add
 from scheduler.choices import State
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
 from tests.gateway.test_gateway_ssh import GatewayThread, keypair, running_instance, ssh

@@ -15,9 +15,9 @@ import asyncssh
 import pytest
 
 from agents.host.tunnel import AgentTunnel, SimConnector
-from frontend.services import ssh_key_add
 from gateway.server import Gateway, GatewayConfig
 from gpucloud.tenancy.models import AuditEvent, Membership
+from gpucloud.tenancy.services import ssh_key_add
 from scheduler.choices import State
 from scheduler.services import workload_transition
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
