@@ -58,7 +58,8 @@ class HostForm(forms.ModelForm):
 
     class Meta:
         model = Host
-        fields = ["name"]  # the admin adds the others it shows (its readonly_fields aside)
+        # what the page edited before this form (the rest is HostAdmin.readonly_fields)
+        fields = ["name", "region", "vcpus", "memory_mib", "agent_version", "created_at"]
 
     def clean_name(self) -> str:
         try:

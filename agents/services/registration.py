@@ -212,7 +212,16 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
                 "unhealthy_since",
             ],
         )
-    Gpu.objects.bulk_create(new)
+    try:
+        with transaction.atomic():
+            Gpu.objects.bulk_create(new)
+    except IntegrityError:
+        # Another registration listing the same new GPU committed first (the UUID is the
+        # key): its GPU now, and this registration's retry is refused as above.
+        raise Conflict(
+            "A GPU of this inventory was registered by another host meanwhile; retry.",
+            code="gpu_owned_by_another_host",
+        ) from None
 
 
 class HostExists(Conflict):

@@ -13,9 +13,9 @@ import logging
 
 import pytest
 from django.apps import apps as django_apps
+from django.contrib import admin
 from django.db import IntegrityError, transaction
 
-from agents.admin import HostForm
 from agents.host.config import AgentConfig, ConfigError
 from agents.models import BootstrapToken, Gpu, Host
 from agents.protocol import host_name_normalise
@@ -161,15 +161,21 @@ def test_the_database_refuses_two_names_that_read_alike(db, region):
             Host.objects.create(name=name, region=region, vcpus=8, memory_mib=1024)
 
 
-def test_the_admin_and_the_agent_take_names_through_the_same_rule(db, region):
+def test_the_admin_and_the_agent_take_names_through_the_same_rule(db, region, rf, admin_user):
     h = Host.objects.create(name="h1", region=region, vcpus=8, memory_mib=1024)
-    form = HostForm(data={"name": " Rack2-H1 "}, instance=h)
+    request = rf.get("/admin/")
+    request.user = admin_user
+    # The form the admin's change page really builds (its fields and readonly_fields).
+    HostForm = admin.site._registry[Host].get_form(request, h)  # noqa: N806
+    data = {"region": region.pk, "vcpus": 8, "memory_mib": 1024, "agent_version": "",
+            "created_at_0": "2026-01-01", "created_at_1": "00:00:00"}
+    form = HostForm(data={**data, "name": " Rack2-H1 "}, instance=h)
     assert form.is_valid(), form.errors
     form.save()
     assert Host.objects.get(pk=h.pk).name == "rack2-h1"
     Host.objects.create(name="rack2-h2", region=region, vcpus=8, memory_mib=1024)
     for bad in ("rack2_h1", "r\u0430ck2-h1", "rack2-h1\x00", "RACK2-H2 "):  # the last: taken
-        form = HostForm(data={"name": bad}, instance=h)
+        form = HostForm(data={**data, "name": bad}, instance=h)
         assert not form.is_valid() and "name" in form.errors, bad
     assert Host.objects.get(pk=h.pk).name == "rack2-h1"
     cfg = dict(server="http://cp", bootstrap_token="t")
