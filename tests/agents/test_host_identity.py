@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
+import time
 
 import pytest
 from django.apps import apps as django_apps
 from django.contrib import admin
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from agents.host.config import AgentConfig, ConfigError
 from agents.models import BootstrapToken, Gpu, Host
-from agents.protocol import host_name_normalise
+from agents.protocol import RegisterRequest, host_name_normalise
 from agents.selectors import hash_token
 from agents.services.host_ops import host_replace_allow
+from agents.services.registration import host_register
+from gpucloud.catalogue.models import GpuModel
+from gpucloud.lib.errors import Conflict
 from gpucloud.tenancy.models import AuditEvent
 from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
     assert_error,
@@ -201,3 +206,46 @@ def test_the_migration_brings_existing_names_into_the_one_form(db, region):
         assert got == (want or f"gpu-1-{str(rows[name].pk)[:8]}"), name
         assert host_name_normalise(got) == got
     assert migration.repaired("\x00\x01", "abcdef0123", set()) == "host"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_registrations_of_one_new_gpu_at_once_give_it_to_one_host(transactional_db, region, triggered):
+    """The GPU is not yet in the table when both look: the second insert waits on the first's
+    key and then fails. It was a 500 (an IntegrityError); now the refusal of a GPU of another
+    host, and nothing of the second registration is kept. (Two registrations of one region
+    are serialised today by the bootstrap token's row lock, which takes the region's row with
+    it; this is the second line should that change. The first GPU is written here directly,
+    its host committed before, so that only the GPU's key is held.)"""
+    req = RegisterRequest.from_dict(body(new_token(region), "h2", ["GPU-z"]))
+    outcome: list[object] = []
+
+    def second() -> None:
+        try:
+            outcome.append(host_register(req=req))
+        except Exception as e:  # noqa: BLE001 - the outcome is what the test checks
+            outcome.append(e)
+        finally:
+            connection.close()
+
+    h1 = Host.objects.create(name="h1", region=region, vcpus=8, memory_mib=1024)
+    with transaction.atomic():  # the first registration's GPU, not yet committed
+        Gpu.objects.create(uuid="GPU-z", host=h1, index=0,
+                           gpu_model=GpuModel.objects.get(code="H100"))
+        thread = threading.Thread(target=second)
+        thread.start()
+
+        def waiting() -> bool:  # the second insert waits on the first's uncommitted key
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_stat_clear_snapshot()")  # else frozen for the transaction
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                            "AND datname = current_database()")
+                return cur.fetchone()[0] > 0
+
+        deadline = time.monotonic() + 30
+        while not waiting():  # observed state, polled
+            assert time.monotonic() < deadline, "the second registration never waited"
+            time.sleep(0.05)
+    thread.join(30)
+    [e] = outcome
+    assert isinstance(e, Conflict) and e.code == "gpu_owned_by_another_host", e
+    assert gpus_of("h1") == ["GPU-z"] and not Host.objects.filter(name="h2").exists()
