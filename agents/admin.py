@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from agents.choices import AdminState, HostState
 from agents.models import BootstrapToken, ContainerLog, Gpu, GpuSample, GpuSampleMinute, Host
+from agents.protocol import host_name_normalise
 from agents.services.host_ops import gpu_mark_healthy, host_cordon, host_drain, host_replace_allow, host_uncordon
 from agents.services.registration import bootstrap_token_create
 from gpucloud.catalogue.admin import RegionAdmin
@@ -50,8 +53,24 @@ class GpuInline(admin.TabularInline):
     can_delete = False
 
 
+class HostForm(forms.ModelForm):
+    """A rename takes the one form of host names, as a registration does (no lookalikes)."""
+
+    class Meta:
+        model = Host
+        # what the page edited before this form (the rest is HostAdmin.readonly_fields)
+        fields = ["name", "region", "vcpus", "memory_mib", "agent_version", "created_at"]
+
+    def clean_name(self) -> str:
+        try:
+            return host_name_normalise(self.cleaned_data["name"])
+        except ValueError as e:
+            raise ValidationError(str(e)) from None
+
+
 @admin.register(Host)
 class HostAdmin(OperatorAdmin):
+    form = HostForm
     list_display = [
         "name",
         "region",

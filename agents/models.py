@@ -12,6 +12,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower, Trim
 from django.utils import timezone
 
 from agents.choices import AdminState, HostState
@@ -22,6 +23,9 @@ class Host(models.Model):
     """One GPU server running the gpucloud agent."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Always in the one form of agents.protocol.host_name_normalise (registration, the admin
+    # and the agent's config all pass names through it); the constraint below keeps two rows
+    # from reading alike even if a write ever bypassed it.
     name = models.CharField(max_length=200, unique=True, help_text="the host name the agent reported")
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="hosts")
     state = models.CharField(max_length=10, choices=HostState.choices, default=HostState.READY)
@@ -54,6 +58,7 @@ class Host(models.Model):
         ordering = ["name"]
         constraints = [
             models.CheckConstraint(condition=Q(used_vcpus__lte=models.F("vcpus")), name="host_vcpus_within"),
+            models.UniqueConstraint(Lower(Trim("name")), name="host_name_unique_normalised"),
             models.CheckConstraint(
                 condition=Q(used_memory_mib__lte=models.F("memory_mib")), name="host_memory_within"
             ),

@@ -111,6 +111,41 @@ class ProtocolError(ValueError):
         self.message = message
 
 
+# --- host names ---------------------------------------------------------------------
+
+# A host's name is what operators read in the admin, the fleet pages and the logs, so two
+# hosts must never read alike: "sec3-h1 " (a trailing space) once registered a second host
+# that showed as "sec3-h1" everywhere. One rule, here where both sides can use it (the
+# agent at start, the control plane on every way a name comes in): strip, drop one final
+# dot (a fully qualified "h1.example."), lower-case, then RFC 1123 labels of ASCII letters,
+# digits and '-' joined by '.'. Anything else (other scripts' lookalike letters, NUL and
+# control characters, inner spaces, '_') is refused rather than guessed at.
+HOST_NAME_MAX_LEN: Final = 200  # the column (RFC 1123 allows 253)
+_HOST_LABEL: Final = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_NAME_RE: Final = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*")
+HOST_NAME_RULE: Final = (
+    "must be a host name: ASCII letters, digits and '-', in dot-separated labels of at most "
+    f"63 characters that neither start nor end with '-', {HOST_NAME_MAX_LEN} characters in all"
+)
+
+
+def host_name_normalise(raw: str) -> str:
+    """The one form of a host name (pure): stripped, without a final dot, lower case.
+
+    Raises ValueError with HOST_NAME_RULE for a name outside the character set. Checked on
+    ASCII before folding, so no other script's letter (the Kelvin sign folds to 'k') turns
+    into a lookalike of an ASCII one."""
+    name = raw.strip()
+    if name.endswith("."):
+        name = name[:-1]
+    if not name.isascii():
+        raise ValueError(HOST_NAME_RULE)
+    name = name.lower()
+    if len(name) > HOST_NAME_MAX_LEN or not _HOST_NAME_RE.fullmatch(name):
+        raise ValueError(HOST_NAME_RULE)
+    return name
+
+
 # --- validation helpers -------------------------------------------------------------
 
 
@@ -908,7 +943,7 @@ class RegisterRequest:
             raise ProtocolError("gpus", "GPU UUIDs must be unique")
         return cls(
             bootstrap_token=r.str_("bootstrap_token"),
-            hostname=r.str_("hostname", max_len=200),  # the lengths of the columns they go to
+            hostname=_host_name(r.str_("hostname", max_len=HOST_NAME_MAX_LEN + 64)),  # + room to strip
             agent_version=r.str_("agent_version", max_len=50),
             gpu_backend=r.str_("gpu_backend"),
             runtime=r.str_("runtime"),
@@ -918,6 +953,13 @@ class RegisterRequest:
             previous_host_token=r.opt_str("previous_host_token", max_len=200) or None,
             registration_nonce=_nonce(r.opt_str("registration_nonce", max_len=200)),
         )
+
+
+def _host_name(v: str) -> str:
+    try:
+        return host_name_normalise(v)
+    except ValueError as e:
+        raise ProtocolError("hostname", str(e)) from None
 
 
 def _nonce(v: str | None) -> str | None:

@@ -10,7 +10,7 @@ from types import FrameType
 
 from agents.host.config import AgentConfig, ConfigError, parse_args
 from agents.host.daemon import Agent
-from agents.host.egress import EgressRules
+from agents.host.egress import EgressRules, parse_allow
 from agents.host.fleet import Fleet
 from agents.host.gpu import GpuBackend
 from agents.host.logs import setup_logging
@@ -67,15 +67,16 @@ def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None
             image_fallback=cfg.docker_image_fallback,
         )
         if cfg.docker_egress_block:
-            why = EgressRules().install()
+            why = EgressRules(allow=parse_allow(cfg.docker_egress_allow)).install()
             if why:
                 logger.error(
                     "egress rules NOT installed: tenant containers can reach this host's "
-                    "addresses and 169.254.0.0/16 (cloud metadata)",
+                    "addresses and private networks (169.254.0.0/16: cloud metadata)",
                     extra={"error": why},
                 )
             else:
-                logger.info("egress rules installed for tenant bridges (gct+)")
+                logger.info("egress rules installed for tenant bridges (gct+)",
+                            extra={"allow": cfg.docker_egress_allow or "none"})
         else:
             logger.warning("egress blocking is off (--docker-egress-block false)")
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Final
 
+from agents.host.egress import parse_allow
 from agents.host.sim import MODELS
+from agents.protocol import host_name_normalise
 
 GPU_BACKENDS: Final = ("nvml", "amdsmi", "sim")
 RUNTIMES: Final = ("docker", "sim")
@@ -42,8 +44,11 @@ class AgentConfig:
     docker_pids_limit: int = 4096  # the cap; a spec asking for more gets this
     docker_nofile: int = 65536  # open-files ulimit (soft = hard)
     docker_disk_gib: int = 100  # writable-layer size where the storage driver can; 0 = none
-    # iptables: tenant bridges reach neither this host's addresses nor 169.254.0.0/16.
+    # iptables: tenant bridges reach neither this host's addresses nor any private, loopback,
+    # link-local, CGNAT, multicast or reserved address (agents/host/egress.py)...
     docker_egress_block: bool = True
+    # ...except these CIDRs, comma-separated (a storage network, a package mirror).
+    docker_egress_allow: str = ""
     # An image on this host to run in place of a requested image the engine lacks, saying so
     # in the container's log (the demo: no registry needed); "": pull as usual.
     docker_image_fallback: str = ""
@@ -81,8 +86,13 @@ class AgentConfig:
     def validated(self) -> AgentConfig:
         """Fill derived defaults and check values; raises ConfigError."""
         cfg = self
-        if not cfg.hostname:
-            cfg = replace(cfg, hostname=socket.gethostname())
+        # The control plane stores names in one form (agents.protocol.host_name_normalise);
+        # a name it would refuse fails here, at start, rather than at every registration.
+        raw_name = cfg.hostname or socket.gethostname()
+        try:
+            cfg = replace(cfg, hostname=host_name_normalise(raw_name))
+        except ValueError as e:
+            raise ConfigError(f"--hostname / GPUCLOUD_HOSTNAME {raw_name!r} {e}") from None
         if not cfg.server.startswith(("http://", "https://")):
             raise ConfigError("--server / GPUCLOUD_SERVER must be an http(s) URL")
         if cfg.gpu_backend not in GPU_BACKENDS:
@@ -100,6 +110,10 @@ class AgentConfig:
                 raise ConfigError(
                     "--docker-publish-address must be an IP address (or empty for all)"
                 ) from None
+        try:
+            parse_allow(cfg.docker_egress_allow)
+        except ValueError as e:
+            raise ConfigError(f"--docker-egress-allow / GPUCLOUD_DOCKER_EGRESS_ALLOW: {e}") from None
         if cfg.docker_pids_limit < 16:
             raise ConfigError("--docker-pids-limit must be >= 16")
         if not 1024 <= cfg.docker_nofile <= 1048576:
@@ -184,7 +198,13 @@ def parse_args(
         "--docker-egress-block",
         type=_flag_bool,
         metavar="BOOL",
-        help="block tenant traffic to this host and 169.254.0.0/16 with iptables (true)",
+        help="block tenant traffic to this host and to private, loopback, link-local, CGNAT, "
+        "multicast and reserved addresses with iptables (true)",
+    )
+    p.add_argument(
+        "--docker-egress-allow",
+        metavar="CIDRS",
+        help="comma-separated CIDRs tenants may reach although private (none)",
     )
     p.add_argument(
         "--docker-image-fallback",

@@ -149,14 +149,18 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
     marked unhealthy and moved to indexes >= 10000, so they take no new work.
     """
     uuids = [g.uuid for g in gpus]
-    elsewhere = Gpu.objects.filter(uuid__in=uuids).exclude(host=host)
-    busy = elsewhere.filter(allocations__active=True).values_list("uuid", flat=True).first()
-    if busy:
-        raise Conflict(
-            f"GPU {busy} is in use on another host.",
-            code="gpu_in_use",
-            fields={"gpus": [f"GPU {busy} is booked on another host."]},
-        )
+    # A GPU belongs to the host that first registered it. Idle or not, another host's GPU
+    # is never moved by a registration: anyone holding an unused bootstrap token could
+    # otherwise list the UUIDs tenants see (`gpus`, NVIDIA_VISIBLE_DEVICES) and take a host's
+    # idle GPUs. A machine that takes over a host's GPUs takes over the host itself, under
+    # its name, after the operator's "Replace host" (`host_replace_allow`).
+    owned = (
+        Gpu.objects.filter(uuid__in=uuids).exclude(host=host)
+        .select_related("host").order_by("uuid").first()
+    )
+    if owned is not None:
+        at = uuids.index(owned.uuid)
+        raise _gpu_owned(owned, at)
     # (host, index) is unique and checked row by row: first move every row of this host
     # out of the way (all current indexes are < 20000), then write the final ones.
     Gpu.objects.filter(host=host).update(index=F("index") + 20000)
@@ -208,7 +212,16 @@ def _sync_gpus(host: Host, gpus: list[GpuInfo], models: dict[str, GpuModel]) -> 
                 "unhealthy_since",
             ],
         )
-    Gpu.objects.bulk_create(new)
+    try:
+        with transaction.atomic():
+            Gpu.objects.bulk_create(new)
+    except IntegrityError:
+        # Another registration listing the same new GPU committed first (the UUID is the
+        # key): its GPU now, and this registration's retry is refused as above.
+        raise Conflict(
+            "A GPU of this inventory was registered by another host meanwhile; retry.",
+            code="gpu_owned_by_another_host",
+        ) from None
 
 
 class HostExists(Conflict):
@@ -216,6 +229,24 @@ class HostExists(Conflict):
 
     code = "host_exists"
     host_id: str = ""  # for the audit record; never in the answer
+    owner_name: str = ""  # the host the refused registration collided with (audit, log)
+
+
+class GpuOwned(HostExists):
+    """A registration lists a GPU another host registered first."""
+
+    code = "gpu_owned_by_another_host"
+
+
+def _gpu_owned(gpu: Gpu, at: int) -> GpuOwned:
+    message = (
+        f"GPU {gpu.uuid} is registered to another host. A GPU stays with the host that "
+        "registered it first; a machine that replaces that host registers under its name "
+        "once an operator allows it (admin: Hosts → Replace host)."
+    )
+    e = GpuOwned(message, fields={f"gpus[{at}].uuid": [message]})
+    e.host_id, e.owner_name = str(gpu.host_id), gpu.host.name
+    return e
 
 
 def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple[Host, str]:
@@ -240,18 +271,24 @@ def host_register(*, req: RegisterRequest, now: datetime | None = None) -> tuple
             object_type="host",
             object_id=e.host_id,
             object_repr=req.hostname[:200],
-            data={"bootstrap": req.bootstrap_token[:12], "reason": e.message},
+            data={
+                "bootstrap": req.bootstrap_token[:12],
+                "reason": e.message,
+                "code": e.code,
+                "hostname": req.hostname,
+                "owner": e.owner_name,
+            },
         )
         logger.warning(
-            "registration refused host=%s name=%s bootstrap=%s: %s",
-            e.host_id, req.hostname, req.bootstrap_token[:12], e.message,
+            "registration refused host=%s owner=%s name=%s bootstrap=%s: %s",
+            e.host_id, e.owner_name, req.hostname, req.bootstrap_token[:12], e.message,
         )
         raise
 
 
 def _host_exists(host: Host, message: str) -> HostExists:
     e = HostExists(message, fields={"hostname": [message]})
-    e.host_id = str(host.pk)
+    e.host_id, e.owner_name = str(host.pk), host.name
     return e
 
 

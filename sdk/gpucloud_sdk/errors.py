@@ -210,6 +210,7 @@ CODES: dict[str, type[ApiError]] = {
     "already_member": Conflict,
     "email_taken": Conflict,
     "gpu_in_use": Conflict,
+    "gpu_owned_by_another_host": Conflict,
     "host_shrunk": Conflict,
     "host_in_other_region": Conflict,
     "host_exists": Conflict,

@@ -7,6 +7,7 @@ import uuid
 from django.core.management.base import BaseCommand, CommandError
 
 from agents.models import Host
+from agents.protocol import host_name_normalise
 from gpucloud.lib.errors import ServiceError
 from volumes import moves, selectors
 from volumes.models import Volume
@@ -32,7 +33,7 @@ class Command(BaseCommand):
             moves.move_cancel(move=move)
             self.stdout.write(f"cancelled the move of {v.name}; it stays on {v.host}")
             return
-        target = Host.objects.filter(name=host).first() if host else moves.pick_target(v)
+        target = Host.objects.filter(name=_host_name(host)).first() if host else moves.pick_target(v)
         if target is None:
             raise CommandError(f"No host {host}." if host else f"No other ready host in {v.region}.")
         try:
@@ -48,3 +49,11 @@ def _uuid(s: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _host_name(raw: str) -> str:
+    """Names are stored in one form: "GPU-7 " finds gpu-7 (one outside the rule is looked up as given)."""
+    try:
+        return host_name_normalise(raw)
+    except ValueError:
+        return raw
