@@ -22,7 +22,6 @@ from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
 
 from agents import selectors as agent_selectors
 from agents.services.logs import workload_logs_request
@@ -34,7 +33,7 @@ from billing.choices import UsageGroup
 from billing.models import BudgetAlert
 from frontend import selectors as console_selectors
 from frontend import services as console_services
-from frontend.console import apply_errors, console_view, refusal, service_error_to_form
+from frontend.console import account_view, apply_errors, console_action, console_view, refusal, service_error_to_form
 from frontend.forms import (
     IMAGE_TEMPLATES,
     ApiKeyForm,
@@ -142,12 +141,13 @@ def healthz(request):
 # ------------------------------------------------------------------ accounts
 
 
-@require_POST
+@account_view(methods=("POST",))
 def signout(request):
     logout(request)
     return redirect("console:login")
 
 
+@account_view(methods=("GET", "POST"))
 def invitation_accept(request):
     """Join a tenant with an invitation token. Needs a signed-in user, not a tenant yet.
 
@@ -179,7 +179,7 @@ def invitation_accept(request):
                   status=400 if form.is_bound and form.errors else 200)
 
 
-@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+@console_action(write=perms.TENANT_READ)
 def tenant_switch(request):
     """Act for another of the user's tenants from now on (kept in the session)."""
     wanted = request.POST.get("tenant", "")
@@ -361,7 +361,8 @@ def launch(request):
         if best:
             initial["region"] = best
             form = LaunchForm(initial=initial, saved_keys=saved, volumes=vols)
-    values = form.data if form.is_bound else initial
+    # Only what the form accepted reaches the price box's lookups (a NUL or a made-up code does not).
+    values = form.cleaned_data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
                           values.get("region") or first["region"], console.tenant, free)
     ctx = {"form": form, "price": price, "spot": bool(values.get("spot")),
@@ -448,7 +449,7 @@ def _job_arrays(request, show: str) -> tuple:
     return None, listed
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def job_array_stop(request, pk):
     array = workload_selectors.job_array_list(tenant=request.console.tenant).filter(pk=pk).first()
     if array is None:
@@ -542,20 +543,20 @@ def _workload_action(request, kind: str, pk, service, verb: str, done: str, whil
     return redirect(_detail_url(workload))
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def workload_stop(request, kind: str, pk):
     return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.",
                             while_state="stopping")
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def workload_start(request, kind: str, pk):
     """Start a stopped instance again: back through the queue with the same configuration."""
     return _workload_action(request, kind, pk, workload_services.workload_start, "start",
                             "{name} is queued again; the scheduler places it in a moment.", while_state="pending")
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def workload_terminate(request, kind: str, pk):
     workload = _workload(request, kind, pk)
     try:
@@ -620,7 +621,7 @@ def invoice_download(request, pk):
     return response
 
 
-@console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
+@console_action(write=perms.BILLING_MANAGE)
 def budget_create(request):
     form = BudgetForm(request.POST)
     if form.is_valid():
@@ -634,7 +635,7 @@ def budget_create(request):
     return usage.__wrapped__(request, budget_form=form)
 
 
-@console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
+@console_action(write=perms.BILLING_MANAGE)
 def budget_delete(request, pk):
     budget = billing_selectors.budget_list(tenant=request.console.tenant).filter(pk=pk).first()
     if budget is None:
@@ -675,7 +676,7 @@ def api_keys(request):
     return response
 
 
-@console_view(read=perms.API_KEYS_READ, write=perms.API_KEYS_REVOKE)
+@console_action(write=perms.API_KEYS_REVOKE)
 def api_key_revoke(request, pk):
     console = request.console
     key = tenancy_selectors.api_key_list(tenant=console.tenant).filter(pk=pk).first()
@@ -689,7 +690,7 @@ def api_key_revoke(request, pk):
     return redirect("console:api_keys")
 
 
-@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+@console_view(read=perms.SSH_KEYS_READ, write=perms.SSH_KEYS_MANAGE)
 def ssh_keys(request):
     console = request.console
     form = SshKeyForm(request.POST or None)
@@ -706,7 +707,7 @@ def ssh_keys(request):
                   status=400 if form.is_bound and form.errors else 200)
 
 
-@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+@console_action(write=perms.SSH_KEYS_MANAGE)
 def ssh_key_delete(request, pk):
     key = console_selectors.ssh_key_list(tenant=request.console.tenant, user=request.user).filter(pk=pk).first()
     if key is None:
@@ -754,7 +755,7 @@ def _member(request, pk):
     return m
 
 
-@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_MANAGE)
+@console_action(write=perms.MEMBERS_MANAGE)
 def member_role(request, pk):
     membership = _member(request, pk)
     ser = tenancy_s.MemberUpdateSerializer(data={"role": request.POST.get("role", "")})
@@ -771,7 +772,7 @@ def member_role(request, pk):
     return redirect("console:members")
 
 
-@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_LEAVE)
+@console_action(write=perms.MEMBERS_LEAVE)
 def member_remove(request, pk):
     """Remove a member (members.manage), or leave (anybody may remove themselves)."""
     console = request.console
