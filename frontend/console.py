@@ -98,7 +98,8 @@ class Access:
     `write`: the permission a POST needs; None: POST is a 405. A POST passes Django's CSRF check
     first (the middleware; no console view is exempt).
     `tenant`: False for the account pages (sign-in, sign-up, password reset, ...), which act for
-    a user before any tenant and are guarded by what they ask for (a password, a mailed token).
+    a user before any tenant and are guarded by what they ask for (a password, a mailed token);
+    their `read`/`write` are NO_PERMISSION where they take that method.
 
     tests/frontend/test_console_routes.py walks every console route and fails on one that
     declares nothing, and checks each declaration against what the route does.
@@ -111,6 +112,9 @@ class Access:
     @property
     def methods(self) -> list[str]:
         return (["GET", "HEAD"] if self.read is not None else []) + (["POST"] if self.write is not None else [])
+
+
+NO_PERMISSION = ""  # an account page's method: no tenant permission applies
 
 
 def _declare(view: Callable, access: Access) -> Callable:
@@ -172,7 +176,8 @@ def console_action(*, write: str) -> Callable:
 
 def account_view(*, methods: tuple[str, ...]) -> Callable:
     """An account page (no tenant yet): only `methods`; a POST passes the CSRF check like any other."""
-    access = Access(read="" if "GET" in methods else None, write="" if "POST" in methods else None, tenant=False)
+    access = Access(read=NO_PERMISSION if "GET" in methods else None,
+                    write=NO_PERMISSION if "POST" in methods else None, tenant=False)
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         allowed = require_http_methods([*methods, *(["HEAD"] if "GET" in methods else [])])(view)
