@@ -8,6 +8,8 @@ so django-axes counts failures and refuses locked-out sign-ins here (docs/consol
 from __future__ import annotations
 
 import base64
+import hashlib
+import logging
 import time
 
 import segno
@@ -18,25 +20,26 @@ from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import LoginView, redirect_to_login
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
 from django_otp import login as otp_login
 
-from frontend.console import Console, apply_errors, service_error_to_form
-from frontend.forms import OtpCodeForm, SignInForm, SignUpForm
+from frontend.console import Console, account_view, apply_errors, service_error_to_form
+from frontend.forms import OtpCodeForm, PasswordResetForm, SetPasswordForm, SignInForm, SignUpForm
 from gpucloud.api.throttling import SignupThrottle
 from gpucloud.api.views import resolve_tenant
+from gpucloud.lib import ratelimit
 from gpucloud.lib.errors import ServiceError
 from gpucloud.lib.http import client_ip
-from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy import selectors as tenancy_selectors
 from gpucloud.tenancy import services as tenancy_services
 from gpucloud.tenancy.api import serializers as tenancy_s
 from gpucloud.tenancy.audit import Actor, acting_as
 from gpucloud.tenancy.selectors import membership_list_for_user
+
+logger = logging.getLogger(__name__)
 
 # Between the password and the code: who, with which backend, since when, going where.
 PENDING = "signin_pending"
@@ -76,6 +79,7 @@ class ApiSignInView(SignInView):
     authentication_form = AuthenticationForm
 
 
+@account_view(methods=("GET", "POST"))
 def signin_code(request: HttpRequest) -> HttpResponse:
     """Step two: the code from the user's authenticator app (django-otp's throttling applies)."""
     pending = request.session.get(PENDING)
@@ -125,6 +129,7 @@ def _throttled(request: HttpRequest, form) -> HttpResponse | None:
     return response
 
 
+@account_view(methods=("GET", "POST"))
 def signup(request: HttpRequest) -> HttpResponse:
     """Create an account and the tenant it owns (the API's sign-up, in a form)."""
     if request.user.is_authenticated:
@@ -160,6 +165,7 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "frontend/signup.html", {"form": form})
 
 
+@account_view(methods=("GET",))
 def verify_email(request: HttpRequest) -> HttpResponse:
     """The emailed link: confirms the address and grants the sign-up credit, once."""
     try:
@@ -176,7 +182,7 @@ def verify_email(request: HttpRequest) -> HttpResponse:
     return redirect("console:dashboard" if request.user.is_authenticated else "console:login")
 
 
-@require_POST
+@account_view(methods=("POST",))
 def verify_email_resend(request: HttpRequest) -> HttpResponse:
     if not request.user.is_authenticated:
         return redirect_to_login(reverse("console:dashboard"), reverse("console:login"))
@@ -194,11 +200,36 @@ def verify_email_resend(request: HttpRequest) -> HttpResponse:
 # ------------------------------------------------------------------ password reset (Django's views)
 
 
+def password_reset_allowed(request: HttpRequest, *, email: str) -> bool:
+    """Whether a reset mail may go out now: per client address (PASSWORD_RESET_RATE_LIMIT_IP),
+    then per e-mail address (PASSWORD_RESET_RATE_LIMIT_EMAIL), counted for every address
+    asked about, known or not, so the count says nothing about which accounts exist. A
+    request refused by its client's limit does not count against the address it names."""
+    address = hashlib.sha256(email.strip().lower().encode()).hexdigest()  # no address in Redis keys
+    for key, rate in ((f"pwreset:ip:{client_ip(request) or 'unknown'}", settings.PASSWORD_RESET_RATE_LIMIT_IP),
+                      (f"pwreset:email:{address}", settings.PASSWORD_RESET_RATE_LIMIT_EMAIL)):
+        limit, window_s = ratelimit.parse_rate(rate)
+        if not ratelimit.hit(key=key, limit=limit, window_s=window_s).allowed:
+            return False
+    return True
+
+
 class PasswordResetView(auth_views.PasswordResetView):
+    """Django's, throttled: past a limit the page answers as always ("if an account has this
+    address, a mail is on its way") and sends nothing, so nobody can bomb a mailbox with
+    reset mails, and the answer tells nobody whether the address has an account."""
+
     template_name = "frontend/password_reset.html"
     email_template_name = "frontend/email/password_reset.txt"
     subject_template_name = "frontend/email/password_reset_subject.txt"
     success_url = reverse_lazy("console:password_reset_done")
+    form_class = PasswordResetForm
+
+    def form_valid(self, form):
+        if not password_reset_allowed(self.request, email=form.cleaned_data["email"]):
+            logger.warning("password reset refused by its rate limit, from %s", client_ip(self.request))
+            return HttpResponseRedirect(self.get_success_url())
+        return super().form_valid(form)
 
 
 class PasswordResetDoneView(auth_views.PasswordResetDoneView):
@@ -211,6 +242,7 @@ class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
 
     template_name = "frontend/password_reset_confirm.html"
     success_url = reverse_lazy("console:password_reset_complete")
+    form_class = SetPasswordForm
 
     def form_valid(self, form):
         response = super().form_valid(form)
@@ -224,6 +256,14 @@ class PasswordResetCompleteView(auth_views.PasswordResetCompleteView):
     template_name = "frontend/password_reset_complete.html"
 
 
+# The routes (frontend/urls.py), each declaring its methods (tests/frontend/test_console_routes.py).
+sign_in = account_view(methods=("GET", "POST"))(SignInView.as_view())
+password_reset = account_view(methods=("GET", "POST"))(PasswordResetView.as_view())
+password_reset_done = account_view(methods=("GET",))(PasswordResetDoneView.as_view())
+password_reset_confirm = account_view(methods=("GET", "POST"))(PasswordResetConfirmView.as_view())
+password_reset_complete = account_view(methods=("GET",))(PasswordResetCompleteView.as_view())
+
+
 # ------------------------------------------------------------------ two-factor settings
 
 
@@ -233,12 +273,11 @@ def _console_or_none(request: HttpRequest) -> Console | None:
     membership = resolve_tenant(request)
     if membership is None:
         return None
-    granted = perms.effective_permissions(role=membership.role, scopes=None,
-                                          suspended=membership.tenant.is_suspended)
-    return Console(membership=membership, granted=granted,
+    return Console(membership=membership, granted=tenancy_selectors.member_permissions(membership=membership),
                    memberships=list(membership_list_for_user(user=request.user)))
 
 
+@account_view(methods=("GET", "POST"))
 def security(request: HttpRequest) -> HttpResponse:
     """Turn two-factor (TOTP) on: a new secret as a QR code and an otpauth URI, confirmed with
     a code; or off, with a current code."""

@@ -17,7 +17,8 @@ from alarms import selectors, services
 from alarms.api import serializers as alarm_s
 from alarms.choices import Comparison, MissingData, Statistic
 from alarms.registry import sources
-from frontend.console import apply_errors, console_view, service_error_to_form
+from frontend.console import apply_errors, console_action, console_view, service_error_to_form
+from frontend.forms import ConsoleForm
 from gpucloud.lib.errors import NotFoundError, ServiceError
 from gpucloud.tenancy import permissions as perms
 from scheduler.choices import ACTIVE
@@ -27,7 +28,7 @@ from scheduler.selectors import workload_get
 CHART_PERIODS = 60  # the chart shows this many periods back (at most a day)
 
 
-class AlarmForm(forms.Form):
+class AlarmForm(ConsoleForm):
     name = forms.CharField(label="Name", max_length=100)
     target = forms.ChoiceField(label="Watch", help_text="One of your instances or jobs, or the whole tenant.")
     metric = forms.ChoiceField(label="Metric")
@@ -129,7 +130,7 @@ def alarm_detail(request, pk):
                                                           "chart_json": _chart(alarm)})
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def alarm_delete(request, pk):
     try:
         alarm = selectors.alarm_get(tenant=request.console.tenant, pk=pk)

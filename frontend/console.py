@@ -24,6 +24,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllow
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import NotFound
 
 from gpucloud.api.views import resolve_tenant
@@ -32,7 +33,7 @@ from gpucloud.lib.http import client_ip
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, reset_actor, set_actor
 from gpucloud.tenancy.models import Membership, Tenant
-from gpucloud.tenancy.selectors import membership_list_for_user
+from gpucloud.tenancy.selectors import member_permissions, membership_list_for_user
 from notifications.selectors import notification_unread_count
 
 SAFE_METHODS = ("GET", "HEAD")
@@ -122,29 +123,60 @@ def signed_out(request: HttpRequest) -> HttpResponse:
     return redirect_to_login(back, reverse("console:login"))
 
 
-def session_probe(request: HttpRequest) -> HttpResponse:
-    """GET /console/session: 204 while signed in, 401 once not. console.js asks before it
-    submits a form, so what was typed is kept instead of lost to an expired session."""
-    return HttpResponse(status=204 if request.user.is_authenticated else 401, headers={"Cache-Control": "no-store"})
+@dataclass(frozen=True)
+class Access:
+    """What a console route declares about itself, kept on the view as `console_access`.
 
+    `read`: the permission a GET (or HEAD) needs; None: the route answers GET with 405, because
+    a GET must never change anything (a link, an <img>, a prefetch or another site's top-level
+    navigation can make one, and the session cookie is `SameSite=Lax`).
+    `write`: the permission a POST needs; None: POST is a 405. A POST passes Django's CSRF check
+    first (the middleware; no console view is exempt).
+    `tenant`: False for the account pages (sign-in, sign-up, password reset, ...), which act for
+    a user before any tenant and are guarded by what they ask for (a password, a mailed token);
+    their `read`/`write` are NO_PERMISSION where they take that method.
 
-def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> Callable:
-    """Wrap a console view: sign-in, tenant, permission (`read` for GET, `write` for POST), audit actor.
-
-    A view without `write` answers 405 to a POST: forgetting to declare a permission denies.
+    tests/frontend/test_console_routes.py walks every console route and fails on one that
+    declares nothing, and checks each declaration against what the route does.
     """
+
+    read: str | None
+    write: str | None
+    tenant: bool = True
+
+    @property
+    def methods(self) -> list[str]:
+        return (["GET", "HEAD"] if self.read is not None else []) + (["POST"] if self.write is not None else [])
+
+
+NO_PERMISSION = ""  # an account page's method: no tenant permission applies
+
+
+def _declare(view: Callable, access: Access) -> Callable:
+    view.console_access = access  # type: ignore[attr-defined]
+    return view
+
+
+def console_view(*, read: str | None = perms.TENANT_READ, write: str | None = None) -> Callable:
+    """Wrap a console view: method, sign-in, tenant, permission (`read` for GET, `write` for POST), audit actor.
+
+    A view without `write` answers 405 to a POST, one without `read` (a `console_action`) 405 to
+    a GET: forgetting to declare a permission denies.
+    """
+    access = Access(read=read, write=write)
 
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if not request.user.is_authenticated:
-                return signed_out(request)
-            if request.method in SAFE_METHODS:
+            # The method first: an action answers a GET with 405 whoever asks, signed in or not.
+            if request.method in SAFE_METHODS and read is not None:
                 required = read
             elif request.method == "POST" and write is not None:
                 required = write
             else:
-                return HttpResponseNotAllowed(["GET", "POST"] if write else ["GET"])
+                return HttpResponseNotAllowed(access.methods)
+            if not request.user.is_authenticated:
+                return signed_out(request)
             memberships = list(membership_list_for_user(user=request.user))
             try:
                 membership = resolve_tenant(request)
@@ -155,9 +187,7 @@ def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> 
                 if request.user.is_staff and request.method in SAFE_METHODS:
                     return redirect("admin-fleet")  # an operator without a tenant: the fleet page
                 return render(request, "frontend/no_tenant.html", status=403)
-            granted = perms.effective_permissions(
-                role=membership.role, scopes=None, suspended=membership.tenant.is_suspended
-            )
+            granted = member_permissions(membership=membership)  # the one rule of every face
             console = Console(membership=membership, granted=granted, memberships=memberships)
             request.console = console  # type: ignore[attr-defined]
             if required not in granted:
@@ -168,9 +198,34 @@ def console_view(*, read: str = perms.TENANT_READ, write: str | None = None) -> 
             finally:
                 reset_actor(token)
 
-        return wrapper
+        return _declare(wrapper, access)
 
     return decorate
+
+
+def console_action(*, write: str) -> Callable:
+    """A console route that changes something (stop, delete, revoke, ...): POST only, with the
+    CSRF token, by a member holding `write`; a GET is a 405 and changes nothing."""
+    return console_view(read=None, write=write)
+
+
+def account_view(*, methods: tuple[str, ...]) -> Callable:
+    """An account page (no tenant yet): only `methods`; a POST passes the CSRF check like any other."""
+    access = Access(read=NO_PERMISSION if "GET" in methods else None,
+                    write=NO_PERMISSION if "POST" in methods else None, tenant=False)
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        allowed = require_http_methods([*methods, *(["HEAD"] if "GET" in methods else [])])(view)
+        return _declare(allowed, access)
+
+    return decorate
+
+
+@account_view(methods=("GET",))
+def session_probe(request: HttpRequest) -> HttpResponse:
+    """GET /console/session: 204 while signed in, 401 once not. console.js asks before it
+    submits a form, so what was typed is kept instead of lost to an expired session."""
+    return HttpResponse(status=204 if request.user.is_authenticated else 401, headers={"Cache-Control": "no-store"})
 
 
 def flatten_errors(detail: Any) -> list[str]:

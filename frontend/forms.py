@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django import forms
+from django.contrib.auth import forms as auth_forms
 from django.contrib.auth.forms import AuthenticationForm
 
 from gpucloud.catalogue.selectors import instance_type_list, region_list
@@ -53,7 +54,43 @@ IMAGE_TEMPLATES: dict[str, ImageTemplate] = {
 }
 
 
-class SignInForm(AuthenticationForm):
+# What a field holding a NUL character says: the API's own words (DRF's CharField).
+NUL_REFUSED = "Null characters are not allowed."
+
+
+def _carries_nul(value) -> bool:
+    values = value if isinstance(value, list | tuple) else [value]
+    return any(isinstance(v, str) and "\x00" in v for v in values)
+
+
+class RefuseNul:
+    """A form mixin: a field whose input holds a NUL character is refused with a field error
+    before its value can go anywhere (PostgreSQL cannot hold a NUL in text, and a choice or a
+    lookup built from it was a 500). Django's CharField refuses NUL already; this covers every
+    field (choices, numbers, multiple choices) and what a field's own cleaning would do with it.
+    Every console form has it (tests/frontend/test_console_forms.py walks them)."""
+
+    def _clean_fields(self) -> None:
+        refused = [name for name in self.fields if _carries_nul(self[name].data)]
+        if not refused:
+            return super()._clean_fields()
+        # The other fields are cleaned as usual; these never reach their own cleaning.
+        every = self.fields
+        self.fields = {name: field for name, field in every.items() if name not in refused}
+        try:
+            super()._clean_fields()
+        finally:
+            self.fields = every
+        for name in refused:
+            self.add_error(name, forms.ValidationError(NUL_REFUSED, code="null_characters_not_allowed"))
+        return None
+
+
+class ConsoleForm(RefuseNul, forms.Form):
+    """The base of every console form."""
+
+
+class SignInForm(RefuseNul, AuthenticationForm):
     username = forms.EmailField(label="E-mail", widget=forms.EmailInput(attrs={"autofocus": True,
                                                                                  "autocomplete": "email"}))
     error_messages = {
@@ -64,7 +101,15 @@ class SignInForm(AuthenticationForm):
     }
 
 
-class SignUpForm(forms.Form):
+class PasswordResetForm(RefuseNul, auth_forms.PasswordResetForm):
+    """Django's (the address to mail a link to)."""
+
+
+class SetPasswordForm(RefuseNul, auth_forms.SetPasswordForm):
+    """Django's (the new password, twice), behind the mailed link."""
+
+
+class SignUpForm(ConsoleForm):
     email = forms.EmailField(label="E-mail", max_length=254,
                              widget=forms.EmailInput(attrs={"autocomplete": "email"}))
     name = forms.CharField(label="Your name", max_length=150, required=False,
@@ -80,7 +125,7 @@ class SignUpForm(forms.Form):
         return {k: v for k, v in self.cleaned_data.items() if v or k != "name"}
 
 
-class OtpCodeForm(forms.Form):
+class OtpCodeForm(ConsoleForm):
     """The second step of signing in, and the confirmation of a new or removed device."""
 
     code = forms.CharField(label="Code from your authenticator app", max_length=16,
@@ -114,7 +159,7 @@ class VolumeSelect(forms.Select):
         return option
 
 
-class LaunchForm(forms.Form):
+class LaunchForm(ConsoleForm):
     kind = forms.ChoiceField(label="What", choices=[("instance", "Instance (runs until you stop it)"),
                                                     ("job", "Batch job (runs to completion)")],
                              initial="instance", widget=forms.RadioSelect)
@@ -212,7 +257,7 @@ class LaunchForm(forms.Form):
         return body
 
 
-class ApiKeyForm(forms.Form):
+class ApiKeyForm(ConsoleForm):
     name = forms.CharField(label="Name", max_length=100, help_text="What uses it, e.g. “CI” or “laptop”.")
     scopes = forms.MultipleChoiceField(label="Scopes", choices=Scope.choices, initial=[Scope.READ],
                                        widget=forms.CheckboxSelectMultiple,
@@ -227,13 +272,13 @@ class ApiKeyForm(forms.Form):
         return d
 
 
-class SshKeyForm(forms.Form):
+class SshKeyForm(ConsoleForm):
     name = forms.CharField(label="Name", max_length=100)
     public_key = forms.CharField(label="Public key", widget=forms.Textarea(attrs={"rows": 3}),
                                  help_text="The contents of ~/.ssh/id_ed25519.pub (or another .pub file).")
 
 
-class InviteForm(forms.Form):
+class InviteForm(ConsoleForm):
     email = forms.EmailField(label="Email")
     role = forms.ChoiceField(label="Role", choices=Role.choices, initial=Role.MEMBER)
 
@@ -241,16 +286,16 @@ class InviteForm(forms.Form):
         return dict(self.cleaned_data)
 
 
-class InvitationAcceptForm(forms.Form):
+class InvitationAcceptForm(ConsoleForm):
     token = forms.CharField(label="Invitation token", max_length=200,
                             help_text="The inv_… token an owner or admin sent you.")
 
 
-class RoleForm(forms.Form):
+class RoleForm(ConsoleForm):
     role = forms.ChoiceField(label="Role", choices=Role.choices)
 
 
-class BudgetForm(forms.Form):
+class BudgetForm(ConsoleForm):
     name = forms.CharField(label="Name", max_length=100, initial="monthly")
     monthly_amount = forms.DecimalField(label="Monthly amount", max_digits=14, decimal_places=2)
     thresholds = forms.CharField(label="Alert at (%)", initial="50, 80, 100", required=False,

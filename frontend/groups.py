@@ -11,7 +11,8 @@ from django.shortcuts import redirect, render
 from autoscaling import selectors, services
 from autoscaling.api import serializers as s
 from autoscaling.models import MAX_GROUP_SIZE
-from frontend.console import apply_errors, console_view, flatten_errors, service_error_to_form
+from frontend.console import apply_errors, console_action, console_view, flatten_errors, service_error_to_form
+from frontend.forms import ConsoleForm
 from gpucloud.catalogue.selectors import instance_type_list, region_list
 from gpucloud.lib.errors import ServiceError
 from gpucloud.tenancy import permissions as perms
@@ -21,7 +22,7 @@ def _choices(rows, label) -> list[tuple[str, str]]:
     return [(r.code, label(r)) for r in rows]
 
 
-class GroupForm(forms.Form):
+class GroupForm(ConsoleForm):
     name = forms.CharField(label="Name", max_length=60, help_text="Members are named <name>-<6 hex>.")
     instance_type = forms.ChoiceField(label="Instance type")
     region = forms.ChoiceField(label="Region")
@@ -60,13 +61,13 @@ class GroupForm(forms.Form):
         return d
 
 
-class ScaleForm(forms.Form):
+class ScaleForm(ConsoleForm):
     min_size = forms.IntegerField(label="Min", min_value=0, max_value=MAX_GROUP_SIZE)
     desired = forms.IntegerField(label="Desired", min_value=0, max_value=MAX_GROUP_SIZE)
     max_size = forms.IntegerField(label="Max", min_value=0, max_value=MAX_GROUP_SIZE)
 
 
-class ScheduleForm(forms.Form):
+class ScheduleForm(ConsoleForm):
     name = forms.CharField(label="Name", max_length=60)
     cron = forms.CharField(label="Cron", max_length=100, initial="0 9 * * 1-5",
                            help_text="minute hour day-of-month month day-of-week")
@@ -144,7 +145,7 @@ def _done(request, group, fn, ok: str):
     return redirect("console:group", group.pk)
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_LAUNCH)
+@console_action(write=perms.WORKLOADS_LAUNCH)
 def group_scale(request, pk):
     group = _group(request, pk)
     form = ScaleForm(request.POST)
@@ -154,7 +155,7 @@ def group_scale(request, pk):
                  "Sizes saved; the group converges to them now.")
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def group_protect(request, pk):
     group = _group(request, pk)
     protected = request.POST.get("protected") == "1"
@@ -168,7 +169,7 @@ def group_protect(request, pk):
                  f"Scale-in protection {'on' if protected else 'off'}.")
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_LAUNCH)
+@console_action(write=perms.WORKLOADS_LAUNCH)
 def group_schedule(request, pk):
     group = _group(request, pk)
     form = ScheduleForm(request.POST)
@@ -178,7 +179,7 @@ def group_schedule(request, pk):
                  f"Scheduled action {form.cleaned_data['name']} added.")
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def group_delete(request, pk):
     group = _group(request, pk)
     services.group_delete(group=group)

@@ -9,6 +9,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
 
 from frontend.console import console_view, service_error_to_form
+from frontend.forms import ConsoleForm
 from gpucloud.lib.errors import ServiceError
 from gpucloud.tenancy import permissions as perms
 from notifications import selectors, services
@@ -43,7 +44,7 @@ def inbox(request):
                                                    "email_to": email_destination()})
 
 
-class NotificationSettingsForm(forms.Form):
+class NotificationSettingsForm(ConsoleForm):
     scope = forms.ChoiceField(label="Tell me about", choices=Scope.choices)
     webhook_url = forms.CharField(label="Webhook URL", required=False, max_length=500,
                                   help_text="https, a public address; signed with a secret shown once")

@@ -23,7 +23,6 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
 
 from agents import selectors as agent_selectors
 from agents.services.logs import workload_logs_request
@@ -33,7 +32,7 @@ from billing.api import serializers as billing_s
 from billing.api.views import invoice_csv
 from billing.choices import UsageGroup
 from billing.models import BudgetAlert
-from frontend.console import apply_errors, console_view, refusal, service_error_to_form
+from frontend.console import account_view, apply_errors, console_action, console_view, refusal, service_error_to_form
 from frontend.forms import (
     IMAGE_TEMPLATES,
     ApiKeyForm,
@@ -142,12 +141,13 @@ def healthz(request):
 # ------------------------------------------------------------------ accounts
 
 
-@require_POST
+@account_view(methods=("POST",))
 def signout(request):
     logout(request)
     return redirect("console:login")
 
 
+@account_view(methods=("GET", "POST"))
 def invitation_accept(request):
     """Join a tenant with an invitation token. Needs a signed-in user, not a tenant yet.
 
@@ -179,7 +179,7 @@ def invitation_accept(request):
                   status=400 if form.is_bound and form.errors else 200)
 
 
-@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+@console_action(write=perms.TENANT_READ)
 def tenant_switch(request):
     """Act for another of the user's tenants from now on (kept in the session)."""
     wanted = request.POST.get("tenant", "")
@@ -361,7 +361,8 @@ def launch(request):
         if best:
             initial["region"] = best
             form = LaunchForm(initial=initial, saved_keys=saved, volumes=vols)
-    values = form.data if form.is_bound else initial
+    # Only what the form accepted reaches the price box's lookups (a NUL or a made-up code does not).
+    values = form.cleaned_data if form.is_bound else initial
     price = _launch_price(values.get("instance_type") or first["instance_type"],
                           values.get("region") or first["region"], console.tenant, free)
     ctx = {"form": form, "price": price, "spot": bool(values.get("spot")),
@@ -448,7 +449,7 @@ def _job_arrays(request, show: str) -> tuple:
     return None, listed
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def job_array_stop(request, pk):
     array = workload_selectors.job_array_list(tenant=request.console.tenant).filter(pk=pk).first()
     if array is None:
@@ -549,20 +550,20 @@ def _workload_action(request, kind: str, pk, service, verb: str, done: str, whil
     return redirect(_detail_url(workload))
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def workload_stop(request, kind: str, pk):
     return _workload_action(request, kind, pk, workload_services.workload_stop, "stop", "Stopping {name}.",
                             while_state="stopping")
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def workload_start(request, kind: str, pk):
     """Start a stopped instance again: back through the queue with the same configuration."""
     return _workload_action(request, kind, pk, workload_services.workload_start, "start",
                             "{name} is queued again; the scheduler places it in a moment.", while_state="pending")
 
 
-@console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def workload_terminate(request, kind: str, pk):
     workload = _workload(request, kind, pk)
     try:
@@ -627,7 +628,7 @@ def invoice_download(request, pk):
     return response
 
 
-@console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
+@console_action(write=perms.BILLING_MANAGE)
 def budget_create(request):
     form = BudgetForm(request.POST)
     if form.is_valid():
@@ -641,7 +642,7 @@ def budget_create(request):
     return usage.__wrapped__(request, budget_form=form)
 
 
-@console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
+@console_action(write=perms.BILLING_MANAGE)
 def budget_delete(request, pk):
     budget = billing_selectors.budget_list(tenant=request.console.tenant).filter(pk=pk).first()
     if budget is None:
@@ -682,7 +683,7 @@ def api_keys(request):
     return response
 
 
-@console_view(read=perms.API_KEYS_READ, write=perms.API_KEYS_REVOKE)
+@console_action(write=perms.API_KEYS_REVOKE)
 def api_key_revoke(request, pk):
     console = request.console
     key = tenancy_selectors.api_key_list(tenant=console.tenant).filter(pk=pk).first()
@@ -696,7 +697,7 @@ def api_key_revoke(request, pk):
     return redirect("console:api_keys")
 
 
-@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+@console_view(read=perms.SSH_KEYS_READ, write=perms.SSH_KEYS_MANAGE)
 def ssh_keys(request):
     console = request.console
     form = SshKeyForm(request.POST or None)
@@ -713,7 +714,7 @@ def ssh_keys(request):
                   status=400 if form.is_bound and form.errors else 200)
 
 
-@console_view(read=perms.TENANT_READ, write=perms.TENANT_READ)
+@console_action(write=perms.SSH_KEYS_MANAGE)
 def ssh_key_delete(request, pk):
     key = tenancy_selectors.ssh_key_list(tenant=request.console.tenant, user=request.user).filter(pk=pk).first()
     if key is None:
@@ -761,7 +762,7 @@ def _member(request, pk):
     return m
 
 
-@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_MANAGE)
+@console_action(write=perms.MEMBERS_MANAGE)
 def member_role(request, pk):
     membership = _member(request, pk)
     ser = tenancy_s.MemberUpdateSerializer(data={"role": request.POST.get("role", "")})
@@ -778,7 +779,7 @@ def member_role(request, pk):
     return redirect("console:members")
 
 
-@console_view(read=perms.MEMBERS_READ, write=perms.MEMBERS_LEAVE)
+@console_action(write=perms.MEMBERS_LEAVE)
 def member_remove(request, pk):
     """Remove a member (members.manage), or leave (anybody may remove themselves)."""
     console = request.console

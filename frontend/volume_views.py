@@ -6,7 +6,8 @@ from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect, render
 
-from frontend.console import console_view, service_error_to_form
+from frontend.console import console_action, console_view, service_error_to_form
+from frontend.forms import ConsoleForm
 from gpucloud.catalogue.selectors import region_list
 from gpucloud.lib.errors import ServiceError
 from gpucloud.tenancy import permissions as perms
@@ -14,7 +15,7 @@ from volumes import selectors, services
 from volumes.services import MAX_SIZE_GIB
 
 
-class VolumeForm(forms.Form):
+class VolumeForm(ConsoleForm):
     name = forms.RegexField(label="Name", regex=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100,
                             help_text="Letters, digits, . _ - ; unique among your volumes.",
                             error_messages={"invalid": "Letters, digits, . _ - (starting with a letter or digit)."})
@@ -26,7 +27,7 @@ class VolumeForm(forms.Form):
         self.fields["region"].choices = [(r.code, f"{r.name} ({r.code})") for r in region_list()]
 
 
-class ResizeForm(forms.Form):
+class ResizeForm(ConsoleForm):
     size_gib = forms.IntegerField(label="New size (GiB)", min_value=1, max_value=MAX_SIZE_GIB,
                                   help_text="A volume only grows.")
 
@@ -71,10 +72,8 @@ def volume_detail(request, pk):
     return render(request, "frontend/volume_detail.html", ctx, status=400 if form.is_bound and form.errors else 200)
 
 
-@console_view(read=perms.WORKLOADS_MANAGE, write=perms.WORKLOADS_MANAGE)
+@console_action(write=perms.WORKLOADS_MANAGE)
 def volume_delete(request, pk):
-    if request.method != "POST":
-        return redirect("console:volume", pk=pk)
     volume = selectors.volume_list(tenant=request.console.tenant).filter(pk=pk).first()
     if volume is None:
         raise Http404("No such volume.")

@@ -22,7 +22,8 @@ from gateway import public
 from gateway.services import Redeemed, terminal_ticket_redeem
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, acting_as, audit_record
-from gpucloud.tenancy.models import Membership, SshKey, Tenant, openssh_fingerprint
+from gpucloud.tenancy.models import SshKey, Tenant, openssh_fingerprint
+from gpucloud.tenancy.selectors import member_may, members_who_may
 from gpucloud.tenancy.services import api_key_check
 from scheduler.choices import State, WorkloadKind
 from scheduler.models import Workload
@@ -90,8 +91,7 @@ def authorize(*, username: str, public_key: str) -> Grant | None:
     for key in SshKey.objects.for_tenant(workload.tenant).filter(public_key__contains=blob[1]).select_related("user"):
         if _key_blob(key.public_key) != blob:
             continue
-        membership = Membership.objects.filter(tenant=workload.tenant, user_id=key.user_id).first()
-        if membership is not None and perms.WORKLOADS_CONNECT in perms.ROLE_PERMISSIONS.get(membership.role, ()):
+        if member_may(user_id=key.user_id, tenant_id=workload.tenant_id, permission=perms.WORKLOADS_CONNECT):
             grant.user_id, grant.key_fingerprint = key.user_id, key.fingerprint
             return grant
     for line in workload.ssh_keys or []:
@@ -161,12 +161,8 @@ def _member_grant(instance: str, user_id: int, *, key_scopes: list[str] | None =
         return None
     if workload is None or (key_tenant is not None and key_tenant != workload.tenant_id):
         return None
-    membership = Membership.objects.filter(tenant=workload.tenant, user_id=user_id).first()
-    if membership is None:
-        return None
-    granted = perms.effective_permissions(role=membership.role, scopes=key_scopes,
-                                          suspended=workload.tenant.is_suspended)
-    if perms.WORKLOADS_CONNECT not in granted:
+    if not member_may(user_id=user_id, tenant_id=workload.tenant_id, permission=perms.WORKLOADS_CONNECT,
+                      scopes=key_scopes):
         return None
     return _grant(workload, user_id=user_id, key_fingerprint=via)
 
@@ -193,17 +189,14 @@ def still_allowed(grants: list[Grant]) -> list[bool]:
         str(pk) for pk in Workload.objects.filter(
             pk__in={g.workload_id for g in grants}, state=State.RUNNING).values_list("pk", flat=True)
     }
-    users = {g.user_id for g in grants if g.user_id is not None}
-    members = {
-        (str(t), u): role
-        for t, u, role in Membership.objects.filter(user_id__in=users).values_list("tenant_id", "user_id", "role")
-    }
+    # an active member who may connect (a deactivated user or a removed member is cut off)
+    allowed = members_who_may(pairs={(g.tenant_id, g.user_id) for g in grants if g.user_id is not None},
+                              permission=perms.WORKLOADS_CONNECT)
     out = []
     for g in grants:
         ok = g.workload_id in running
         if ok and g.user_id is not None:
-            role = members.get((g.tenant_id, g.user_id))
-            ok = role is not None and perms.WORKLOADS_CONNECT in perms.ROLE_PERMISSIONS.get(role, ())
+            ok = (g.tenant_id, g.user_id) in allowed
         out.append(ok)
     return out
 

@@ -356,6 +356,10 @@ OPEN_SIGNUP = env_bool("OPEN_SIGNUP", True)
 # How long the link that confirms a new account's email address (and so grants the
 # sign-up credit) stays valid.
 EMAIL_VERIFICATION_TTL_HOURS = env_int("EMAIL_VERIFICATION_TTL_HOURS", 72)
+# Password-reset mails (docs/security.md): at most this many per e-mail address and per client
+# address ("N/period"); a request past either limit gets the same answer and sends nothing.
+PASSWORD_RESET_RATE_LIMIT_EMAIL = env_str("PASSWORD_RESET_RATE_LIMIT_EMAIL", "3/hour")
+PASSWORD_RESET_RATE_LIMIT_IP = env_str("PASSWORD_RESET_RATE_LIMIT_IP", "10/hour")
 # Plan defaults for quotas; Quota rows per tenant override or narrow them.
 PLAN_QUOTAS: dict[str, dict[str, int]] = {
     "starter": {"max_gpus": 8, "max_instances": 8},

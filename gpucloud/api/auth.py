@@ -5,6 +5,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from gpucloud.lib.http import client_ip
+from gpucloud.tenancy.selectors import member_permissions
 from gpucloud.tenancy.services import api_key_check, api_key_touch
 
 
@@ -26,8 +27,11 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         key = api_key_check(raw=parts[1])
         if key is None:
             raise exceptions.AuthenticationFailed("This API key is unknown, revoked or expired.")
-        if not key.created_by.is_active:
-            raise exceptions.AuthenticationFailed("The user who created this API key is disabled.")
+        # The one rule of every face (an active member of the key's tenant), so a key dies with
+        # its creator's account or membership even before anything revokes it.
+        if not member_permissions(membership=key.membership, scopes=key.scopes):
+            raise exceptions.AuthenticationFailed(
+                "The user who created this API key is disabled or no longer a member of its tenant.")
         api_key_touch(key=key, ip=client_ip(request))
         # The underlying Django request carries the key so throttles and views can see it.
         request._request.api_key = key

@@ -21,7 +21,7 @@ from gpucloud.lib.http import client_ip
 from gpucloud.tenancy import permissions as perms
 from gpucloud.tenancy.audit import Actor, reset_actor, set_actor
 from gpucloud.tenancy.models import Membership, Tenant
-from gpucloud.tenancy.selectors import membership_list_for_user
+from gpucloud.tenancy.selectors import member_permissions, membership_list_for_user
 
 TENANT_HEADER = "HTTP_X_TENANT"
 
@@ -118,11 +118,7 @@ class TenantMixin:
     def granted(self) -> frozenset[str]:
         """The actor's effective permissions: role, narrowed by key scopes and suspension."""
         key = getattr(self.request, "api_key", None)
-        return perms.effective_permissions(
-            role=self.membership.role,
-            scopes=key.scopes if key is not None else None,
-            suspended=self.tenant.is_suspended,
-        )
+        return member_permissions(membership=self.membership, scopes=key.scopes if key is not None else None)
 
     def require(self, permission: str) -> None:
         """Raise the 403 that explains why, unless the actor holds `permission`."""

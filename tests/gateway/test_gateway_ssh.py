@@ -112,6 +112,14 @@ def ssh(port, key, user, *args, **kw):
          f"{user}@127.0.0.1", *args], capture_output=True, text=True, timeout=20, **kw)
 
 
+def ssh_session(port, key, user) -> subprocess.Popen:
+    """An interactive session (a PTY) left open: its prompt is `$ ` on stdout."""
+    return subprocess.Popen(
+        ["ssh", "-tt", "-p", str(port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+         f"{user}@127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def test_ssh_runs_the_command_and_passes_its_exit_status_and_audits_the_session(running, alice, tmp_path):
     sim, w, gw = running
     key, pub = keypair(tmp_path, "alice")
@@ -167,10 +175,7 @@ def test_an_open_session_ends_within_seconds_of_stop(running, alice, tmp_path):
     sim, w, gw = running
     key, pub = keypair(tmp_path, "alice")
     ssh_key_add(membership=alice.membership, name="a", public_key=pub)
-    proc = subprocess.Popen(
-        ["ssh", "-tt", "-p", str(gw.gw.ssh_port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-         f"{w.pk}@127.0.0.1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = ssh_session(gw.gw.ssh_port, key, str(w.pk))
     try:
         assert proc.stdout.read(2) == b"$ "  # the prompt: the session is open
         assert workload_transition(workload=w, to=State.STOPPING, reason="user stop")
