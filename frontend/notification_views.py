@@ -14,6 +14,7 @@ from gpucloud.lib.errors import ServiceError
 from gpucloud.tenancy import permissions as perms
 from notifications import selectors, services
 from notifications.choices import OPERATOR_EVENTS, Channel, Event, Scope
+from notifications.models import NotificationSettings
 
 
 def email_destination() -> str:
@@ -49,8 +50,9 @@ class NotificationSettingsForm(ConsoleForm):
     webhook_url = forms.CharField(label="Webhook URL", required=False, max_length=500,
                                   help_text="https, a public address; signed with a secret shown once")
 
-    def __init__(self, *args, current, **kwargs) -> None:
+    def __init__(self, *args, current: NotificationSettings | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        current = current or NotificationSettings()  # the defaults
         self.events = [e for e in Event if e not in OPERATOR_EVENTS]
         for e in self.events:
             self.fields[f"ch:{e.value}"] = forms.MultipleChoiceField(

@@ -15,7 +15,6 @@ from django.core.cache import cache
 from django.db import transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
-from frontend.services import ssh_key_add
 
 from alarms.services import alarm_create
 from autoscaling.services import group_create
@@ -23,7 +22,7 @@ from billing.services import budget_create
 from gpucloud.catalogue.models import InstanceType, Region
 from gpucloud.tenancy.choices import Role
 from gpucloud.tenancy.models import Membership
-from gpucloud.tenancy.services import api_key_create
+from gpucloud.tenancy.services import api_key_create, ssh_key_add
 from scheduler.choices import State
 from scheduler.models import JobArray, Workload
 from tests.api.test_isolation import ED25519

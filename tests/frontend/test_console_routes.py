@@ -36,7 +36,7 @@ pytestmark = pytest.mark.django_db
 ACCOUNT_ROUTES = {
     "login", "signin_code", "signup", "verify_email", "verify_email_resend", "password_reset",
     "password_reset_done", "password_reset_confirm", "password_reset_complete", "security", "logout",
-    "invitation_accept",
+    "invitation_accept", "session",
 }
 
 # Routes that accept a viewer's POST, because the matrix gives every member that permission.

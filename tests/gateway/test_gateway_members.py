@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
-from frontend.services import ssh_key_add
 
 from agents.host.tunnel import SimConnector
 from gateway import access
 from gpucloud.tenancy.models import Membership
+from gpucloud.tenancy.services import ssh_key_add
 from tests.agents.test_agent_api import make_sim_host, place, region, state, triggered  # noqa: F401
 from tests.conftest import make_actor
 from tests.gateway.test_gateway_ssh import GatewayThread, keypair, running_instance, ssh, ssh_session, tunnel_up
