@@ -9,11 +9,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Max, Prefetch, QuerySet, Sum
+from django.db.models import F, Prefetch, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing import pricing
+from billing import metering, pricing
 from billing.choices import EntryKind, UsageGroup
 from billing.metering import epoch_floor
 from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter
@@ -21,7 +21,6 @@ from billing.services import month_spend
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
 from gpucloud.tenancy.models import Tenant
-from scheduler.choices import State
 from scheduler.models import WorkloadEvent
 
 
@@ -132,10 +131,10 @@ def launched_cost(*, workload: Any, per_hour: Decimal | None) -> Cost:
 def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> dict[Any, Cost]:
     """Hourly price now and cost so far for each workload, in four queries whatever their number.
 
-    cost so far = what the ledger posted + the running seconds after the metering
-    watermark (not posted yet) at today's price, up to now while it runs, else up to when
-    its last run ended (so it never goes backwards when a run ends). An estimate until metered; the ledger
-    is the bill.
+    cost so far = what the ledger posted + the running seconds metering has not posted yet
+    (after its watermark, up to now: every run in that span, from the transition log, by the
+    rules of billing/metering.py) at today's price. It never goes backwards when a run ends or
+    a stopped instance starts again. An estimate until metered; the ledger is the bill.
     """
     now = now or timezone.now()
     if not workloads:
@@ -155,33 +154,25 @@ def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> 
             .annotate(a=Sum("amount")).values_list("workload_id", "a"):
         posted[wid] = -(amount or Decimal(0))
     watermarks = dict(Meter.objects.filter(pk__in=ids).values_list("pk", "metered_until"))
-    # Work that stopped running since it started (stopping, stopped, ended): its last run lasted
-    # until it left RUNNING. Counting those seconds until metering posts them keeps "cost so far"
-    # from going backwards when a run ends.
-    ran = [w.pk for w in workloads if w.state != State.RUNNING and w.started_at]
-    left_running = dict(
-        WorkloadEvent.objects.filter(workload_id__in=ran, from_state=State.RUNNING)
-        .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
-    ) if ran else {}
-    # Billing counts from the control plane's RUNNING event (billing/metering.py); `started_at`
-    # may be the agent's earlier observation of the container's start
-    # (agents.services.containers.containers_observed_times): the estimate counts from the event
-    # too, so metering never takes back seconds it showed.
-    started = [w.pk for w in workloads if w.started_at]
-    entered = dict(
-        WorkloadEvent.objects.filter(workload_id__in=started, to_state=State.RUNNING)
-        .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
-    ) if started else {}
+    # What metering has not posted yet is read from the same transition log metering reads,
+    # by the same pure rule (billing/metering.py): the running seconds after the watermark
+    # (after the workload's creation while no meter is open, as `meters_discover` opens it),
+    # every run in it, up to now. When metering catches up, the seconds it posts leave this
+    # part as they enter the ledger: nothing counted twice, nothing dropped. (Before, only the
+    # last run counted, from `started_at`: a start, which clears `started_at`, showed 0.00 until
+    # metering caught up with the run before it.)
+    events: dict[Any, list[tuple[int, str]]] = defaultdict(list)
+    for wid, t, state in (WorkloadEvent.objects.filter(workload_id__in=ids).order_by("workload_id", "created_at", "id")
+                          .values_list("workload_id", "created_at", "to_state")):
+        events[wid].append((epoch_floor(t), state))
+    end = epoch_floor(now)
     out = {}
     for w in workloads:
         per_hour = prices.get((w.instance_type_id, w.region_id, w.billing))
         hourly = None if per_hour is None else per_hour * w.nodes
         so_far = posted[w.pk]
-        until = now if w.state == State.RUNNING else left_running.get(w.pk)
-        if until is not None and w.started_at and hourly is not None:
-            begun = max(w.started_at, entered.get(w.pk, w.started_at))
-            since = max(begun, watermarks.get(w.pk, begun))
-            unposted = max(0, epoch_floor(until) - epoch_floor(since))
-            so_far += hourly * unposted / 3600
+        if hourly is not None:
+            since = epoch_floor(watermarks.get(w.pk, w.created_at))
+            so_far += hourly * metering.running_seconds(events[w.pk], start=since, end=end) / 3600
         out[w.pk] = Cost(hourly=hourly, so_far=pricing.cents(so_far))
     return out
