@@ -18,6 +18,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Sum
+from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
 from agents.models import Gpu
@@ -284,6 +285,7 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
     Safe to run again at any time, and from any number of workers at once.
     """
     t0 = time.perf_counter()
+    posted_since = timezone.now()  # entries this run adds are stamped from here on
     now = now or timezone.now()
     cutoff = metering_cutoff(now)
     stats = MeteringStats(cutoff=cutoff)
@@ -301,6 +303,8 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
     _n, stored, stored_amount = storage_metering_run(cutoff=cutoff)  # volumes: GiB-seconds
     stats.entries += stored
     stats.amount += stored_amount
+    if stats.entries:
+        invoices_follow(posted_since=posted_since)
     stats.stopped = balances_enforce(now=now)
     budgets_check(now=now)
     stats.seconds = time.perf_counter() - t0
@@ -559,6 +563,19 @@ def invoice_refresh(*, tenant_id: Any, month: date) -> Invoice:
         return invoice
 
 
+def invoices_follow(*, posted_since: datetime) -> int:
+    """Keep the draft invoices of the months that just got usage in step with the ledger: a
+    tenant's month shows its draft (and its CSV) from its first metered minute, not from the
+    next hourly `invoices_close`. Refreshes one draft per (tenant, month) with entries posted
+    since `posted_since`; an issued invoice never changes (`invoice_refresh`)."""
+    months = set(LedgerEntry.objects.filter(kind__in=(EntryKind.USAGE, EntryKind.STORAGE),
+                                            created_at__gte=posted_since)
+                 .annotate(month=TruncMonth("period_start", tzinfo=UTC)).values_list("tenant_id", "month"))
+    for tenant_id, month in sorted(months, key=lambda p: (str(p[0]), p[1])):
+        invoice_refresh(tenant_id=tenant_id, month=month_start(month))
+    return len(months)
+
+
 def metered_through(*, tenant_id: Any, at: datetime) -> bool:
     """Whether every running second of the tenant before `at` is posted."""
     cursor = MeteringCursor.objects.filter(name="default").values_list("events_until", flat=True).first()
@@ -624,7 +641,8 @@ def invoices_close(*, now: datetime | None = None) -> dict[str, int]:
     counts = {"refreshed": 0, "issued": 0}
     for month in (last_month, this_month):
         start, end = _midnight(month), _midnight(next_month(month))
-        tenants = set(LedgerEntry.objects.filter(kind=EntryKind.USAGE, period_start__gte=start,
+        tenants = set(LedgerEntry.objects.filter(kind__in=(EntryKind.USAGE, EntryKind.STORAGE),
+                                                 period_start__gte=start,
                                                  period_start__lt=end).values_list("tenant_id", flat=True))
         tenants |= set(Invoice.objects.filter(period_start=month, status=InvoiceStatus.DRAFT)
                        .values_list("tenant_id", flat=True))

@@ -25,6 +25,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from agents import selectors as agent_selectors
+from agents.protocol import IDLE_BELOW
 from agents.services.logs import workload_logs_request
 from billing import selectors as billing_selectors
 from billing import services as billing_services
@@ -465,7 +466,12 @@ def _live_context(request, workload) -> dict:
     if ran_on:
         allocations = sorted(workload_selectors.workload_last_allocations(workload=workload),
                              key=lambda a: (a.host.name, a.gpu_id))
-    return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations,
+    # the volumes it uses (its mounts name them), read through the tenant's own volumes
+    mounts = {str(m["volume_id"]): m["path"] for m in workload.mounts or []}
+    volumes = [(v, mounts[str(v.pk)]) for v in volume_selectors.volume_list(tenant=request.console.tenant)
+               .filter(pk__in=list(mounts)).order_by("name")] if mounts else []
+    return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations, "volumes": volumes,
+            "idle_below_pct": f"{IDLE_BELOW * 100:g}",
             "ran_on": ran_on and bool(allocations),
             "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
             "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
@@ -578,7 +584,11 @@ def usage(request, budget_form: BudgetForm | None = None):
     start, end = billing_services.month_began(now), now + timedelta(seconds=1)
     by_type = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE_TYPE)
     by_instance = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE)
-    ctx = {"by_type": by_type, "by_instance": by_instance, "month": start, "poll_s": 5}
+    volumes = list(volume_selectors.volume_list(tenant=tenant).order_by("name")[:50])
+    volume_costs = billing_selectors.volume_costs(volumes=volumes, now=now)
+    ctx = {"by_type": by_type, "by_instance": by_instance, "month": start, "poll_s": 5,
+           "storage": billing_selectors.storage_usage(tenant=tenant, start=start, end=end),
+           "volumes": [(v, volume_costs[v.pk]) for v in volumes]}
     if request.htmx:
         return render(request, "frontend/partials/usage_tables.html", ctx)
     since = (now - timedelta(days=30)).replace(hour=0, minute=0, second=0, microsecond=0)

@@ -170,8 +170,10 @@ class UsageApi(TenantMixin, ApiView):
         start = q.validated_data.get("from") or services.month_began(now)
         end = q.validated_data.get("to") or now
         rows = selectors.usage(tenant=self.tenant, start=start, end=end, group_by=q.validated_data["group_by"])
+        storage = selectors.storage_usage(tenant=self.tenant, start=start, end=end)
         body = {"from": start, "to": end, "group_by": q.validated_data["group_by"],
-                "currency": settings.BILLING_CURRENCY, "rows": rows, "total": sum(r.amount for r in rows)}
+                "currency": settings.BILLING_CURRENCY, "rows": rows, "storage": storage,
+                "total": sum(r.amount for r in rows) + storage.amount}
         return Response(s.UsageSerializer(body).data)
 
 
