@@ -16,7 +16,7 @@ from django.utils import timezone
 from billing import metering, pricing
 from billing.choices import EntryKind, UsageGroup
 from billing.metering import epoch_floor
-from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter, VolumeMeter
+from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter, TopUp, VolumeMeter
 from billing.services import month_spend
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
@@ -32,6 +32,10 @@ def ledger_list(*, tenant: Tenant) -> QuerySet[LedgerEntry]:
 def invoice_list(*, tenant: Tenant) -> QuerySet[Invoice]:
     return Invoice.objects.for_tenant(tenant).select_related("tenant").prefetch_related(
         Prefetch("lines", queryset=InvoiceLine.objects.select_related("instance_type", "region")))
+
+
+def topup_list(*, tenant: Tenant) -> QuerySet[TopUp]:
+    return TopUp.objects.for_tenant(tenant).order_by("-created_at")
 
 
 def budget_list(*, tenant: Tenant) -> QuerySet[Budget]:

@@ -45,6 +45,7 @@ from frontend.forms import (
     LaunchForm,
     RoleForm,
     SshKeyForm,
+    TopUpForm,
 )
 from gateway.public import connect_hints, terminal_ticket, terminal_ws_url
 from gpucloud.catalogue.selectors import (
@@ -577,8 +578,8 @@ def workload_terminate(request, kind: str, pk):
 
 
 @console_view(read=perms.BILLING_READ)
-def usage(request, budget_form: BudgetForm | None = None):
-    """Usage and billing; `budget_form`: a budget form that did not save, shown with its errors."""
+def usage(request, budget_form: BudgetForm | None = None, topup_form: TopUpForm | None = None):
+    """Usage and billing; `budget_form`, `topup_form`: a form that did not save, shown with its errors."""
     tenant = request.console.tenant
     now = timezone.now().astimezone(UTC)
     start, end = billing_services.month_began(now), now + timedelta(seconds=1)
@@ -605,8 +606,11 @@ def usage(request, budget_form: BudgetForm | None = None):
                        # the whole window, so one day of usage is not stretched over the axis
                        "from": int(since.timestamp()), "to": int(since.timestamp()) + 31 * 86400},
         "budget_form": budget_form or BudgetForm(),
+        "topup_form": topup_form or TopUpForm(),
+        "topups": list(billing_selectors.topup_list(tenant=tenant)[:10]),
     })
-    return render(request, "frontend/usage.html", ctx, status=200 if budget_form is None else 400)
+    failed = budget_form is not None or topup_form is not None
+    return render(request, "frontend/usage.html", ctx, status=400 if failed else 200)
 
 
 def _invoice(request, pk):
@@ -642,6 +646,28 @@ def budget_create(request):
         apply_errors(form, ser.errors)
     # the usage page again, the form with each error beside its field, a summary and what was typed
     return usage.__wrapped__(request, budget_form=form)
+
+
+@require_POST
+@console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
+def topup_create(request):
+    """Add credit: file a top-up through the payment provider; then its checkout page, or the
+    usage page saying an operator approves it."""
+    form = TopUpForm(request.POST)
+    if form.is_valid():
+        back = request.build_absolute_uri(reverse("console:usage"))
+        try:
+            topup, start = billing_services.topup_request(
+                tenant=request.console.tenant, user=request.user, amount=form.cleaned_data["amount"],
+                success_url=f"{back}?topup=paid#credit", cancel_url=f"{back}?topup=cancelled#credit")
+        except ServiceError as exc:
+            service_error_to_form(form, exc)
+        else:
+            if start.redirect_url:
+                return redirect(start.redirect_url)
+            messages.success(request, f"Top-up of {topup.amount} {topup.currency} requested. {start.message}")
+            return redirect(f"{reverse('console:usage')}#credit")
+    return usage.__wrapped__(request, topup_form=form)
 
 
 @console_view(read=perms.BILLING_READ, write=perms.BILLING_MANAGE)
