@@ -189,3 +189,15 @@ def test_the_database_refuses_one_event_paying_two_top_ups(alice):
     with pytest.raises(IntegrityError), transaction.atomic():
         TopUp.objects.create(tenant=alice.tenant, amount=Decimal("5"), provider="stripe", paid_event="evt_1")
     assert a.pk
+
+
+def test_the_low_balance_notice_offers_add_credit_and_the_return_from_checkout_is_explained(alice, victor):
+    from billing import services
+
+    services.credit_grant(tenant=alice.tenant, amount=-(balance(alice) - Decimal("3")), kind=EntryKind.ADJUSTMENT)
+    dashboard = console(alice).get("/console/").content.decode()
+    assert 'id="low-balance-add-credit"' in dashboard and f'{reverse("console:usage")}#credit' in dashboard
+    # a viewer cannot add credit: the notice offers no button
+    assert 'id="low-balance-add-credit"' not in console(victor).get("/console/").content.decode()
+    back = console(alice).get(reverse("console:usage"), {"topup": "paid"}).content.decode()
+    assert "your payment is being confirmed" in back

@@ -86,6 +86,7 @@ def test_the_instance_page_shows_its_volumes_auto_stop_and_a_share_as_a_fraction
     assert "checkpoints" in page and "/ckpt" in page
     assert "after 30 min with every GPU under 5 % utilisation" in page
     assert "(1/8 GPU)" in page and "‰" not in page
+    assert "L40S (1/8 GPU)" in console(alice).get("/console/catalogue/").content.decode()
     Workload.objects.filter(pk=w.pk).update(auto_stop_idle_minutes=None)
     assert ">off<" in console(alice).get(f"/console/instances/{w.pk}/live").content.decode()
 
