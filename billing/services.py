@@ -565,16 +565,26 @@ def invoice_refresh(*, tenant_id: Any, month: date) -> Invoice:
 
 
 def invoices_follow(*, posted_since: datetime) -> int:
-    """Keep the draft invoices of the months that just got usage in step with the ledger: a
-    tenant's month shows its draft (and its CSV) from its first metered minute, not from the
-    next hourly `invoices_close`. Refreshes one draft per (tenant, month) with entries posted
-    since `posted_since`; an issued invoice never changes (`invoice_refresh`)."""
+    """Keep the draft invoices of the months that just got usage near the ledger: a tenant's
+    month shows its draft (and its CSV) from its first metered minute, not from the next hourly
+    `invoices_close`. Refreshes the draft of each (tenant, month) with entries posted since
+    `posted_since` that has none yet or was refreshed over `INVOICE_DRAFT_REFRESH_S` ago: a
+    refresh costs about eight statements a tenant, so refreshing every draft at every run
+    tripled the run's statements with 200 tenants (docs/billing.md). An issued invoice never
+    changes (`invoice_refresh`)."""
     months = set(LedgerEntry.objects.filter(kind__in=(EntryKind.USAGE, EntryKind.STORAGE),
                                             created_at__gte=posted_since)
                  .annotate(month=TruncMonth("period_start", tzinfo=UTC)).values_list("tenant_id", "month"))
-    for tenant_id, month in sorted(months, key=lambda p: (str(p[0]), p[1])):
-        invoice_refresh(tenant_id=tenant_id, month=month_start(month))
-    return len(months)
+    if not months:
+        return 0
+    fresh_since = timezone.now() - timedelta(seconds=settings.INVOICE_DRAFT_REFRESH_S)
+    fresh = set(Invoice.objects.filter(tenant_id__in={t for t, _ in months},
+                                       period_start__in={month_start(m) for _, m in months},
+                                       updated_at__gte=fresh_since).values_list("tenant_id", "period_start"))
+    due = sorted({(t, month_start(m)) for t, m in months} - fresh, key=lambda p: (str(p[0]), p[1]))
+    for tenant_id, month in due:
+        invoice_refresh(tenant_id=tenant_id, month=month)
+    return len(due)
 
 
 def metered_through(*, tenant_id: Any, at: datetime) -> bool:

@@ -424,6 +424,9 @@ STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE", "https://api.stripe.com")  # a stand-in's address in tests
 STRIPE_WEBHOOK_TOLERANCE_S = env_int("STRIPE_WEBHOOK_TOLERANCE_S", 300)
+# A metering run refreshes a month's draft invoice it posted into when the draft is missing or
+# older than this (the hourly invoices task refreshes them all): billing.services.invoices_follow.
+INVOICE_DRAFT_REFRESH_S = env_int("INVOICE_DRAFT_REFRESH_S", 300)
 # Outbound URLs (webhooks) must be https to a public address. 1 also allows http and private,
 # loopback and CGNAT addresses: for a demo or tests, never on a shared installation. Link-local
 # and metadata addresses (169.254.169.254) stay refused either way (gpucloud/lib/outbound.py).

@@ -45,8 +45,12 @@ def test_the_months_draft_invoice_and_its_csv_appear_with_the_first_metered_minu
     csv = console(alice).get(f"/console/invoices/{invoice.pk}/csv")
     assert csv.status_code == 200 and "h100.1x" in csv.content.decode()
     assert not Invoice.objects.filter(tenant=charlie.tenant).exists()  # no usage, no invoice
-    # the next minute moves the same draft on: one invoice a month, its total growing
+    # later runs move the same draft on (one invoice a month, its total growing), at most every
+    # INVOICE_DRAFT_REFRESH_S: a run right after changes nothing, one after that refreshes it
     services.metering_run(now=now + timedelta(minutes=1))
+    assert Invoice.objects.get(tenant=alice.tenant).total == invoice.total
+    Invoice.objects.filter(pk=invoice.pk).update(updated_at=timezone.now() - timedelta(seconds=301))
+    services.metering_run(now=now + timedelta(minutes=2))
     later = Invoice.objects.get(tenant=alice.tenant)
     assert later.pk == invoice.pk and later.total > invoice.total
 
