@@ -17,6 +17,7 @@ from billing.models import (
     Meter,
     MeteringCursor,
     SpotFloor,
+    TopUp,
     VolumeMeter,
 )
 from gpucloud.lib.outbound import outbound_url_validator
@@ -186,6 +187,49 @@ class InvoiceAdmin(OperatorAdmin):
                 ),
             )
         outcome.tell(self, request, "Recorded payment in full of the invoices of {names}.")
+
+
+@admin.register(TopUp)
+class TopUpAdmin(OperatorAdmin):
+    """Renters' requests to add credit. The default provider's wait here for an operator:
+    *Approve and credit* puts the amount on the tenant's ledger once (approving again, or a
+    request a provider already paid, changes nothing); *Reject* declines it."""
+
+    list_display = ["created_at", "tenant", "amount", "currency", "provider", "status", "requested_by",
+                    "decided_by", "paid_at"]
+    list_filter = ["status", "provider"]
+    search_fields = ["tenant__name", "tenant__slug", "id", "provider_ref", "paid_event"]
+    list_select_related = ["tenant", "requested_by", "decided_by"]
+    readonly_fields = ["tenant", "amount", "currency", "provider", "status", "requested_by", "created_at",
+                       "provider_ref", "paid_event", "paid_at", "decided_by", "entry"]
+    actions = ["approve", "reject"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def _each(self, request, queryset, verb: str, fn, done: str) -> None:
+        outcome = Outcome()
+        for topup in queryset.select_related("tenant"):
+            label = f"{topup.tenant} {topup.amount} {topup.currency}"
+            changed = outcome.attempt(label, verb, lambda t=topup: fn(topup=t, operator=request.user))
+            if changed is False:  # already decided (paid once, or rejected): nothing more happens
+                outcome.done.remove(label)
+                outcome.notes.append(f"The top-up of {label} is already {topup.get_status_display().lower()}: "
+                                     "nothing changed.")
+        outcome.tell(self, request, done)
+
+    @admin.action(description="Approve and credit (adds the amount to the balance once)")
+    def approve(self, request, queryset):
+        self._each(request, queryset, "approve the top-up of", services.topup_approve,
+                   "Credited the top-ups of {names}.")
+
+    @admin.action(description="Reject (credits nothing)")
+    def reject(self, request, queryset):
+        self._each(request, queryset, "reject the top-up of", services.topup_reject,
+                   "Rejected the top-ups of {names}.")
 
 
 @admin.register(InvoiceLine)

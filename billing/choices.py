@@ -26,3 +26,9 @@ class UsageGroup(models.TextChoices):
     REGION = "region", "Region"
     DAY = "day", "Day"
     INSTANCE = "instance", "Instance"
+
+
+class TopUpStatus(models.TextChoices):
+    REQUESTED = "requested", "Requested"  # filed: waits for an operator (or the renter's checkout)
+    PAID = "paid", "Paid"  # the credit is on the ledger (exactly once)
+    REJECTED = "rejected", "Rejected"  # an operator declined it: nothing was credited

@@ -9,12 +9,13 @@ import secrets
 import uuid
 from decimal import Decimal
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from billing.choices import EntryKind, InvoiceStatus
+from billing.choices import EntryKind, InvoiceStatus, TopUpStatus
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import GpuModel, InstanceType, Region
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
@@ -309,3 +310,47 @@ class SpotFloor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_model} in {self.region}: floor {self.floor_fraction:%}"
+
+
+class TopUp(models.Model):
+    """A renter's request to add credit, and how it was paid (docs/billing.md, "Adding credit").
+
+    Filed from the console through the payment provider (`billing/payments.py`): the default
+    one leaves it for an operator to approve in the admin; Stripe Checkout pays it and says so
+    with a signed webhook. The credit lands once: `topup_credit` moves a `requested` row to
+    `paid` under its lock with one ledger entry (`entry`, unique), and `(provider, paid_event)`
+    is unique, so a replayed or duplicated provider event can never pay twice.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="topups")
+    amount = models.DecimalField(**CENTS)
+    currency = models.CharField(max_length=3, default="USD")
+    provider = models.CharField(max_length=32, help_text="the payment provider that handles it")
+    status = models.CharField(max_length=10, choices=TopUpStatus.choices, default=TopUpStatus.REQUESTED)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    # the provider's own reference (a Checkout Session id), once it has one
+    provider_ref = models.CharField(max_length=200, blank=True)
+    # what paid it: the provider's event id (Stripe's `evt_…`) or the operator's approval
+    paid_event = models.CharField(max_length=200, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", help_text="the operator who approved or rejected it")
+    entry = models.OneToOneField(LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="topup")
+
+    objects = TenantOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "paid_event"], condition=~Q(paid_event=""),
+                                    name="topup_event_pays_once"),
+            models.CheckConstraint(condition=Q(amount__gt=0), name="topup_positive"),
+            models.CheckConstraint(condition=~Q(status="paid") | (Q(entry__isnull=False) & ~Q(paid_event="")),
+                                   name="topup_paid_has_entry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} top-up {self.amount} {self.currency} ({self.status})"

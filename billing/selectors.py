@@ -9,20 +9,20 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Max, Prefetch, QuerySet, Sum
+from django.db.models import F, Prefetch, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from billing import pricing
+from billing import metering, pricing
 from billing.choices import EntryKind, UsageGroup
 from billing.metering import epoch_floor
-from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter
+from billing.models import Account, Budget, Invoice, InvoiceLine, LedgerEntry, Meter, TopUp, VolumeMeter
 from billing.services import month_spend
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import Price
 from gpucloud.tenancy.models import Tenant
-from scheduler.choices import State
 from scheduler.models import WorkloadEvent
+from volumes.models import StoragePrice
 
 
 def ledger_list(*, tenant: Tenant) -> QuerySet[LedgerEntry]:
@@ -32,6 +32,10 @@ def ledger_list(*, tenant: Tenant) -> QuerySet[LedgerEntry]:
 def invoice_list(*, tenant: Tenant) -> QuerySet[Invoice]:
     return Invoice.objects.for_tenant(tenant).select_related("tenant").prefetch_related(
         Prefetch("lines", queryset=InvoiceLine.objects.select_related("instance_type", "region")))
+
+
+def topup_list(*, tenant: Tenant) -> QuerySet[TopUp]:
+    return TopUp.objects.for_tenant(tenant).order_by("-created_at")
 
 
 def budget_list(*, tenant: Tenant) -> QuerySet[Budget]:
@@ -132,10 +136,10 @@ def launched_cost(*, workload: Any, per_hour: Decimal | None) -> Cost:
 def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> dict[Any, Cost]:
     """Hourly price now and cost so far for each workload, in four queries whatever their number.
 
-    cost so far = what the ledger posted + the running seconds after the metering
-    watermark (not posted yet) at today's price, up to now while it runs, else up to when
-    its last run ended (so it never goes backwards when a run ends). An estimate until metered; the ledger
-    is the bill.
+    cost so far = what the ledger posted + the running seconds metering has not posted yet
+    (after its watermark, up to now: every run in that span, from the transition log, by the
+    rules of billing/metering.py) at today's price. It never goes backwards when a run ends or
+    a stopped instance starts again. An estimate until metered; the ledger is the bill.
     """
     now = now or timezone.now()
     if not workloads:
@@ -155,33 +159,91 @@ def workload_costs(*, workloads: Sequence[Any], now: datetime | None = None) -> 
             .annotate(a=Sum("amount")).values_list("workload_id", "a"):
         posted[wid] = -(amount or Decimal(0))
     watermarks = dict(Meter.objects.filter(pk__in=ids).values_list("pk", "metered_until"))
-    # Work that stopped running since it started (stopping, stopped, ended): its last run lasted
-    # until it left RUNNING. Counting those seconds until metering posts them keeps "cost so far"
-    # from going backwards when a run ends.
-    ran = [w.pk for w in workloads if w.state != State.RUNNING and w.started_at]
-    left_running = dict(
-        WorkloadEvent.objects.filter(workload_id__in=ran, from_state=State.RUNNING)
-        .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
-    ) if ran else {}
-    # Billing counts from the control plane's RUNNING event (billing/metering.py); `started_at`
-    # may be the agent's earlier observation of the container's start
-    # (agents.services.containers.containers_observed_times): the estimate counts from the event
-    # too, so metering never takes back seconds it showed.
-    started = [w.pk for w in workloads if w.started_at]
-    entered = dict(
-        WorkloadEvent.objects.filter(workload_id__in=started, to_state=State.RUNNING)
-        .values("workload_id").annotate(at=Max("created_at")).values_list("workload_id", "at")
-    ) if started else {}
+    # What metering has not posted yet is read from the same transition log metering reads,
+    # by the same pure rule (billing/metering.py): the running seconds after the watermark
+    # (after the workload's creation while no meter is open, as `meters_discover` opens it),
+    # every run in it, up to now. When metering catches up, the seconds it posts leave this
+    # part as they enter the ledger: nothing counted twice, nothing dropped. (Before, only the
+    # last run counted, from `started_at`: a start, which clears `started_at`, showed 0.00 until
+    # metering caught up with the run before it.)
+    events: dict[Any, list[tuple[int, str]]] = defaultdict(list)
+    for wid, t, state in (WorkloadEvent.objects.filter(workload_id__in=ids).order_by("workload_id", "created_at", "id")
+                          .values_list("workload_id", "created_at", "to_state")):
+        events[wid].append((epoch_floor(t), state))
+    end = epoch_floor(now)
     out = {}
     for w in workloads:
         per_hour = prices.get((w.instance_type_id, w.region_id, w.billing))
         hourly = None if per_hour is None else per_hour * w.nodes
         so_far = posted[w.pk]
-        until = now if w.state == State.RUNNING else left_running.get(w.pk)
-        if until is not None and w.started_at and hourly is not None:
-            begun = max(w.started_at, entered.get(w.pk, w.started_at))
-            since = max(begun, watermarks.get(w.pk, begun))
-            unposted = max(0, epoch_floor(until) - epoch_floor(since))
-            so_far += hourly * unposted / 3600
+        if hourly is not None:
+            since = epoch_floor(watermarks.get(w.pk, w.created_at))
+            so_far += hourly * metering.running_seconds(events[w.pk], start=since, end=end) / 3600
         out[w.pk] = Cost(hourly=hourly, so_far=pricing.cents(so_far))
+    return out
+
+
+# ---------------------------------------------------------------- storage (volumes)
+
+
+@dataclass(frozen=True)
+class StorageUsage:
+    gib_hours: Decimal
+    seconds: int
+    amount: Decimal  # cents
+
+
+def storage_usage(*, tenant: Tenant, start: datetime, end: datetime) -> StorageUsage:
+    """Volumes' posted storage for slices starting in [start, end): the usage page's and the
+    API's storage row (an invoice's storage lines, summed)."""
+    r = (LedgerEntry.objects.for_tenant(tenant)
+         .filter(kind=EntryKind.STORAGE, period_start__gte=start, period_start__lt=end)
+         .aggregate(s=Sum("seconds"), gs=Sum(F("gib") * F("seconds")), a=Sum("amount")))
+    return StorageUsage(gib_hours=(Decimal(r["gs"] or 0) / 3600).quantize(Decimal("0.0001")),
+                        seconds=int(r["s"] or 0), amount=pricing.cents(-(r["a"] or Decimal(0))))
+
+
+def storage_prices(*, region_ids: Any, now: datetime | None = None) -> dict[Any, Decimal]:
+    """The storage price in force now per GiB-hour, by region (a region without one is absent)."""
+    now = now or timezone.now()
+    out: dict[Any, Decimal] = {}
+    for region_id, per_gib_hour in (StoragePrice.objects.filter(region_id__in=list(region_ids), effective_from__lte=now)
+                                    .order_by("region_id", "-effective_from").values_list("region_id", "per_gib_hour")):
+        out.setdefault(region_id, per_gib_hour)
+    return out
+
+
+@dataclass(frozen=True)
+class VolumeCost:
+    per_gib_hour: Decimal | None  # the region's storage price now; None when none is in force
+    hourly: Decimal | None  # per_gib_hour × its size
+    so_far: Decimal  # cents: posted + the seconds after its watermark at today's price
+
+
+def volume_costs(*, volumes: Sequence[Any], now: datetime | None = None) -> dict[Any, VolumeCost]:
+    """What each volume costs an hour now and has cost so far, in three queries for a page.
+
+    As for instances (`workload_costs`): what the ledger posted plus the seconds metering has
+    not posted yet (after its watermark, or its creation), at today's price and size: an
+    estimate until metered; the ledger is the bill."""
+    now = now or timezone.now()
+    if not volumes:
+        return {}
+    ids = [v.pk for v in volumes]
+    prices = storage_prices(region_ids={v.region_id for v in volumes}, now=now)
+    posted: dict[Any, Decimal] = defaultdict(Decimal)
+    for vid, amount in (LedgerEntry.objects.filter(volume_id__in=ids, kind=EntryKind.STORAGE).values("volume_id")
+                        .annotate(a=Sum("amount")).values_list("volume_id", "a")):
+        posted[vid] = -(amount or Decimal(0))
+    watermarks = dict(VolumeMeter.objects.filter(pk__in=ids).values_list("pk", "metered_until"))
+    out = {}
+    for v in volumes:
+        price = prices.get(v.region_id)
+        hourly = None if price is None else price * v.size_gib
+        so_far = posted[v.pk]
+        if hourly is not None:
+            until = min(now, v.deleted_at) if v.deleted_at else now
+            unposted = max(0, epoch_floor(until) - epoch_floor(watermarks.get(v.pk, v.created_at)))
+            so_far += hourly * unposted / 3600
+        out[v.pk] = VolumeCost(per_gib_hour=price, hourly=hourly, so_far=pricing.cents(so_far))
     return out

@@ -16,15 +16,16 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Sum
+from django.db.models.functions import TruncMonth
 from django.utils import timezone
 
 from agents.models import Gpu
 from billing import metering, pricing
 from billing.accounts import account_for, launch_blocks_refresh, ledger_post, ledger_post_many
 from billing.alerts import budget_alert_deliver_task, low_balance_notify_task
-from billing.choices import EntryKind, InvoiceStatus
+from billing.choices import EntryKind, InvoiceStatus, TopUpStatus
 from billing.metering import epoch_ceil, epoch_floor, from_epoch
 from billing.models import (
     Account,
@@ -36,8 +37,9 @@ from billing.models import (
     Meter,
     MeteringCursor,
     SpotFloor,
+    TopUp,
 )
-from billing.payments import get_provider
+from billing.payments import InvalidEvent, TopUpStart, get_provider
 from billing.storage import storage_metering_run
 from gpucloud.catalogue.choices import PriceKind
 from gpucloud.catalogue.models import InstanceType, Price
@@ -284,6 +286,7 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
     Safe to run again at any time, and from any number of workers at once.
     """
     t0 = time.perf_counter()
+    posted_since = timezone.now()  # entries this run adds are stamped from here on
     now = now or timezone.now()
     cutoff = metering_cutoff(now)
     stats = MeteringStats(cutoff=cutoff)
@@ -301,6 +304,8 @@ def metering_run(*, now: datetime | None = None) -> MeteringStats:
     _n, stored, stored_amount = storage_metering_run(cutoff=cutoff)  # volumes: GiB-seconds
     stats.entries += stored
     stats.amount += stored_amount
+    if stats.entries:
+        invoices_follow(posted_since=posted_since)
     stats.stopped = balances_enforce(now=now)
     budgets_check(now=now)
     stats.seconds = time.perf_counter() - t0
@@ -559,6 +564,29 @@ def invoice_refresh(*, tenant_id: Any, month: date) -> Invoice:
         return invoice
 
 
+def invoices_follow(*, posted_since: datetime) -> int:
+    """Keep the draft invoices of the months that just got usage near the ledger: a tenant's
+    month shows its draft (and its CSV) from its first metered minute, not from the next hourly
+    `invoices_close`. Refreshes the draft of each (tenant, month) with entries posted since
+    `posted_since` that has none yet or was refreshed over `INVOICE_DRAFT_REFRESH_S` ago: a
+    refresh costs about eight statements a tenant, so refreshing every draft at every run
+    tripled the run's statements with 200 tenants (docs/billing.md). An issued invoice never
+    changes (`invoice_refresh`)."""
+    months = set(LedgerEntry.objects.filter(kind__in=(EntryKind.USAGE, EntryKind.STORAGE),
+                                            created_at__gte=posted_since)
+                 .annotate(month=TruncMonth("period_start", tzinfo=UTC)).values_list("tenant_id", "month"))
+    if not months:
+        return 0
+    fresh_since = timezone.now() - timedelta(seconds=settings.INVOICE_DRAFT_REFRESH_S)
+    fresh = set(Invoice.objects.filter(tenant_id__in={t for t, _ in months},
+                                       period_start__in={month_start(m) for _, m in months},
+                                       updated_at__gte=fresh_since).values_list("tenant_id", "period_start"))
+    due = sorted({(t, month_start(m)) for t, m in months} - fresh, key=lambda p: (str(p[0]), p[1]))
+    for tenant_id, month in due:
+        invoice_refresh(tenant_id=tenant_id, month=month)
+    return len(due)
+
+
 def metered_through(*, tenant_id: Any, at: datetime) -> bool:
     """Whether every running second of the tenant before `at` is posted."""
     cursor = MeteringCursor.objects.filter(name="default").values_list("events_until", flat=True).first()
@@ -624,7 +652,8 @@ def invoices_close(*, now: datetime | None = None) -> dict[str, int]:
     counts = {"refreshed": 0, "issued": 0}
     for month in (last_month, this_month):
         start, end = _midnight(month), _midnight(next_month(month))
-        tenants = set(LedgerEntry.objects.filter(kind=EntryKind.USAGE, period_start__gte=start,
+        tenants = set(LedgerEntry.objects.filter(kind__in=(EntryKind.USAGE, EntryKind.STORAGE),
+                                                 period_start__gte=start,
                                                  period_start__lt=end).values_list("tenant_id", flat=True))
         tenants |= set(Invoice.objects.filter(period_start=month, status=InvoiceStatus.DRAFT)
                        .values_list("tenant_id", flat=True))
@@ -636,3 +665,92 @@ def invoices_close(*, now: datetime | None = None) -> dict[str, int]:
                 invoice_issue(invoice=invoice, now=now)
                 counts["issued"] += 1
     return counts
+
+
+# ---------------------------------------------------------------- adding credit (top-ups)
+
+
+def topup_request(*, tenant: Tenant, user: Any, amount: Decimal, success_url: str, cancel_url: str
+                  ) -> tuple[TopUp, TopUpStart]:
+    """A renter asks to add `amount` of credit: the `TopUp` row (audited), then the payment
+    provider says what happens next (an operator approves it, or a checkout page to pay on).
+    The provider is asked outside any transaction (it may go over the network); a failure
+    leaves the request filed, unpaid."""
+    amount = Decimal(amount).quantize(pricing.CENT)
+    if not settings.BILLING_TOPUP_MIN <= amount <= settings.BILLING_TOPUP_MAX:
+        raise InvalidInput(
+            f"A top-up is between {settings.BILLING_TOPUP_MIN} and {settings.BILLING_TOPUP_MAX}.",
+            fields={"amount": [f"Between {settings.BILLING_TOPUP_MIN} and {settings.BILLING_TOPUP_MAX}."]})
+    provider = get_provider()
+    with transaction.atomic():
+        topup = TopUp.objects.create(tenant=tenant, amount=amount, currency=settings.BILLING_CURRENCY,
+                                     provider=provider.name, requested_by=user)
+        audit_record(tenant=tenant, action="billing.topup.request", obj=topup,
+                     data={"amount": str(amount), "provider": provider.name})
+    start = provider.topup_start(topup_id=str(topup.pk), amount=amount, currency=topup.currency,
+                                 success_url=success_url, cancel_url=cancel_url)
+    if start.reference:
+        TopUp.objects.filter(pk=topup.pk).update(provider_ref=start.reference[:200])
+    return topup, start
+
+
+@transaction.atomic
+def topup_credit(*, topup_id: Any, provider: str, event_id: str, amount: Decimal, currency: str,
+                 operator: Any = None) -> bool:
+    """Pay a requested top-up: one `payment` ledger entry, the row `paid`, audited. Exactly
+    once: the row is locked and only a `requested` one pays (a replayed webhook, a second
+    approval, two workers at once find it paid and change nothing), and the database refuses a
+    second top-up paid by the same provider event. Returns whether it credited."""
+    topup = TopUp.objects.select_for_update().filter(pk=topup_id).first()
+    if topup is None:
+        raise InvalidInput("No such top-up.", code="not_found")
+    if topup.status != TopUpStatus.REQUESTED:
+        return False
+    if topup.provider != provider or currency.upper() != topup.currency.upper() or amount != topup.amount:
+        # what was paid is not what was asked: nothing lands; an operator looks at it
+        logger.error("topup=%s tenant=%s event=%s does not match the request (provider %s, %s %s)",
+                     topup.pk, topup.tenant_id, event_id, provider, amount, currency)
+        raise InvalidInput("The payment does not match the top-up.", code="topup_mismatch")
+    entry = _post(tenant_id=topup.tenant_id, kind=EntryKind.PAYMENT, amount=topup.amount.quantize(pricing.MICRO),
+                  memo=f"top-up {str(topup.pk)[:8]} ({provider} {event_id})")
+    topup.status, topup.entry, topup.paid_event, topup.paid_at = TopUpStatus.PAID, entry, event_id, timezone.now()
+    topup.decided_by = operator
+    topup.save(update_fields=["status", "entry", "paid_event", "paid_at", "decided_by"])
+    audit_record(tenant=topup.tenant, action="billing.topup.paid", obj=topup,
+                 data={"amount": str(topup.amount), "provider": provider, "event": event_id})
+    return True
+
+
+def topup_approve(*, topup: TopUp, operator: Any) -> bool:
+    """An operator approves a filed request (the default provider's top-ups): credited once,
+    however often it is approved."""
+    return topup_credit(topup_id=topup.pk, provider=topup.provider, event_id=f"approval:{topup.pk}",
+                        amount=topup.amount, currency=topup.currency, operator=operator)
+
+
+@transaction.atomic
+def topup_reject(*, topup: TopUp, operator: Any) -> bool:
+    """An operator declines a filed request: nothing is credited; a paid one stays paid."""
+    changed = TopUp.objects.filter(pk=topup.pk, status=TopUpStatus.REQUESTED).update(
+        status=TopUpStatus.REJECTED, decided_by=operator)
+    if changed:
+        audit_record(tenant=topup.tenant, action="billing.topup.reject", obj=topup, data={"amount": str(topup.amount)})
+    return bool(changed)
+
+
+def topup_webhook(*, payload: bytes, signature: str) -> bool:
+    """A payment provider's webhook: verified by the provider (`InvalidEvent` when it does not
+    verify, and nothing changes), then the top-up it pays is credited once. Returns whether it
+    credited (False for events that pay nothing and for replays)."""
+    provider = get_provider()
+    verify = getattr(provider, "event_verify", None)
+    if verify is None:
+        raise InvalidEvent("this installation's payment provider takes no webhooks")
+    paid = verify(payload=payload, signature=signature)
+    if paid is None:
+        return False
+    try:
+        return topup_credit(topup_id=paid.topup_id, provider=provider.name, event_id=paid.event_id,
+                            amount=paid.amount, currency=paid.currency)
+    except IntegrityError:  # the same event already paid a top-up (the database's word)
+        return False

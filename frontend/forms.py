@@ -295,6 +295,11 @@ class RoleForm(ConsoleForm):
     role = forms.ChoiceField(label="Role", choices=Role.choices)
 
 
+class TopUpForm(ConsoleForm):
+    amount = forms.DecimalField(label="Amount", max_digits=12, decimal_places=2, initial=100,
+                                help_text="Added to your credit balance once it is paid or approved.")
+
+
 class BudgetForm(ConsoleForm):
     name = forms.CharField(label="Name", max_length=100, initial="monthly")
     monthly_amount = forms.DecimalField(label="Monthly amount", max_digits=14, decimal_places=2)

@@ -67,6 +67,7 @@ console = [
     path("invoices/<uuid:pk>/", views.invoice_detail, name="invoice"),
     path("invoices/<uuid:pk>/csv", views.invoice_download, name="invoice_csv"),
     path("budgets/", views.budget_create, name="budget_create"),
+    path("credit/top-up", views.topup_create, name="topup_create"),
     path("budgets/<uuid:pk>/delete", views.budget_delete, name="budget_delete"),
     path("settings/api-keys/", views.api_keys, name="api_keys"),
     path("settings/api-keys/<uuid:pk>/revoke", views.api_key_revoke, name="api_key_revoke"),

@@ -25,6 +25,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from agents import selectors as agent_selectors
+from agents.protocol import IDLE_BELOW
 from agents.services.logs import workload_logs_request
 from billing import selectors as billing_selectors
 from billing import services as billing_services
@@ -42,6 +43,7 @@ from frontend.forms import (
     LaunchForm,
     RoleForm,
     SshKeyForm,
+    TopUpForm,
 )
 from gateway.public import connect_hints, terminal_ws_url
 from gateway.services import terminal_ticket_issue
@@ -466,7 +468,12 @@ def _live_context(request, workload) -> dict:
     if ran_on:
         allocations = sorted(workload_selectors.workload_last_allocations(workload=workload),
                              key=lambda a: (a.host.name, a.gpu_id))
-    return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations,
+    # the volumes it uses (its mounts name them), read through the tenant's own volumes
+    mounts = {str(m["volume_id"]): m["path"] for m in workload.mounts or []}
+    volumes = [(v, mounts[str(v.pk)]) for v in volume_selectors.volume_list(tenant=request.console.tenant)
+               .filter(pk__in=list(mounts)).order_by("name")] if mounts else []
+    return {**_kind(workload.kind), "w": workload, "cost": cost, "allocations": allocations, "volumes": volumes,
+            "idle_below_pct": f"{IDLE_BELOW * 100:g}",
             "ran_on": ran_on and bool(allocations),
             "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
             "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
@@ -579,14 +586,18 @@ def workload_terminate(request, kind: str, pk):
 
 
 @console_view(read=perms.BILLING_READ)
-def usage(request, budget_form: BudgetForm | None = None):
-    """Usage and billing; `budget_form`: a budget form that did not save, shown with its errors."""
+def usage(request, budget_form: BudgetForm | None = None, topup_form: TopUpForm | None = None):
+    """Usage and billing; `budget_form`, `topup_form`: a form that did not save, shown with its errors."""
     tenant = request.console.tenant
     now = timezone.now().astimezone(UTC)
     start, end = billing_services.month_began(now), now + timedelta(seconds=1)
     by_type = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE_TYPE)
     by_instance = billing_selectors.usage(tenant=tenant, start=start, end=end, group_by=UsageGroup.INSTANCE)
-    ctx = {"by_type": by_type, "by_instance": by_instance, "month": start, "poll_s": 5}
+    volumes = list(volume_selectors.volume_list(tenant=tenant).order_by("name")[:50])
+    volume_costs = billing_selectors.volume_costs(volumes=volumes, now=now)
+    ctx = {"by_type": by_type, "by_instance": by_instance, "month": start, "poll_s": 5,
+           "storage": billing_selectors.storage_usage(tenant=tenant, start=start, end=end),
+           "volumes": [(v, volume_costs[v.pk]) for v in volumes]}
     if request.htmx:
         return render(request, "frontend/partials/usage_tables.html", ctx)
     since = (now - timedelta(days=30)).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -603,8 +614,11 @@ def usage(request, budget_form: BudgetForm | None = None):
                        # the whole window, so one day of usage is not stretched over the axis
                        "from": int(since.timestamp()), "to": int(since.timestamp()) + 31 * 86400},
         "budget_form": budget_form or BudgetForm(),
+        "topup_form": topup_form or TopUpForm(),
+        "topups": list(billing_selectors.topup_list(tenant=tenant)[:10]),
     })
-    return render(request, "frontend/usage.html", ctx, status=200 if budget_form is None else 400)
+    failed = budget_form is not None or topup_form is not None
+    return render(request, "frontend/usage.html", ctx, status=400 if failed else 200)
 
 
 def _invoice(request, pk):
@@ -640,6 +654,27 @@ def budget_create(request):
         apply_errors(form, ser.errors)
     # the usage page again, the form with each error beside its field, a summary and what was typed
     return usage.__wrapped__(request, budget_form=form)
+
+
+@console_action(write=perms.BILLING_MANAGE)
+def topup_create(request):
+    """Add credit: file a top-up through the payment provider; then its checkout page, or the
+    usage page saying an operator approves it."""
+    form = TopUpForm(request.POST)
+    if form.is_valid():
+        back = request.build_absolute_uri(reverse("console:usage"))
+        try:
+            topup, start = billing_services.topup_request(
+                tenant=request.console.tenant, user=request.user, amount=form.cleaned_data["amount"],
+                success_url=f"{back}?topup=paid#credit", cancel_url=f"{back}?topup=cancelled#credit")
+        except ServiceError as exc:
+            service_error_to_form(form, exc)
+        else:
+            if start.redirect_url:
+                return redirect(start.redirect_url)
+            messages.success(request, f"Top-up of {topup.amount} {topup.currency} requested. {start.message}")
+            return redirect(f"{reverse('console:usage')}#credit")
+    return usage.__wrapped__(request, topup_form=form)
 
 
 @console_action(write=perms.BILLING_MANAGE)

@@ -6,6 +6,7 @@ from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect, render
 
+from billing import selectors as billing_selectors
 from frontend.console import console_action, console_view, service_error_to_form
 from frontend.forms import ConsoleForm
 from gpucloud.catalogue.selectors import region_list
@@ -24,7 +25,12 @@ class VolumeForm(ConsoleForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["region"].choices = [(r.code, f"{r.name} ({r.code})") for r in region_list()]
+        regions = list(region_list())
+        prices = billing_selectors.storage_prices(region_ids=[r.pk for r in regions])
+        # the price a renter pays per GiB-hour, beside the region it is paid in
+        self.fields["region"].choices = [
+            (r.code, f"{r.name} ({r.code})" + (f" — {prices[r.pk]} per GiB-hour" if r.pk in prices else ""))
+            for r in regions]
 
 
 class ResizeForm(ConsoleForm):
@@ -46,7 +52,9 @@ def volume_list(request):
                                       f"`gpucloud launch --volume {v.name}:/workspace`.")
             return redirect("console:volume", pk=v.pk)
     volumes = list(selectors.volume_list(tenant=console.tenant).order_by("name"))
-    ctx = {"form": form, "volumes": volumes, "quota_gib": services.quota_gib(console.tenant),
+    costs = billing_selectors.volume_costs(volumes=volumes)
+    ctx = {"form": form, "volumes": volumes, "rows": [(v, costs[v.pk]) for v in volumes],
+           "quota_gib": services.quota_gib(console.tenant),
            "used_gib": services.used_gib(console.tenant)}
     return render(request, "frontend/volumes.html", ctx, status=400 if form.is_bound and form.errors else 200)
 
@@ -67,7 +75,9 @@ def volume_detail(request, pk):
             messages.success(request, f"{volume.name} is now {form.cleaned_data['size_gib']} GiB.")
             return redirect("console:volume", pk=volume.pk)
     attached = volume.active_attachments[0] if volume.active_attachments else None
-    ctx = {"volume": volume, "form": form, "attached": attached, "events": list(selectors.volume_events(volume=volume)),
+    ctx = {"volume": volume, "form": form, "attached": attached,
+           "cost": billing_selectors.volume_costs(volumes=[volume])[volume.pk],
+           "events": list(selectors.volume_events(volume=volume)),
            "history": list(volume.attachments.select_related("workload").order_by("-created_at")[:20])}
     return render(request, "frontend/volume_detail.html", ctx, status=400 if form.is_bound and form.errors else 200)
 

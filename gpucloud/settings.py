@@ -421,6 +421,18 @@ BILLING_LOW_BALANCE = env_decimal("BILLING_LOW_BALANCE", "10.00")  # warn below 
 BILLING_GRACE_S = env_int("BILLING_GRACE_S", 3600)
 BILLING_PAYMENT_PROVIDER = env_str("BILLING_PAYMENT_PROVIDER", "billing.payments.NullProvider")
 BILLING_WEBHOOK_TIMEOUT_S = env_int("BILLING_WEBHOOK_TIMEOUT_S", 5)
+# Adding credit (docs/billing.md): the smallest and largest top-up a renter may ask for, and
+# Stripe Checkout's keys when BILLING_PAYMENT_PROVIDER is billing.payments.StripeCheckoutProvider.
+# The key and the webhook secret are secrets: read here only, never logged or shown.
+BILLING_TOPUP_MIN = env_decimal("BILLING_TOPUP_MIN", "5.00")
+BILLING_TOPUP_MAX = env_decimal("BILLING_TOPUP_MAX", "10000.00")
+STRIPE_API_KEY = env_str("STRIPE_API_KEY", "")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
+STRIPE_API_BASE = env_str("STRIPE_API_BASE", "https://api.stripe.com")  # a stand-in's address in tests
+STRIPE_WEBHOOK_TOLERANCE_S = env_int("STRIPE_WEBHOOK_TOLERANCE_S", 300)
+# A metering run refreshes a month's draft invoice it posted into when the draft is missing or
+# older than this (the hourly invoices task refreshes them all): billing.services.invoices_follow.
+INVOICE_DRAFT_REFRESH_S = env_int("INVOICE_DRAFT_REFRESH_S", 300)
 # Outbound URLs (webhooks) must be https to a public address. 1 also allows http and private,
 # loopback and CGNAT addresses: for a demo or tests, never on a shared installation. Link-local
 # and metadata addresses (169.254.169.254) stay refused either way (gpucloud/lib/outbound.py).

@@ -119,11 +119,18 @@ class UsageRowSerializer(serializers.Serializer):
     amount = serializers.DecimalField(max_digits=14, decimal_places=2)
 
 
+class StorageUsageSerializer(serializers.Serializer):
+    gib_hours = serializers.DecimalField(max_digits=20, decimal_places=4)
+    seconds = serializers.IntegerField()
+    amount = serializers.DecimalField(max_digits=14, decimal_places=2)
+
+
 class UsageSerializer(serializers.Serializer):
     group_by = serializers.CharField()
     currency = serializers.CharField()
     rows = UsageRowSerializer(many=True)
-    total = serializers.DecimalField(max_digits=14, decimal_places=2)
+    storage = StorageUsageSerializer(help_text="volumes in the period (GiB-hours), beside the rows' compute")
+    total = serializers.DecimalField(max_digits=14, decimal_places=2, help_text="the rows' amounts plus storage")
 
     def get_fields(self):
         fields = super().get_fields()

@@ -16,9 +16,11 @@ from billing import selectors, services
 from billing.api import serializers as s
 from billing.choices import EntryKind
 from billing.models import Invoice, LedgerEntry
+from billing.payments import InvalidEvent
 from gpucloud.api.filters import UtcIsoDateTimeFilter
 from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.catalogue.models import Price
+from gpucloud.lib.errors import InvalidInput
 from gpucloud.tenancy import permissions as perms
 
 _READ = {"list": perms.BILLING_READ, "retrieve": perms.BILLING_READ}
@@ -170,8 +172,10 @@ class UsageApi(TenantMixin, ApiView):
         start = q.validated_data.get("from") or services.month_began(now)
         end = q.validated_data.get("to") or now
         rows = selectors.usage(tenant=self.tenant, start=start, end=end, group_by=q.validated_data["group_by"])
+        storage = selectors.storage_usage(tenant=self.tenant, start=start, end=end)
         body = {"from": start, "to": end, "group_by": q.validated_data["group_by"],
-                "currency": settings.BILLING_CURRENCY, "rows": rows, "total": sum(r.amount for r in rows)}
+                "currency": settings.BILLING_CURRENCY, "rows": rows, "storage": storage,
+                "total": sum(r.amount for r in rows) + storage.amount}
         return Response(s.UsageSerializer(body).data)
 
 
@@ -196,3 +200,23 @@ class SpotPriceViewSet(ApiView, mixins.ListModelMixin, viewsets.GenericViewSet):
         return selectors.spot_price_list()
 
 
+
+
+class PaymentWebhookApi(ApiView):
+    """The payment provider's webhook (Stripe Checkout: `checkout.session.completed`).
+
+    No key and no session: the provider signs each call (`Stripe-Signature`), and the provider
+    verifies it over the raw body before anything is read. A call that does not verify answers
+    400 in the error shape and changes nothing; a replay answers 200 and credits nothing."""
+
+    authentication_classes = []  # the signature is the authentication; no cookie, so no CSRF
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(request=None, responses={200: None}, operation_id="payments_webhook")
+    def post(self, request):
+        raw = request._request.body  # the bytes that were signed, before any parsing
+        try:
+            credited = services.topup_webhook(payload=raw, signature=request.headers.get("Stripe-Signature", ""))
+        except InvalidEvent as exc:
+            raise InvalidInput(f"The webhook does not verify: {exc}.", code="invalid_signature") from None
+        return Response({"received": True, "credited": credited})

@@ -154,6 +154,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("rest_framework:login", "POST"): NO_KEY,  # browsable API's); Django views, which
     ("rest_framework:login", "PUT"): NO_KEY,  # never look at an Authorization header
     ("rest_framework:logout", "POST"): NO_KEY,
+    ("payments-webhook", "POST"): NO_KEY,  # the payment provider's signed calls (billing)
     ("api-not-found", ANY_METHOD): NO_KEY,  # unknown paths: 404 for everybody
 }
 

@@ -57,6 +57,7 @@ urlpatterns = [
     path("quotas", catalogue.QuotaApi.as_view(), name="quotas"),
     path("balance", billing.BalanceApi.as_view(), name="balance"),
     path("usage", billing.UsageApi.as_view(), name="usage"),
+    path("payments/webhook", billing.PaymentWebhookApi.as_view(), name="payments-webhook"),
     path("metrics", SeriesApi.as_view(), name="metrics"),
     path("availability", AvailabilityApi.as_view(), name="availability"),
     path("notification-settings", notifications.NotificationSettingsApi.as_view(), name="notification-settings"),

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -1025,9 +1026,11 @@ def usage(
         emit_json(u)
         return
     out.print(f"Usage {_short(u.get('from'))} → {_short(u.get('to'))} by {u['group_by']}", highlight=False)
-    table([by.upper(), "GPU HOURS", "SECONDS", f"AMOUNT {u['currency']}"],
-          ([r["label"] or r["key"], r["gpu_hours"], r["seconds"], r["amount"]] for r in u["rows"]),
-          empty="No usage in this period.")
+    rows = [[r["label"] or r["key"], r["gpu_hours"], r["seconds"], r["amount"]] for r in u["rows"]]
+    storage = u.get("storage")  # volumes, per GiB-hour (servers before it sent none)
+    if storage and (storage["seconds"] or Decimal(storage["amount"])):
+        rows.append([f"storage ({storage['gib_hours']} GiB-h)", "", storage["seconds"], storage["amount"]])
+    table([by.upper(), "GPU HOURS", "SECONDS", f"AMOUNT {u['currency']}"], rows, empty="No usage in this period.")
     out.print(f"total {u['total']} {u['currency']}", highlight=False)
 
 

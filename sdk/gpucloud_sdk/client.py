@@ -150,6 +150,7 @@ class Usage(TypedDict, total=False):
     group_by: str
     currency: str
     rows: list[dict[str, Any]]
+    storage: dict[str, Any]  # volumes: gib_hours, seconds, amount
     total: str
 
 

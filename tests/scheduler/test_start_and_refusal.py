@@ -132,6 +132,10 @@ def test_cost_so_far_never_goes_backwards_when_a_run_ends(alice, catalog):
     make_hosts(n=1)
     wid = launch(alice, instance_type="h100.8x").json()["id"]
     run_cycle(region_id=region_id())
+    # it was launched and placed 31 minutes ago (billing reads the transition log from creation on)
+    then = timezone.now() - timedelta(minutes=31)
+    Workload.objects.filter(pk=wid).update(created_at=then)
+    WorkloadEvent.objects.filter(workload_id=wid).update(created_at=then)
     w = Workload.objects.get(pk=wid)
     assert workload_transition(workload=w, to=State.RUNNING, now=timezone.now() - timedelta(minutes=30))
     running = float(alice.client().get(f"/api/v1/instances/{wid}").json()["cost_so_far"])
