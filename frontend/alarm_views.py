@@ -96,6 +96,9 @@ def alarm_list(request):
                 messages.success(request, f"Alarm {alarm.name!r} created: it is evaluated within a minute.")
                 form = AlarmForm(tenant=tenant)
     alarms = list(selectors.alarm_list(tenant=tenant))
+    labels = selectors.alarm_target_labels(tenant=tenant, alarms=alarms)
+    for a in alarms:
+        a.target_label = labels[str(a.pk)]
     return render(request, "frontend/alarm_list.html", {"alarms": alarms, "form": form, "created": created})
 
 
@@ -133,8 +136,9 @@ def alarm_detail(request, pk):
         kind = Workload.objects.for_tenant(alarm.tenant).filter(pk=alarm.target_id).values_list("kind", flat=True)
         if kind:
             target_url = reverse(f"console:{kind[0]}", args=[alarm.target_id])
+    target_label = selectors.alarm_target_labels(tenant=alarm.tenant, alarms=[alarm])[str(alarm.pk)]
     return render(request, "frontend/alarm_detail.html", {"alarm": alarm, "history": history, "target_url": target_url,
-                                                          "chart_json": _chart(alarm)})
+                                                          "target_label": target_label, "chart_json": _chart(alarm)})
 
 
 @console_view(read=perms.WORKLOADS_READ, write=perms.WORKLOADS_MANAGE)
