@@ -19,6 +19,7 @@ from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 
+from alarms.evaluate import period_words
 from alarms.registry import ActionContext, ActionRetry, ActionType, register_action
 from billing.notify import DeliveryError, tenant_admin_emails, webhook_post
 from gpucloud.lib.outbound import OutboundError, OutboundRefused, outbound_check
@@ -54,8 +55,9 @@ def _email_run(ctx: ActionContext) -> str:
         return "nobody to mail"
     subject = f'{p["state"]}: alarm "{p["name"]}" in {ctx.alarm.tenant.name}'
     body = (f'Alarm "{p["name"]}" went from {p["previous_state"]} to {p["state"]} at {p["time"]}.\n\n'
-            f'{p["reason"]}\n\nMetric: {p["metric"]} ({p["statistic"]} over {p["period"]} s) of '
-            f'{p["target"]["kind"]} {p["target"]["id"] or ctx.alarm.tenant.slug}.\n')
+            f'{p["reason"]}\n\nMetric: {p["metric"]} ({p["statistic"]} over {period_words(p["period"])}) of '
+            f'{p["target"].get("name") or p["target"]["kind"]}'
+            f'{" (id " + p["target"]["id"] + ")" if p["target"]["id"] else ""}.\n')
     send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, to)
     return f"mailed {len(to)}"
 

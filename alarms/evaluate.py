@@ -18,6 +18,7 @@ The table of cases, CloudWatch-docs style, is tests/alarms/test_evaluate.py.
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -95,3 +96,22 @@ def period_bounds(now_epoch: float, *, period: int, delay: int, n: int) -> tuple
 def next_evaluation(now_epoch: float, *, period: int, delay: int) -> int:
     """When the next period will have ended `delay` seconds ago (epoch seconds, > now)."""
     return (int(now_epoch - delay) // period + 1) * period + delay
+
+
+_PERIOD = re.compile(r"^\s*(\d+)\s*(s|m|min|h)?\s*$", re.IGNORECASE)
+_PERIOD_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def period_parse(text: str) -> int | None:
+    """A period as a person writes it: `5m`, `300s`, `1h` or bare seconds (`300`, as the API's
+    `period`); None when it is none of those. Whole minutes are checked where it is stored."""
+    m = _PERIOD.match(text or "")
+    if not m:
+        return None
+    return int(m[1]) * _PERIOD_UNITS[(m[2] or "s").lower()]
+
+
+def period_words(seconds: int) -> str:
+    """A period in the one unit every page, e-mail and the CLI use: minutes (`5 min`); the
+    seconds when it is not a whole number of minutes."""
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"

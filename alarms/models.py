@@ -17,6 +17,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from alarms.choices import ActionStatus, AlarmState, Comparison, MissingData, Statistic
+from alarms.evaluate import period_words
 from gpucloud.tenancy.models import Tenant, TenantOwnedQuerySet
 
 
@@ -76,6 +77,10 @@ class Alarm(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} {self.name}: {self.state}"
+
+    @property
+    def period_words(self) -> str:
+        return period_words(self.period)
 
 
 class AlarmHistory(models.Model):

@@ -62,6 +62,8 @@ class MetricSource:
       on the alarm (`Alarm.samples`) for its periods.
     `resolve(*, tenant, target_id) -> str` checks the target is the tenant's (tenant-scoped selector) and
     returns its canonical id, or raises `gpucloud.lib.errors.NotFoundError`.
+    `labels(*, tenant, target_ids) -> {target id: words}` names targets for people ("instance nb"),
+    many in one read (a page of alarms); an id it cannot name is left out.
     """
 
     kind: str
@@ -69,6 +71,7 @@ class MetricSource:
     resolve: Callable[..., str]
     series: Callable[..., dict[int, float]] | None = None
     sample: Callable[..., float | None] | None = None
+    labels: Callable[..., dict[str, str]] | None = None
     statistics: frozenset[str] = field(default=frozenset({"avg", "max", "min", "p95", "sum"}))
 
 

@@ -25,6 +25,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from alarms import evaluate as rules
+from alarms import selectors
 from alarms.choices import ACTION_KEYS, AlarmState
 from alarms.models import Alarm, AlarmAction, AlarmHistory
 from alarms.registry import action_types, sources
@@ -161,7 +162,9 @@ def payload_of(alarm: Alarm, *, old: str, new: str, reason: str, datapoints: lis
     return {
         "event": "alarm.state_change", "alarm": str(alarm.pk), "name": alarm.name, "tenant": alarm.tenant.slug,
         "state": new, "previous_state": old, "reason": reason, "time": now.isoformat(),
-        "target": {"kind": alarm.target_kind, "id": alarm.target_id}, "metric": alarm.metric,
+        "target": {"kind": alarm.target_kind, "id": alarm.target_id,
+                   "name": selectors.alarm_target_labels(tenant=alarm.tenant, alarms=[alarm])[str(alarm.pk)]},
+        "metric": alarm.metric,
         "statistic": alarm.statistic, "period": alarm.period, "threshold": alarm.threshold,
         "comparison": alarm.comparison, "evaluation_periods": alarm.evaluation_periods,
         "datapoints_to_alarm": alarm.datapoints_to_alarm, "datapoints": datapoints,

@@ -42,6 +42,25 @@ def _workload_series(*, tenant: Tenant, target_id: str, metric: str, stat: str, 
             if p["value"] is not None and lo <= p["t"].timestamp() < hi}
 
 
+def _workload_labels(*, tenant: Tenant, target_ids: list[str]) -> dict[str, str]:
+    """"instance nb" for each id: alarms and their e-mails name work as its owner does, not by a UUID."""
+    ids = [t for t in target_ids if _is_uuid(t)]
+    return {str(pk): f"{kind} {name}" for pk, kind, name in
+            Workload.objects.for_tenant(tenant).filter(pk__in=ids).values_list("pk", "kind", "name")}
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _tenant_labels(*, tenant: Tenant, target_ids: list[str]) -> dict[str, str]:
+    return {t: f"tenant {tenant.name}" for t in target_ids}
+
+
 def _tenant_resolve(*, tenant: Tenant, target_id: str) -> str:
     return ""
 
@@ -78,5 +97,7 @@ def at(ts: float) -> datetime:
 
 
 def register_builtin() -> None:
-    register_source(MetricSource("workload", WORKLOAD_METRICS, resolve=_workload_resolve, series=_workload_series))
-    register_source(MetricSource("tenant", TENANT_METRICS, resolve=_tenant_resolve, sample=_tenant_sample))
+    register_source(MetricSource("workload", WORKLOAD_METRICS, resolve=_workload_resolve, series=_workload_series,
+                                 labels=_workload_labels))
+    register_source(MetricSource("tenant", TENANT_METRICS, resolve=_tenant_resolve, sample=_tenant_sample,
+                                 labels=_tenant_labels))

@@ -13,3 +13,8 @@ class AutoscalingConfig(AppConfig):
         from autoscaling import alarm_actions
 
         alarm_actions.register()
+        # A batch pool's jobs run only on its members' hosts: the scheduler's snapshot asks us.
+        from autoscaling import selectors
+        from scheduler import hooks
+
+        hooks.on_queue_confinement(selectors.pool_confinement)

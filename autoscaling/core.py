@@ -10,10 +10,12 @@
    of `desired`. A spot member ended by a spot interruption is replaced on demand.
 3. **Dynamic policies** propose a new desired capacity:
    * target tracking: `ceil(current * metric / target)`, where `current` is the desired
-     capacity and `metric` the average over the policy's window of the members past their
-     warm-up; the change is bounded by the policy's `max_step`; scale-out waits its
-     `scale_out_cooldown_s` since the last scale-out, scale-in its `scale_in_cooldown_s`
-     since the last scaling of either kind;
+     capacity and `metric` the average over the policy's window of the members whose data
+     covers the whole window after their warm-up (`window_mean`: a 3-minute window with 41 s
+     of data is not satisfied); the change is bounded by the policy's `max_step`; scale-out
+     waits its `scale_out_cooldown_s` since the last scale-out, scale-in its
+     `scale_in_cooldown_s` since the last scaling of either kind, and no policy scales in
+     while a member is inside its warm-up (`warming`);
    * a batch pool: `ceil(GPUs of the queue's pending and running jobs / GPUs per instance)`,
      at once when growing, after the group's `cooldown_s` when shrinking.
    Any proposal above desired wins (the largest); desired shrinks only when every proposal
@@ -50,6 +52,7 @@ class Member:
     protected: bool
     launched_at: datetime
     reason: str = ""  # the instance's reason, for the health activity
+    running_since: datetime | None = None  # when the instance last started running
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Group:
     on_demand_base: int = 0
     on_demand_percent: int = 100  # of the capacity above the base
     cooldown_s: int = 300
+    warmup_s: int = 0
     last_scale_out_at: datetime | None = None
     last_scale_in_at: datetime | None = None
     members: tuple[Member, ...] = ()
@@ -163,6 +167,43 @@ def target_proposal(p: TargetPolicy, *, current: int) -> int | None:
     raw = math.ceil(round(current * p.value / p.target, 9))
     change = clamp(raw - current, -p.max_step, p.max_step)
     return max(0, current + change)
+
+
+def warming(m: Member, *, warmup_s: int, now: datetime) -> bool:
+    """Inside its warm-up: alive, and started running (or, not running yet, launched) less than
+    `warmup_s` ago. Counting a not-yet-running member from its launch bounds the hold: a member
+    that waits for capacity for ever does not block scale-in for ever."""
+    if m.state not in ALIVE:
+        return False
+    since = m.running_since if m.state == RUNNING and m.running_since is not None else m.launched_at
+    return now - since < timedelta(seconds=warmup_s)
+
+
+def window_mean(samples: list[tuple[datetime, float]], *, running_since: datetime | None, warmup_s: int,
+                window_s: int, now: datetime, slack_s: float) -> float | None:
+    """One member's mean over the window `(now - window_s, now]`, or None when its data does not
+    cover the window: the window must start after the member's warm-up ended, and its samples
+    must reach both ends of the window within `slack_s` (a missed report or two). "Avg < 50 %
+    for 3 min" is a claim about 3 minutes; 41 s of data cannot make it."""
+    if running_since is None:
+        return None
+    start = now - timedelta(seconds=window_s)
+    if running_since + timedelta(seconds=warmup_s) > start:
+        return None  # part of the window lies inside the warm-up (or before the member ran)
+    inside = [(t, v) for t, v in samples if start < t <= now]
+    if not inside:
+        return None
+    first, last = min(t for t, _ in inside), max(t for t, _ in inside)
+    slack = timedelta(seconds=slack_s)
+    if first - start > slack or now - last > slack:
+        return None
+    return sum(v for _, v in inside) / len(inside)
+
+
+def members_mean(means: list[float | None]) -> float | None:
+    """The group's metric: the mean of the members that have one; None when none has."""
+    have = [m for m in means if m is not None]
+    return sum(have) / len(have) if have else None
 
 
 def pool_proposal(pool: Pool) -> int:
@@ -270,6 +311,9 @@ def _dynamic(g: Group, d: Decision, now: datetime) -> None:
     ups: list[tuple[int, str]] = []
     downs: list[tuple[int, str]] = []
     holds = 0
+    # A member inside its warm-up has no metric yet; shrinking meanwhile would judge the group by
+    # the members that are not the ones just added (EC2 blocks policy scale-in the same way).
+    warm_up = any(warming(m, warmup_s=g.warmup_s, now=now) for m in g.members)
     for p in g.policies:
         want = target_proposal(p, current=current)
         if want is None:
@@ -281,6 +325,9 @@ def _dynamic(g: Group, d: Decision, now: datetime) -> None:
             else:
                 holds += 1
         elif want < current and not p.disable_scale_in:
+            if warm_up:
+                holds += 1
+                continue
             last = max((t for t in (g.last_scale_in_at, g.last_scale_out_at) if t), default=None)
             if _since(last, now) >= p.scale_in_cooldown_s:
                 downs.append((want, _target_cause(p)))
@@ -368,4 +415,5 @@ def step_decision(p: StepPolicy, *, min_size: int, max_size: int, desired: int, 
 
 __all__ = ["Activity", "Decision", "Group", "Member", "Pool", "ScheduledAction", "Step", "StepPolicy",
            "TargetPolicy", "billing_mix", "cron_last_fire", "cron_next_fire", "cron_valid", "decide",
-           "pool_proposal", "step_decision", "step_for", "target_proposal"]
+           "members_mean", "pool_proposal", "step_decision", "step_for", "target_proposal", "warming",
+           "window_mean"]

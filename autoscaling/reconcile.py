@@ -19,7 +19,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from agents.models import GpuSample
@@ -44,32 +43,29 @@ def gpus_per_instance(it) -> float:
 
 
 def members_gpu_util(*, members: list[GroupMember], warmup_s: int, window_s: int, now: datetime) -> float | None:
-    """The members' average GPU utilisation (%) over the window, each member's samples from the
-    end of its warm-up on; members still warming up (or not running) are left out. None: no data."""
+    """The members' average GPU utilisation (%) over the window: each running member's GPU
+    samples averaged (`core.window_mean`: only a member whose data covers the whole window after
+    its warm-up counts), then the members averaged. None: no member has such data."""
 
     start = now - timedelta(seconds=window_s)
-    since: dict[Any, datetime] = {}
-    for m in members:
-        w = m.workload
-        if w.state == State.RUNNING and w.started_at is not None:
-            warm = w.started_at + timedelta(seconds=warmup_s)
-            if warm <= now:
-                since[w.pk] = max(start, warm)
-    if not since:
+    running = {m.workload.pk: m.workload.started_at for m in members
+               if m.workload.state == State.RUNNING and m.workload.started_at is not None}
+    if not running:
         return None
-    gpus: dict[str, Any] = dict(Allocation.objects.filter(workload_id__in=list(since), active=True)
+    gpus: dict[str, Any] = dict(Allocation.objects.filter(workload_id__in=list(running), active=True)
                                 .values_list("gpu_id", "workload_id"))
     if not gpus:
         return None
-    cond = Q()
-    for gpu, wid in gpus.items():
-        cond |= Q(gpu_id=gpu, time__gt=since[wid])
-    per_member: dict[Any, list[float]] = defaultdict(list)
-    for gpu, util in (GpuSample.objects.filter(cond, time__lte=now, gpu_util__isnull=False)
-                      .values_list("gpu_id", "gpu_util")):
-        per_member[gpus[gpu]].append(util)
-    means = [sum(v) / len(v) for v in per_member.values() if v]
-    return sum(means) / len(means) if means else None
+    per_member: dict[Any, list[tuple[datetime, float]]] = defaultdict(list)
+    for gpu, t, util in (GpuSample.objects.filter(gpu_id__in=list(gpus), time__gt=start, time__lte=now,
+                                                  gpu_util__isnull=False)
+                         .values_list("gpu_id", "time", "gpu_util")):
+        per_member[gpus[gpu]].append((t, util))
+    # Samples come once per heartbeat: two missed beats at either end still cover the window.
+    slack_s = 3 * settings.AGENT_HEARTBEAT_INTERVAL_S
+    return core.members_mean([core.window_mean(per_member.get(wid, []), running_since=started,
+                                               warmup_s=warmup_s, window_s=window_s, now=now, slack_s=slack_s)
+                              for wid, started in running.items()])
 
 
 def _queued_jobs(tenant_id: Any, queue: str) -> int:
@@ -112,10 +108,11 @@ def group_view(group: AutoscalingGroup, now: datetime) -> tuple[core.Group, list
     view = core.Group(
         min_size=group.min_size, max_size=group.max_size, desired=group.desired,
         on_demand_base=group.on_demand_base, on_demand_percent=group.on_demand_percent,
-        cooldown_s=group.cooldown_s, last_scale_out_at=group.last_scale_out_at,
+        cooldown_s=group.cooldown_s, warmup_s=group.warmup_s, last_scale_out_at=group.last_scale_out_at,
         last_scale_in_at=group.last_scale_in_at,
         members=tuple(core.Member(id=str(m.workload_id), state=m.workload.state, billing=m.billing,
-                                  protected=m.protected, launched_at=m.launched_at, reason=m.workload.reason)
+                                  protected=m.protected, launched_at=m.launched_at, reason=m.workload.reason,
+                                  running_since=m.workload.started_at)
                       for m in members),
         policies=tuple(policies), scheduled=tuple(scheduled), pool=pool)
     return view, members

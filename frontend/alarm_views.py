@@ -16,6 +16,7 @@ from agents.selectors import workload_series
 from alarms import selectors, services
 from alarms.api import serializers as alarm_s
 from alarms.choices import Comparison, MissingData, Statistic
+from alarms.evaluate import period_parse, period_words
 from alarms.registry import sources
 from frontend.console import apply_errors, console_action, console_view, service_error_to_form
 from frontend.forms import ConsoleForm
@@ -35,7 +36,8 @@ class AlarmForm(ConsoleForm):
     statistic = forms.ChoiceField(label="Statistic", choices=Statistic.choices, initial="avg")
     comparison = forms.ChoiceField(label="Is", choices=Comparison.choices, initial="gt")
     threshold = forms.FloatField(label="Threshold", help_text="percent, MiB, °C, W, currency/hour, GPUs or seconds")
-    period = forms.IntegerField(label="Period (minutes)", min_value=1, max_value=1440, initial=1)
+    period = forms.CharField(label="Period", initial="1m", max_length=12,
+                             help_text="5m, 300s or 1h; whole minutes, 1m to 24h (a bare number is seconds)")
     evaluation_periods = forms.IntegerField(label="Evaluation periods (N)", min_value=1, max_value=100, initial=1)
     datapoints_to_alarm = forms.IntegerField(label="Datapoints to alarm (M of N)", min_value=1, max_value=100,
                                              initial=1)
@@ -54,6 +56,12 @@ class AlarmForm(ConsoleForm):
         self.fields["metric"].choices = [(m, f"{m} ({kind})") for kind, src in sources().items()
                                          for m in src.metrics]
 
+    def clean_period(self) -> int:
+        seconds = period_parse(self.cleaned_data["period"])
+        if seconds is None:
+            raise forms.ValidationError("Write a period as 5m, 300s or 1h.")
+        return seconds
+
     def api_data(self) -> dict:
         d = self.cleaned_data
         kind, _, target_id = d["target"].partition(":")
@@ -62,7 +70,7 @@ class AlarmForm(ConsoleForm):
         return {
             "name": d["name"], "target_kind": kind, "target_id": target_id, "metric": d["metric"],
             "statistic": d["statistic"], "comparison": d["comparison"], "threshold": d["threshold"],
-            "period": d["period"] * 60, "evaluation_periods": d["evaluation_periods"],
+            "period": d["period"], "evaluation_periods": d["evaluation_periods"],
             "datapoints_to_alarm": d["datapoints_to_alarm"], "treat_missing_data": d["treat_missing_data"],
             "actions": {"alarm": notify + ([{"type": "stop_workload"}] if d["stop_workload"] else []),
                         "ok": notify},
@@ -89,6 +97,9 @@ def alarm_list(request):
                 messages.success(request, f"Alarm {alarm.name!r} created: it is evaluated within a minute.")
                 form = AlarmForm(tenant=tenant)
     alarms = list(selectors.alarm_list(tenant=tenant))
+    labels = selectors.alarm_target_labels(tenant=tenant, alarms=alarms)
+    for a in alarms:
+        a.target_label = labels[str(a.pk)]
     return render(request, "frontend/alarm_list.html", {"alarms": alarms, "form": form, "created": created})
 
 
@@ -111,7 +122,7 @@ def _chart(alarm) -> dict:
     else:
         points = [(int(t), v) for t, v in sorted(alarm.samples)]
     return {"t": [t for t, _ in points], "v": [v for _, v in points], "threshold": alarm.threshold,
-            "unit": unit, "title": f"{alarm.statistic}({alarm.metric}) per {alarm.period // 60} min"}
+            "unit": unit, "title": f"{alarm.statistic}({alarm.metric}) per {period_words(alarm.period)}"}
 
 
 @console_view(read=perms.WORKLOADS_READ)
@@ -126,8 +137,9 @@ def alarm_detail(request, pk):
         kind = Workload.objects.for_tenant(alarm.tenant).filter(pk=alarm.target_id).values_list("kind", flat=True)
         if kind:
             target_url = reverse(f"console:{kind[0]}", args=[alarm.target_id])
+    target_label = selectors.alarm_target_labels(tenant=alarm.tenant, alarms=[alarm])[str(alarm.pk)]
     return render(request, "frontend/alarm_detail.html", {"alarm": alarm, "history": history, "target_url": target_url,
-                                                          "chart_json": _chart(alarm)})
+                                                          "target_label": target_label, "chart_json": _chart(alarm)})
 
 
 @console_action(write=perms.WORKLOADS_MANAGE)

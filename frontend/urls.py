@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 
 from frontend import account_views as account
-from frontend import alarm_views, groups, notification_views, views
+from frontend import alarm_views, array_views, groups, notification_views, views
 from frontend import volume_views as volumes
 from frontend.console import session_probe
 from scheduler.choices import WorkloadKind
@@ -56,6 +56,7 @@ console = [
     path("groups/<uuid:pk>/protect", groups.group_protect, name="group_protect"),
     path("groups/<uuid:pk>/schedule", groups.group_schedule, name="group_schedule"),
     path("groups/<uuid:pk>/delete", groups.group_delete, name="group_delete"),
+    path("jobs/arrays/new", array_views.job_array_create, name="job_array_create"),
     path("jobs/arrays/<uuid:pk>/stop", views.job_array_stop, name="job_array_stop"),
     path("alarms/", alarm_views.alarm_list, name="alarms"),
     path("alarms/<uuid:pk>/", alarm_views.alarm_detail, name="alarm"),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import Prefetch
 
 from gpucloud.tenancy.admin import OperatorAdmin
 from scheduler.models import Allocation, GangPart, JobArray, RegionSchedulerSettings, Workload, WorkloadEvent
@@ -23,14 +24,26 @@ class WorkloadAdmin(OperatorAdmin):
         "state",
         "instance_type",
         "region",
+        "host",
         "priority",
         "billing",
         "created_at",
         "reason",
     ]
     list_filter = ["kind", "state", "priority", "billing", "region", "instance_type__gpu_model"]
-    search_fields = ["name", "id", "tenant__name", "tenant__slug"]
+    search_fields = ["name", "id", "tenant__name", "tenant__slug", "allocations__host__name"]
     list_select_related = ["tenant", "instance_type", "region"]
+
+    def get_queryset(self, request):
+        # the hosts of the page's rows in one more query, not one per row
+        return super().get_queryset(request).prefetch_related(Prefetch(
+            "allocations", queryset=Allocation.objects.filter(active=True).select_related("host"),
+            to_attr="active_allocations"))
+
+    @admin.display(description="host")
+    def host(self, w: Workload) -> str:
+        """Where it runs now (a gang: each host once); empty while it holds no GPU."""
+        return ", ".join(dict.fromkeys(a.host.name for a in getattr(w, "active_allocations", [])))
     date_hierarchy = "created_at"
     inlines = [EventInline]
     # State changes go through the lifecycle services, never a form.

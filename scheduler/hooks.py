@@ -11,6 +11,9 @@ app registers its reaction here in its `AppConfig.ready()`, and the scheduler pu
   `hosts`, else None; it defers its own wake-ups to after commit). Registered by agents.
 - `cycle_wanted(region_id)`: after commit. Registered by the scheduler's own tasks module
   (its Celery side), so services need not import the cycle that imports them.
+- `queue_confinement(keys)`: asked by the snapshot for the (tenant id, queue) pairs of its
+  pending jobs; answers which of them belong to a batch pool, with the pool's name and the
+  hosts its members run on. Registered by autoscaling (the pools live there).
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from django.db import transaction
 
 _holding_changed: list[Callable[[list[UUID | str], list[UUID | str] | None], None]] = []
 _cycle_wanted: list[Callable[[int], None]] = []
+#: (tenant id, queue) -> (pool name, host ids of its running members)
+Confinement = dict[tuple[str, str], tuple[str, frozenset[str]]]
+_queue_confinement: list[Callable[[set[tuple[str, str]]], Confinement]] = []
 
 
 def on_holding_changed(fn: Callable[[list[UUID | str], list[UUID | str] | None], None]) -> None:
@@ -46,3 +52,18 @@ def holding_changed(workload_ids: Iterable[UUID | str], hosts: Iterable[UUID | s
 def cycle_wanted(region_id: int) -> None:
     for fn in _cycle_wanted:
         transaction.on_commit(lambda fn=fn: fn(region_id))
+
+
+def on_queue_confinement(fn: Callable[[set[tuple[str, str]]], Confinement]) -> None:
+    """Call `fn(keys)` for the (tenant id, queue) pairs of pending jobs; it returns those that
+    are confined to a batch pool (Azure Batch's semantics: a pool's jobs run on its members)."""
+    if fn not in _queue_confinement:
+        _queue_confinement.append(fn)
+
+
+def queue_confinement(keys: set[tuple[str, str]]) -> Confinement:
+    out: Confinement = {}
+    if keys:
+        for fn in _queue_confinement:
+            out.update(fn(keys))
+    return out

@@ -19,7 +19,7 @@ from agents.models import Gpu, Host
 from gpucloud.catalogue.models import GpuModel, InstanceType, Quota, Region
 from gpucloud.lib.db import Epoch
 from gpucloud.tenancy.models import Tenant
-from scheduler import bulk, core
+from scheduler import bulk, core, hooks
 from scheduler.choices import HOLDING, State, WorkloadKind
 from scheduler.core.quota import quota_applies
 from scheduler.models import Allocation, Workload
@@ -221,11 +221,12 @@ def _queue(region_id: int, code: str):
                      "timeout_s", "attained_gpu_s", "reason", "queue_position", "instance_type__gpu_count",
                      "instance_type__gpu_share_milli", "instance_type__vcpus",
                      "instance_type__memory_gib", "instance_type__gpu_model__code", "pinned_host_id",
-                     "pinned_host__name", "pinned_because", "checkpoint_grace_s")
+                     "pinned_host__name", "pinned_because", "checkpoint_grace_s", "queue")
     )
     queue, reasons, models = [], {}, {}
+    job_queues: dict[str, tuple[str, str]] = {}  # request id -> (tenant id, queue), jobs only
     for (wid, tenant, kind, prio, billing, nodes, queued, timeout, attained, reason, position, count,
-         share, vcpus, mem_gib, model, pinned_host, pinned_host_name, pinned_because, grace) in rows:
+         share, vcpus, mem_gib, model, pinned_host, pinned_host_name, pinned_because, grace, qname) in rows:
         rid = str(wid)
         fractional = share < 1000
         queue.append(core.PlacementRequest(
@@ -240,6 +241,16 @@ def _queue(region_id: int, code: str):
         ))
         reasons[rid] = (reason, position)
         models[rid] = model
+        if kind == WorkloadKind.JOB:
+            job_queues[rid] = (str(tenant), qname)
+    # A batch pool's jobs run only on its members' hosts (autoscaling answers which queues are pools).
+    confined = hooks.queue_confinement(set(job_queues.values()))
+    if confined:
+        for i, r in enumerate(queue):
+            key = job_queues.get(r.request_id)
+            if key in confined:
+                name, hosts = confined[key]
+                queue[i] = replace(r, pool=name, pool_hosts=hosts)
     return tuple(queue), reasons, models
 
 

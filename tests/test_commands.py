@@ -151,3 +151,15 @@ def test_the_demo_prints_its_logins_once(monkeypatch):
     out = io.StringIO()
     call_command("demo", "--setup-only", stdout=out)
     assert sum("demo login:" in line for line in out.getvalue().splitlines()) == 1
+
+
+@pytest.mark.django_db
+def test_the_demo_seeds_one_batch_pool_of_the_render_queue():
+    """Issue 28: the demo shows a batch pool (jobs with queue=render run on its members only)."""
+    from autoscaling.models import AutoscalingGroup
+
+    call_command("demo", "--setup-only", stdout=io.StringIO())
+    call_command("demo", "--setup-only", stdout=io.StringIO())  # idempotent
+    [pool] = AutoscalingGroup.objects.all()
+    assert (pool.name, pool.job_queue, pool.min_size, pool.desired) == ("render-pool", "render", 0, 0)
+    assert pool.tenant.memberships.filter(user__username="demo@gpucloud.local").exists()

@@ -44,9 +44,24 @@ def _json_type_errors(field: serializers.Field, value: Any) -> Any:
     return None
 
 
+def choices_said(field: serializers.Field) -> None:
+    """A wrong choice answers with the valid ones (`group_by`: "one of instance_type, region, …"):
+    DRF's own message names only the wrong value, leaving the caller to guess."""
+    if isinstance(field, serializers.ChoiceField) and field.choices:
+        valid = ", ".join(str(c) for c in field.choices)
+        field.error_messages["invalid_choice"] = f'"{{input}}" is not a valid choice: one of {valid}.'
+
+
 class StrictMixin:
     # False on serializers that read a query string (StrictQuerySerializer): every value is a string
     json_body: ClassVar[bool] = True
+
+    def get_fields(self):
+        fields = super().get_fields()  # type: ignore[misc]
+        for field in fields.values():
+            choices_said(field)
+            choices_said(getattr(field, "child", None))  # a list of choices: each item
+        return fields
 
     def to_internal_value(self, data):
         if isinstance(data, dict):

@@ -170,6 +170,7 @@ class PlacementRequest:
     job) feeds las and srtf. Both are supplied by the caller.
     ``pinned_host`` (host affinity) places the request on that host or nowhere:
     it waits there, with ``pinned_because`` in its reason, until the host has room.
+    ``pool`` confines it to the hosts of a batch pool's members (``BatchPoolFilter``).
     """
 
     request_id: str
@@ -199,6 +200,10 @@ class PlacementRequest:
     pinned_host_name: str = ""
     #: why, in words for the owner ("where volume data lives"); goes into the wait reason
     pinned_because: str = ""
+    #: a batch pool's job (its queue has a pool, Azure Batch's semantics): placed only on the
+    #: hosts where the pool's members run (``pool_hosts``, host ids), or it waits for a member
+    pool: str = ""
+    pool_hosts: frozenset[str] = frozenset()
 
     @property
     def fractional(self) -> bool:

@@ -149,6 +149,19 @@ class ReservationFilter:
         return _RESERVED
 
 
+class BatchPoolFilter:
+    """A batch pool's job runs only where the pool's members run (Azure Batch: a pool's
+    tasks run on the pool's nodes), never elsewhere in the region. Requests of no pool pass."""
+
+    name = "batch-pool"
+    indexed = False
+
+    def filter(self, req: PlacementRequest, host: HostState) -> Status:
+        if not req.pool or host.host_id in req.pool_hosts:
+            return OK
+        return unschedulable(f"not a host of batch pool {req.pool}'s members")
+
+
 register_filter("ready", lambda ctx: ReadyFilter())
 register_filter("gpu-model", lambda ctx: GpuModelFilter())
 register_filter("region", lambda ctx: RegionFilter())
@@ -156,6 +169,7 @@ register_filter("gpus", lambda ctx: FreeGpusFilter())
 register_filter("resources", lambda ctx: ResourcesFilter())
 register_filter("nvlink", lambda ctx: NvlinkFilter())
 register_filter("reservation", lambda ctx: ReservationFilter(ctx.now))
+register_filter("batch-pool", lambda ctx: BatchPoolFilter())
 
 # ------------------------------------------------------------------------------ scores
 
@@ -716,6 +730,7 @@ register_placement(
 )
 
 __all__ = [
+    "BatchPoolFilter",
     "BestFitScore",
     "Filter",
     "FgdGradientScore",

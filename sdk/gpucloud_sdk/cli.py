@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -23,15 +24,26 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from gpucloud_sdk import config, errors
 from gpucloud_sdk.client import TERMINAL_STATES, Client
 
 EXIT_OK, EXIT_API, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """The one place output is set up. What we print is mostly the server's text (names, reasons,
+    image references, log lines): printed literally, never read as rich markup (`[x]`), emoji
+    codes (`sha256:zzz:` is not 💤) or highlighted. Our own emphasis is a `Text` style."""
+    return Console(stderr=stderr, soft_wrap=True, markup=False, emoji=False, highlight=False)
+
+
+out = _console()
+err = _console(stderr=True)
 
 app = typer.Typer(
     name="gpucloud", no_args_is_help=True, rich_markup_mode="markdown",
@@ -56,6 +68,8 @@ app.add_typer(alarms_app, name="alarms")
 _state: dict[str, Any] = {"profile": None}
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON (the API's keys).")]
+WideOpt = Annotated[bool, typer.Option("--wide", "-w", help="One line per row: no column wraps (names and ids "
+                                                             "are never cut either way).")]
 T = TypeVar("T")
 
 
@@ -89,16 +103,40 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def table(columns: list[str], rows: Iterable[Iterable[Any]], *, empty: str = "Nothing to show.") -> None:
+#: columns a listing never cuts or wraps: what you type next (`gpucloud ssh NAME`, `... ID`)
+WHOLE_COLUMNS = frozenset({"NAME", "ARRAY", "ID"})
+
+
+def table(columns: list[str], rows: Iterable[Iterable[Any]], *, empty: str = "Nothing to show.",
+          wide: bool = False) -> None:
+    """A listing. Names and ids are shown whole: the other columns wrap to fit the terminal,
+    and when even that is too narrow the lines run past it (the terminal wraps them) rather
+    than cutting an id. `wide`: nothing wraps at all (one line per row, for a wide pager)."""
     t = Table(*columns, box=None, header_style="bold", pad_edge=False)
-    n = 0
-    for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
-        n += 1
-    if n == 0:
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    if not cells:
         out.print(empty)
-    else:
+        return
+    for i, col in enumerate(t.columns):
+        # a header never shrinks to nothing: a column squeezed to 0 hides its data
+        col.min_width = len(columns[i])
+        if columns[i] in WHOLE_COLUMNS:
+            col.no_wrap = True
+            col.min_width = max([len(r[i]) for r in cells if i < len(r)] + [col.min_width])
+    for row in cells:
+        t.add_row(*(Text(v) for v in row))
+    need = Measurement.get(out, out.options.update_width(1 << 20), t)
+    width = need.maximum if wide else max(out.width, need.minimum)
+    saved = out.width
+    try:
+        out.width = max(width, 1)
         out.print(t)
+    finally:
+        out.width = saved
+
+
+def bold(text: str) -> Text:
+    return Text(text, style="bold")
 
 
 def _money(value: Any) -> str:
@@ -141,8 +179,8 @@ def login(
     with Client(url, api_key) as gc:
         me = gc.whoami()
     path = config.store(name, url=url, api_key=api_key, make_default=profile is None or name == current.name)
-    out.print(f"Logged in to {url} as tenant [bold]{me['tenant']['name']}[/bold] "
-              f"(profile {name}, saved in {path}).")
+    out.print(Text.assemble(f"Logged in to {url} as tenant ", bold(me['tenant']['name']),
+                            f" (profile {name}, saved in {path})."))
 
 
 @app.command()
@@ -364,7 +402,7 @@ def launch(
         emit_json(w)
         return
     if wait:
-        out.print(f"[bold]{w['name']}[/bold] is running on {w.get('host')}.")
+        out.print(Text.assemble(bold(w['name']), f" is running on {w.get('host')}."))
         for line in _connect_lines(w):
             out.print("  " + line, highlight=False)
 
@@ -380,11 +418,12 @@ def _workload_rows(items: Iterable[dict[str, Any]]) -> Iterable[list[Any]]:
 def ls(
     state: Annotated[list[str] | None, typer.Option("--state", help="Only these states; repeatable.")] = None,
     active: Annotated[bool, typer.Option("--active", help="Hide stopped, failed, ... instances.")] = False,
+    wide: WideOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Your instances.
+    """Your instances. Names and ids are shown whole (`--wide`: nothing wraps).
 
-    Examples: `gpucloud ls`, `gpucloud ls --state running --json`
+    Examples: `gpucloud ls`, `gpucloud ls --state running --json`, `gpucloud ls --wide | less -S`
     """
     with client() as gc:
         items = [w for w in gc.instances.list(state=state or None)
@@ -393,7 +432,7 @@ def ls(
         emit_json(items)
         return
     table(["NAME", "STATE", "TYPE", "REGION", "HOST", "PER HOUR", "COST", "CREATED", "ID"], _workload_rows(items),
-          empty="No instances. Launch one: gpucloud launch TYPE")
+          empty="No instances. Launch one: gpucloud launch TYPE", wide=wide)
 
 
 def _show(w: dict[str, Any], as_json: bool) -> None:
@@ -413,11 +452,11 @@ def _show(w: dict[str, Any], as_json: bool) -> None:
             t.add_row(f, " ".join(v) if f == "command" else ", ".join(map(str, v)) if isinstance(v, list) else str(v))
     out.print(t)
     if w.get("connect"):
-        out.print("\n[bold]connect[/bold]")
+        out.print(Text.assemble("\n", bold("connect")))
         for line in _connect_lines(w):
             out.print("  " + line, highlight=False)
     if w.get("events"):
-        out.print("\n[bold]events[/bold]")
+        out.print(Text.assemble("\n", bold("events")))
         table(["AT", "FROM", "TO", "REASON"], ([_short(e["created_at"]), e["from_state"], e["to_state"],
                                                 e.get("reason", "")] for e in w["events"]))
 
@@ -613,9 +652,28 @@ def _exec(argv: list[str], dry_run: bool) -> None:
     os.execv(exe, argv)
 
 
+IdentityOpt = Annotated[Path | None, typer.Option(
+    "--identity", "-i", help="The private key to log in with (as `ssh -i`); only it is offered.",
+    show_default=False)]
+
+
+def identity_args(identity: Path | None) -> list[str]:
+    """`ssh -i KEY -o IdentitiesOnly=yes`: offer that key alone (an agent full of keys would
+    otherwise hit the gateway's limit of attempts before it)."""
+    if identity is None:
+        return []
+    key = identity.expanduser()
+    if key.suffix == ".pub":
+        fail(EXIT_USAGE, f"--identity wants the private key, not {key} (try {key.with_suffix('')}).")
+    if not key.is_file():
+        fail(EXIT_USAGE, f"--identity: no such key file: {key}")
+    return ["-i", str(key), "-o", "IdentitiesOnly=yes"]
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def ssh(name: Annotated[str, typer.Argument(help="Instance name or id.")],
         command: Annotated[list[str] | None, typer.Argument(help="A command after --.")] = None,
+        identity: IdentityOpt = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the ssh command line, run nothing.")] = False,
         ) -> None:
     """Open a shell on a running instance through the gateway (execs the system `ssh`).
@@ -625,18 +683,21 @@ def ssh(name: Annotated[str, typer.Argument(help="Instance name or id.")],
     Examples:
 
         gpucloud ssh train-1
+        gpucloud ssh train-1 -i ~/.ssh/id_ed25519
         gpucloud ssh train-1 -- nvidia-smi
         gpucloud ssh train-1 --dry-run
     """
+    extra = identity_args(identity)
     with client() as gc:
         _, c = _connect(gc, name)
-    _exec(ssh_argv(c, pin_host_key(c), command=command), dry_run)
+    _exec(ssh_argv(c, pin_host_key(c), extra=extra, command=command), dry_run)
 
 
 @app.command()
 def forward(name: Annotated[str, typer.Argument(help="Instance name or id.")],
             port: Annotated[int, typer.Argument(help="The instance's port.")],
             local_port: Annotated[int | None, typer.Option("--local", help="Local port (default: the same).")] = None,
+            identity: IdentityOpt = None,
             dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the ssh command line.")] = False,
             ) -> None:
     """Forward a port of a running instance to localhost through the gateway (ssh -L).
@@ -651,7 +712,8 @@ def forward(name: Annotated[str, typer.Argument(help="Instance name or id.")],
     if url:
         err.print(f"{w['name']}:{port} is also published at {url}", highlight=False)
     err.print(f"Forwarding 127.0.0.1:{local_port or port} → {w['name']}:{port} (Ctrl-C ends it).")
-    _exec(ssh_argv(c, pin_host_key(c), extra=["-N", "-L", f"127.0.0.1:{local_port or port}:127.0.0.1:{port}"]),
+    _exec(ssh_argv(c, pin_host_key(c), extra=[*identity_args(identity), "-N", "-L",
+                                              f"127.0.0.1:{local_port or port}:127.0.0.1:{port}"]),
           dry_run)
 
 
@@ -724,7 +786,7 @@ def jobs_submit(
 @jobs_app.command("ls")
 def jobs_ls(state: Annotated[list[str] | None, typer.Option("--state", help="Only these states.")] = None,
             array: Annotated[str | None, typer.Option("--array", help="Only the tasks of this job array.")] = None,
-            as_json: JsonOpt = False) -> None:
+            wide: WideOpt = False, as_json: JsonOpt = False) -> None:
     """Your batch jobs, then your job arrays (one row each; `--array ID` lists its tasks).
 
     Examples: `gpucloud jobs ls --state running`, `gpucloud jobs ls --array 3f2a…`
@@ -743,16 +805,17 @@ def jobs_ls(state: Annotated[list[str] | None, typer.Option("--state", help="Onl
         table(["INDEX", "STATE", "HOST", "RETRIES", "EXIT", "COST", "ID"],
               ([j.get("array_index"), j["state"], j.get("host") or "", j.get("retries"), j.get("exit_code"),
                 _money(j.get("cost_so_far")), j["id"]] for j in sorted(items, key=lambda j: j.get("array_index") or 0)),
-              empty="No tasks.")
+              empty="No tasks.", wide=wide)
         return
     table(["NAME", "STATE", "TYPE", "REGION", "NODES", "RETRIES", "EXIT", "COST", "CREATED", "ID"],
           ([j["name"], j["state"], j["instance_type"], j["region"], j.get("nodes"), j.get("retries"),
             j.get("exit_code"), _money(j.get("cost_so_far")), _short(j.get("created_at")), j["id"]] for j in items),
-          empty="No jobs. Submit one: gpucloud jobs submit --type T --image I -- CMD" if not arrays else "")
+          empty="No jobs. Submit one: gpucloud jobs submit --type T --image I -- CMD" if not arrays else "", wide=wide)
     if arrays:
         out.print()
         table(["ARRAY", "STATE", "TASKS", "BY STATE", "CREATED", "ID"],
-              ([a["name"], a["state"], a["count"], _counts(a), _short(a.get("created_at")), a["id"]] for a in arrays))
+              ([a["name"], a["state"], a["count"], _counts(a), _short(a.get("created_at")), a["id"]] for a in arrays),
+              wide=wide)
 
 
 def _counts(a: dict[str, Any]) -> str:
@@ -897,10 +960,27 @@ def volumes_rm(name: Annotated[str, typer.Argument(help="Volume name or id.")]) 
 _COMPARISONS = {">": "gt", ">=": "ge", "<": "lt", "<=": "le"}
 
 
+_PERIOD = re.compile(r"^\s*(\d+)\s*(s|m|min|h)?\s*$", re.IGNORECASE)
+
+
+def period_seconds(text: str | int) -> int:
+    """`--period` as the console takes it: `5m`, `300s`, `1h`, or bare seconds (the API's unit)."""
+    m = _PERIOD.match(str(text))
+    if not m:
+        raise typer.BadParameter(f"write a period as 5m, 300s or 1h (got {text!r})")
+    return int(m[1]) * {"s": 1, "m": 60, "min": 60, "h": 3600}[(m[2] or "s").lower()]
+
+
+def period_words(seconds: Any) -> str:
+    """The one unit alarm periods are shown in, here as on the console's pages: minutes."""
+    s = int(seconds or 0)
+    return f"{s // 60} min" if s % 60 == 0 else f"{s} s"
+
+
 def _rule(a: dict[str, Any]) -> str:
     sign = {v: k for k, v in _COMPARISONS.items()}.get(a.get("comparison", ""), a.get("comparison"))
     return (f"{a.get('statistic')}({a.get('metric')}) {sign} {a.get('threshold'):g} for "
-            f"{a.get('datapoints_to_alarm')} of {a.get('evaluation_periods')} x {a.get('period')} s")
+            f"{a.get('datapoints_to_alarm')} of {a.get('evaluation_periods')} x {period_words(a.get('period'))}")
 
 
 @alarms_app.command("ls")
@@ -927,7 +1007,9 @@ def alarms_create(
     workload: Annotated[str | None, typer.Option(help="An instance's (or job's) name or id.")] = None,
     tenant: Annotated[bool, typer.Option("--tenant", help="Watch your tenant's metric.")] = False,
     stat: Annotated[str, typer.Option(help="avg, max, min, p95 or sum per period.")] = "avg",
-    period: Annotated[int, typer.Option(help="Seconds, a multiple of 60.")] = 60,
+    period: Annotated[int, typer.Option(
+        parser=period_seconds, metavar="PERIOD",
+        help="5m, 300s or 1h (a bare number is seconds); whole minutes.")] = 60,
     periods: Annotated[int, typer.Option(help="Evaluation periods (N).")] = 1,
     datapoints: Annotated[int | None, typer.Option(help="Datapoints to alarm (M of N; default N).")] = None,
     missing: Annotated[str, typer.Option(help="missing, ignore, breaching or not_breaching.")] = "missing",
@@ -1182,6 +1264,36 @@ def _api_error(e: errors.ApiError) -> str:
 from gpucloud_sdk.cli_groups import groups_app  # noqa: E402  (it builds on the helpers above)
 
 app.add_typer(groups_app, name="groups")
+
+
+def fence_examples(doc: str) -> str:
+    """A help text whose indented example lines are a fenced code block. Typer's markdown help
+    dedents every paragraph after the first on its own, so an indented block that follows
+    "Examples:" lost its indent, became prose and ran its lines together."""
+    lines: list[str] = []
+    block: list[str] = []
+    for line in inspect.cleandoc(doc).splitlines() + [""]:
+        if line.startswith("    ") and line.strip():
+            block.append(line[4:])
+            continue
+        if block:
+            lines += ["```", *block, "```"]
+            block = []
+        lines.append(line)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _keep_example_lines(typer_app: typer.Typer) -> None:
+    for info in typer_app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if doc:
+            info.help = fence_examples(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _keep_example_lines(group.typer_instance)
+
+
+_keep_example_lines(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -218,6 +218,8 @@ def test_email_and_stop_actions_run_once_after_the_change(alice, bob, instance, 
         assert runner.alarm_action_run(run_id=run_id, now=at(22)) is None  # once
     [message] = mail.outbox
     assert message.to == ["bob@acme.test"] and "ALARM" in message.subject and alarm.name in message.subject
+    # the instance by its name (issue 28), the period in minutes; its id whole, never cut short
+    assert f"(avg over 1 min) of instance {instance.name} (id {instance.pk})." in message.body, message.body
     instance.refresh_from_db()
     assert instance.state == State.STOPPING and "hot" in instance.reason
 
@@ -289,3 +291,32 @@ def test_a_sealed_secret_opens_only_under_its_secret_key(settings):
     settings.SECRET_KEY = "another-key"
     with pytest.raises(SealedError):
         open_sealed(sealed)
+
+
+def test_alarms_name_their_targets_on_the_console_and_in_the_payload(alice, instance):
+    """Issue 28: "instance nb", not a truncated UUID; many alarms in one read per kind of target."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from alarms import selectors
+
+    on_it = services.alarm_create(tenant=alice.tenant, name="hot", target_kind="workload",
+                                  target_id=str(instance.pk), metric="gpu_util", threshold=80, comparison="gt")[0]
+    queue_alarm(alice.tenant)
+    alarms = list(selectors.alarm_list(tenant=alice.tenant))
+    with CaptureQueriesContext(connection) as q:
+        labels = selectors.alarm_target_labels(tenant=alice.tenant, alarms=alarms)
+    assert len(q.captured_queries) == 1  # the workloads' names; the tenant's is at hand
+    assert labels[str(on_it.pk)] == f"instance {instance.name}" and set(labels.values()) == {
+        f"instance {instance.name}", "tenant Acme"}
+    payload = services.payload_of(on_it, old="OK", new="ALARM", reason="r", datapoints=[], now=at(0))
+    assert payload["target"] == {"kind": "workload", "id": str(instance.pk), "name": f"instance {instance.name}"}
+    from django.test import Client
+    from django.urls import reverse
+
+    web = Client()
+    web.force_login(alice.user)
+    page = web.get(reverse("console:alarms")).content.decode()
+    assert f"instance {instance.name}" in page and f"{str(instance.pk)[:12]}…" not in page
+    detail = web.get(reverse("console:alarm", args=[on_it.pk])).content.decode()
+    assert f">instance {instance.name}</a>" in detail

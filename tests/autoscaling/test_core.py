@@ -18,8 +18,10 @@ from autoscaling.core import (
     cron_last_fire,
     cron_valid,
     decide,
+    members_mean,
     step_decision,
     target_proposal,
+    window_mean,
 )
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -192,3 +194,47 @@ def test_step_scaling_waits_its_cooldown():
     kw = dict(min_size=0, max_size=10, desired=1, alarm_state="ALARM", reason="r", breach=1.0)
     assert step_decision(p, now=NOW, **kw) is None
     assert step_decision(p, now=NOW + timedelta(seconds=200), **kw)[0] == 2
+
+
+# ------------------------------------------------------------------ warm-up and the window (issue 28)
+
+def series(start_ago: int, end_ago: int = 0, every: int = 5, value: float = 10.0) -> list:
+    """Samples every `every` s from `start_ago` s before NOW to `end_ago` s before it."""
+    return [(NOW - timedelta(seconds=s), value) for s in range(end_ago, start_ago + 1, every)]
+
+
+@pytest.mark.parametrize(("ran_s", "samples", "want"), [
+    (41, series(11), None),            # the report: 30 s warm-up, 11 s of data for a 3-minute window
+    (209, series(179), None),          # warm-up ended 179 s ago: one second of the window inside it
+    (210, series(179), 10.0),          # warm-up ended exactly at the window's start: covered
+    (3600, series(179), 10.0),
+    (3600, series(60), None),          # running an hour, but samples only for the last minute
+    (3600, series(179, end_ago=40), None),  # the reports stopped 40 s ago
+    (3600, series(170, every=10), 10.0),    # within the slack (15 s) at either end
+    (3600, [], None),
+])
+def test_a_window_counts_only_data_that_exists(ran_s, samples, want):
+    got = window_mean(samples, running_since=NOW - timedelta(seconds=ran_s), warmup_s=30, window_s=180, now=NOW,
+                      slack_s=15)
+    assert got == want
+
+
+def test_the_group_metric_averages_only_members_with_data():
+    assert members_mean([None, None]) is None
+    assert members_mean([None, 20.0, 40.0]) == 30.0
+
+
+def test_no_scale_in_while_a_member_warms_up():
+    fresh = tuple(replace(m, running_since=NOW - timedelta(seconds=41), launched_at=NOW - timedelta(seconds=45))
+                  for m in members(2))
+    g = Group(min_size=1, max_size=4, desired=2, warmup_s=120, members=fresh, policies=(util(10),))
+    assert (decide(g, NOW).desired, decide(g, NOW).terminate) == (2, [])
+    # past the warm-up the same metric scales in
+    assert decide(g, NOW + timedelta(seconds=80)).desired == 1
+    # scale-out is not held: new members may be needed precisely because others are warming
+    assert decide(replace(g, policies=(util(90),)), NOW).desired == 4
+    # a member that waits for capacity counts from its launch, so it cannot hold scale-in for ever
+    waiting = Member(id="w", state="pending", billing="on_demand", protected=False,
+                     launched_at=NOW - timedelta(hours=1))
+    g2 = replace(g, desired=3, members=(*members(2), waiting))
+    assert decide(g2, NOW).desired == 1

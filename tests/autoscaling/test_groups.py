@@ -68,11 +68,12 @@ def live(group) -> list[Workload]:
                 .order_by("created_at"))
 
 
-def inject(workloads, util: float, at) -> None:
-    """GPU samples of the members' GPUs, at `at` and the two minutes before it."""
+def inject(workloads, util: float, at, seconds: int = 180) -> None:
+    """GPU samples of the members' GPUs every 10 s over the `seconds` before `at` (a policy's
+    3-minute window counts only when its data covers the window)."""
     gpus = Allocation.objects.filter(workload__in=workloads, active=True).values_list("gpu_id", flat=True)
     GpuSample.objects.bulk_create([GpuSample(gpu_id=g, time=at - timedelta(seconds=s), gpu_util=util)
-                                   for g in gpus for s in (0, 60, 120)])
+                                   for g in gpus for s in range(0, seconds, 10)])
 
 
 def make_group(alice, **kw):
@@ -99,8 +100,9 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
     assert GpuSample.objects.filter(gpu_util__gte=85).exists()
     reconcile.reconcile_group(group.pk, now=timezone.now())
     assert AutoscalingGroup.objects.get(pk=group.pk).desired == 2
-    # Past the warm-up, at 90 % against a target of 50 %: ceil(2 * 90 / 50) = 4.
-    t1 = max(w.started_at for w in members) + timedelta(seconds=200)
+    # Past the warm-up (60 s) and a whole window (180 s) of data, at 90 % against a target of 50 %:
+    # ceil(2 * 90 / 50) = 4.
+    t1 = max(w.started_at for w in members) + timedelta(seconds=250)
     inject(members, 90, t1)
     reconcile.reconcile_group(group.pk, now=t1)
     group.refresh_from_db()
@@ -139,6 +141,29 @@ def test_target_tracking_scales_out_to_max_then_in_after_cooldown_to_min_keeping
     # min 1 reached: further low load removes nothing
     reconcile.reconcile_group(group.pk, now=t5 + timedelta(seconds=600))
     assert [w.pk for w in live(group)] == [protected.pk]
+
+
+def test_members_in_their_warm_up_or_with_less_data_than_the_window_do_not_scale_in(fleet, region, alice):
+    """Issue 28: desired 2, a 30 s warm-up, "avg GPU util < 50 % for 3 min": it scaled in after
+    41 s. Now the window needs 3 minutes of data after the warm-up, and nothing shrinks before."""
+    group = make_group(alice, min_size=1, desired=2, warmup_s=30)
+    services.policy_create(group=group, name="util", kind="target_tracking", metric="gpu_util", target=50)
+    reconcile.reconcile_group(group.pk)
+    converge(fleet, region)
+    members = live(group)
+    assert [w.state for w in members] == [State.RUNNING] * 2
+    started = max(w.started_at for w in members)
+    t = started + timedelta(seconds=41)
+    inject(members, 5, t, seconds=41)  # every sample there is, from the start to 41 s
+    reconcile.reconcile_group(group.pk, now=t)
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 2 and len(live(group)) == 2
+    assert not any(c.startswith("scaled") for c in causes(group))
+    # Warm-up (30 s) plus the whole window (180 s) of low load: now it scales in.
+    t2 = started + timedelta(seconds=215)
+    inject(members, 5, t2)
+    reconcile.reconcile_group(group.pk, now=t2)
+    assert AutoscalingGroup.objects.get(pk=group.pk).desired == 1
+    assert any("scaled 2 → 1: avg GPU util 5 % < target 50 % for 3 min" in c for c in causes(group))
 
 
 @pytest.fixture

@@ -30,8 +30,13 @@ from django.core.management.base import BaseCommand, CommandError
 from agents.host import standin
 from agents.models import BootstrapToken
 from agents.services.registration import bootstrap_token_create
+from autoscaling.models import AutoscalingGroup
+from autoscaling.services import group_create
 from gpucloud.catalogue.models import Region
+from gpucloud.lib.errors import ServiceError
 from gpucloud.lib.supervisor import Supervisor
+from gpucloud.tenancy.management.commands.demo_setup import DEMO_USER
+from gpucloud.tenancy.models import Membership
 
 # Simulated hosts: (host name, GPU model, GPU count), all in one region.
 SIM_HOSTS = [("sim-h100-1", "H100", 8), ("sim-a100-1", "A100", 8), ("sim-l40s-1", "L40S", 4)]
@@ -97,6 +102,28 @@ def _sim_hosts(port: int, runtime: str = "sim", image: str = "") -> list[tuple[s
     return out
 
 
+#: the demo's batch pool (docs/autoscaling.md): jobs submitted with `queue=render` run on its
+#: members only; it grows from zero when they arrive and shrinks back when they are done
+DEMO_POOL = {"name": "render-pool", "job_queue": "render", "instance_type": "h100.1x", "region": SIM_REGION,
+             "image": "busybox", "command": ["sleep", "infinity"], "min_size": 0, "max_size": 2,
+             "cooldown_s": 120}
+
+
+def seed_batch_pool() -> AutoscalingGroup | None:
+    """The demo tenant's batch pool, once (idempotent; None when there is no demo tenant)."""
+    member = Membership.objects.filter(user__username=DEMO_USER[0]).select_related("tenant", "user").first()
+    if member is None:
+        return None
+    found = AutoscalingGroup.objects.for_tenant(member.tenant).filter(name=DEMO_POOL["name"]).first()
+    if found is not None:
+        return found
+    try:
+        return group_create(tenant=member.tenant, user=member.user, **DEMO_POOL)
+    except ServiceError as e:  # a catalogue without the type: the demo runs without its pool
+        sys.stderr.write(f"demo: no batch pool seeded: {e.message}\n")
+        return None
+
+
 def _wait_for_port(port: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -135,6 +162,7 @@ class Command(BaseCommand):
         call_command("seed_storage_prices")
         # The logins are printed once, below the URL (here only with --setup-only).
         call_command("demo_setup", stdout=self.stdout if setup_only else io.StringIO())
+        seed_batch_pool()
         if setup_only:
             return
         runtime, image, about = choose_runtime(os.environ.get("GPUCLOUD_DEMO_RUNTIME", "auto"))

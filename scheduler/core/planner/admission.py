@@ -208,6 +208,8 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
         return wait(cycle, req, f"waiting behind an earlier {model} request")
     if req.pinned_host is not None:
         return admit_pinned(cycle, req)
+    if req.pool:
+        return admit_pooled(cycle, req, excluded)
     pools_key = (model, req.region, excluded)
     pools = cycle.pool_cache.get(pools_key)
     if pools is None:
@@ -267,6 +269,32 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
         if policy.backfill:
             reserve(cycle, req, pools)
     return wait(cycle, req, failure)
+
+
+def admit_pooled(cycle: CycleState, req: PlacementRequest, excluded: tuple[str, ...]) -> bool:
+    """A batch pool's job: placed on a host of the pool's members (``BatchPoolFilter`` in
+    the walk) or it waits for a member, with that reason. It neither preempts nor reserves
+    nor blocks the head of the line: the pool's members are its capacity, and while none has
+    room, nothing outside the pool is what it waits for."""
+    if not req.pool_hosts:
+        return wait(
+            cycle, req, f"waiting for a member of batch pool {req.pool} to run "
+            "(its jobs run only on its members' hosts)", capacity=False,
+        )
+    pools = [
+        p
+        for p in cycle.fleet.pools_by_model.get(req.gpu_model, ())
+        if (req.region is None or p.region == req.region) and p.region not in excluded
+    ]
+    found = find(cycle, req, pools)
+    if isinstance(found, tuple):
+        commit(cycle, req, found)
+        return True
+    n = len(req.pool_hosts)
+    return wait(
+        cycle, req, f"waiting for {what(req)} on the hosts of batch pool {req.pool}'s members "
+        f"({plural(n, 'host')})", capacity=False,
+    )
 
 
 def admit_pinned(cycle: CycleState, req: PlacementRequest) -> bool:

@@ -69,6 +69,7 @@ class CycleState:
         "hot_filters_multi_gpu",
         "resources_filter_only",
         "any_reserved",
+        "any_pooled",
         "scores",
         "fgd",
         "tenants",
@@ -129,6 +130,7 @@ class CycleState:
         if self.require_island:
             names.append("nvlink")
         names.append("reservation")
+        names.append("batch-pool")
         names.extend(policy.extra_filters)
         self.filters: list[Filter] = [FILTERS[n](context) for n in names]
         self.hot_filters: list[Filter] = []
@@ -137,6 +139,8 @@ class CycleState:
         self.resources_filter_only = False
         #: some host is reserved this cycle: only then does the walk run ReservationFilter
         self.any_reserved = False
+        #: some request belongs to a batch pool: only then does the walk run BatchPoolFilter
+        self.any_pooled = any(r.pool for r in requests)
         self.choose_hot_filters()
         self.scores: list[Score] = [SCORES[n](context, w) for n, w in spec.scores]
         self.fgd: FgdModel | None = fgd_model(self.workload) if spec.uses_workload else None
@@ -198,12 +202,15 @@ class CycleState:
     def choose_hot_filters(self) -> None:
         """The filters the candidate loop runs. Besides ``indexed`` filters it
         leaves out what the walk guarantees for whole-GPU requests (``gpus``: the
-        bucket has >= g free), ``nvlink`` for single GPUs, and ``reservation``
-        until some host is reserved; each saves a call per host examined."""
+        bucket has >= g free), ``nvlink`` for single GPUs, ``reservation``
+        until some host is reserved and ``batch-pool`` without a pool's request;
+        each saves a call per host examined."""
         self.hot_filters = [
             f
             for f in self.filters
-            if not f.indexed and (f.name != "reservation" or self.any_reserved)
+            if not f.indexed
+            and (f.name != "reservation" or self.any_reserved)
+            and (f.name != "batch-pool" or self.any_pooled)
         ]
         self.hot_filters_multi_gpu = [f for f in self.hot_filters if f.name != "gpus"]
         self.hot_filters_one_gpu = [f for f in self.hot_filters_multi_gpu if f.name != "nvlink"]

@@ -6,6 +6,7 @@ import pytest
 
 from scheduler.core import FILTERS, MAX_SCORE, PLACEMENTS, SCORES, Code, CycleContext
 from scheduler.core.plugins import (
+    BatchPoolFilter,
     BestFitScore,
     FragScore,
     FreeGpusFilter,
@@ -88,6 +89,16 @@ def state(**kw) -> HostState:  # type: ignore[no-untyped-def]
             Code.OK,
         ),  # bigger than any island
         (NvlinkFilter(), {"gpus_per_node": 1}, {"island_size": 1}, Code.OK),
+        # a batch pool's job: only the hosts of the pool's members; other work anywhere
+        (BatchPoolFilter(), {}, {}, Code.OK),
+        (BatchPoolFilter(), {"pool": "render", "pool_hosts": frozenset({"h1"})}, {}, Code.OK),
+        (
+            BatchPoolFilter(),
+            {"pool": "render", "pool_hosts": frozenset({"h2"})},
+            {},
+            Code.UNSCHEDULABLE,
+        ),
+        (BatchPoolFilter(), {"pool": "render", "pool_hosts": frozenset()}, {}, Code.UNSCHEDULABLE),
     ],
 )
 def test_filters(flt, req, host, code):  # type: ignore[no-untyped-def]
