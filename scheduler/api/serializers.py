@@ -11,7 +11,7 @@ from gpucloud.api.serializers import StrictSerializer
 from scheduler.api import contributors
 from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
-from scheduler.models import JobArray, Workload, WorkloadEvent
+from scheduler.models import ContainerEvent, JobArray, Workload, WorkloadEvent
 from scheduler.selectors import workload_last_allocations
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -174,6 +174,15 @@ class EventSerializer(serializers.ModelSerializer):
         fields = ["created_at", "from_state", "to_state", "reason", "actor"]
 
 
+class ContainerEventSerializer(serializers.ModelSerializer):
+    count = serializers.IntegerField(help_text="the how-manieth of its kind in this run")
+    detail = serializers.CharField(help_text="what the agent saw")
+
+    class Meta:
+        model = ContainerEvent
+        fields = ["created_at", "kind", "count", "detail"]
+
+
 class CostedListSerializer(serializers.ListSerializer):
     """Prices a whole page of workloads in a fixed number of queries before rendering it (billing's
     contributor, scheduler/api/contributors.py)."""
@@ -247,12 +256,16 @@ class RanOnSerializer(serializers.Serializer):
 
 class WorkloadDetailSerializer(WorkloadSerializer):
     events = EventSerializer(many=True, read_only=True)
+    container_events = ContainerEventSerializer(
+        many=True, read_only=True,
+        help_text="its container lost (`container_lost`) or restarted (`container_restarted`) without its "
+                  "agent's order, with the count and what the agent saw (docs/lifecycle.md)")
     ran_on = serializers.SerializerMethodField(
         help_text="where its last run ran, once it holds no GPUs (stopped, ended, queued again); "
                   "null when it never ran or holds GPUs now (see `hosts`, `gpus`)")
 
     class Meta(WorkloadSerializer.Meta):
-        fields = [*WorkloadSerializer.Meta.fields, "events", "ran_on"]
+        fields = [*WorkloadSerializer.Meta.fields, "events", "container_events", "ran_on"]
         read_only_fields = fields
 
     @extend_schema_field(RanOnSerializer(allow_null=True))
