@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from agents.protocol import CHECKPOINT_GRACE_MAX_S, CHECKPOINT_SIGNALS
 from gpucloud.api.serializers import StrictSerializer
+from gpucloud.lib.images import image_reference_problem
 from scheduler.api import contributors
 from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
@@ -16,7 +17,6 @@ from scheduler.selectors import workload_last_allocations
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # name[:tag][@digest], with an optional registry host; what `docker pull` accepts, roughly.
-_IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
 _SSH_KEY = re.compile(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp\d+|sk-[a-z0-9@.-]+) [A-Za-z0-9+/=]+( .*)?$")
 
 
@@ -112,8 +112,9 @@ class WorkloadCreateSerializer(StrictSerializer):
         return value
 
     def validate_image(self, value: str) -> str:
-        if not _IMAGE.match(value):
-            raise serializers.ValidationError("Not a container image reference.")
+        problem = image_reference_problem(value)  # the one check of a reference (gpucloud/lib/images.py)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_env(self, value: dict) -> dict:
