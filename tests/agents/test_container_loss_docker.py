@@ -17,8 +17,10 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from test_agent_api import triggered  # noqa: F401 - a fixture, used by name
+from test_docker_runtime import IMAGE
 from test_e2e_docker import (  # noqa: F401 - fixtures, used by name
     IDLE,
     SCOPE,
@@ -174,3 +176,30 @@ def test_a_start_runc_refuses_fails_with_runcs_message_after_the_bound_and_holds
     assert alice.client().get(f"/api/v1/instances/{w.pk}").json()["cost_so_far"] == "0.00"
     for v in engine.volumes.list(filters={"name": volume}):
         v.remove(force=True)
+
+
+@pytest.fixture
+def demo_like_host(live_server, us_east, engine, tmp_path, tenant_networks, egress_rules, triggered):  # noqa: F811
+    """An agent as the demo runs it: images the engine lacks run as the local busybox stand-in."""
+    cfg = AgentConfig(
+        server=live_server.url, bootstrap_token=bootstrap_token_create(region=us_east)[1], gpu_backend="sim",
+        runtime="docker", docker_scope=SCOPE, docker_image_fallback=IMAGE, sim_gpus=4, sim_model="L40S",
+        state_dir=tmp_path / "agent-demo", hostname=f"docker-{SCOPE}-demo").validated()
+    h = start_agent(cfg)
+    h.beat()
+    return h
+
+
+def test_a_mistyped_image_running_as_the_stand_in_is_said_in_the_reason_and_on_the_page(
+    demo_like_host, us_east, engine, alice
+):
+    w = launch(alice, name="typo", image="pytorch/pytroch:2.4.0", command=[])
+    schedule(us_east)
+    beat_until([demo_like_host], lambda: state(w) == State.RUNNING, "it runs (as the stand-in)")
+    said = "image pytorch/pytroch:2.4.0 is not on this host (a demo pulls nothing): the busybox stand-in runs"
+    assert said in w.reason
+    assert said in alice.client().get(f"/api/v1/instances/{w.pk}").json()["reason"]
+    console = Client()
+    console.force_login(alice.user)
+    page = console.get(f"/console/instances/{w.pk}/")
+    assert page.status_code == 200 and said in page.content.decode()
