@@ -727,6 +727,11 @@ class DesiredContainer:
         )
 
 
+# Failed starts in a row of one container before the agent gives up (the control plane's
+# WORKLOAD_START_ATTEMPTS, sent in every answer; this is the default of an answer without it).
+DEFAULT_START_ATTEMPTS: Final = 3
+
+
 @dataclass(frozen=True)
 class ObservedContainer:
     """A gpucloud container as the runtime sees it (or, for ``missing``, as it failed to).
@@ -734,6 +739,13 @@ class ObservedContainer:
     ``missing``: desired but not present on the host; ``error`` says why (e.g. the image
     could not be pulled). Times are ISO 8601 UTC strings. ``host_ports`` maps a published
     container port (as a string, JSON keys are strings) to its port on the host.
+
+    Optional (sent only when set; an older agent sends none): ``start_attempts``, the failed
+    starts in a row of a desired container, with ``error`` the last one's message (the agent
+    gives up at ``HeartbeatResponse.start_attempts``); ``restarts``, how many times the agent
+    saw the container start again without its order (``docker restart`` behind its back);
+    ``note``, what the agent saw that the owner should read: a container gone or restarted
+    without its order, or a stand-in image run in place of the one asked for.
     """
 
     instance_id: str
@@ -744,9 +756,12 @@ class ObservedContainer:
     finished_at: str | None = None
     error: str | None = None
     host_ports: dict[str, int] = field(default_factory=dict)
+    start_attempts: int = 0
+    restarts: int = 0
+    note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "instance_id": self.instance_id,
             "container_id": self.container_id,
             "state": self.state,
@@ -756,6 +771,13 @@ class ObservedContainer:
             "error": self.error,
             "host_ports": dict(self.host_ports),
         }
+        if self.start_attempts:
+            out["start_attempts"] = self.start_attempts
+        if self.restarts:
+            out["restarts"] = self.restarts
+        if self.note is not None:
+            out["note"] = self.note
+        return out
 
     @classmethod
     def from_dict(cls, data: object, path: str = "") -> ObservedContainer:
@@ -773,6 +795,9 @@ class ObservedContainer:
             finished_at=r.opt_str("finished_at"),
             error=r.opt_str("error", text=True),
             host_ports=r.int_map("host_ports"),
+            start_attempts=r.int_("start_attempts", required=False, default=0, maximum=1_000_000),
+            restarts=r.int_("restarts", required=False, default=0, maximum=1_000_000),
+            note=r.opt_str("note", text=True, max_len=NOTE_MAX_CHARS),
         )
 
 
@@ -785,13 +810,20 @@ def _id_text(v: object) -> str | None:
     raise _NotPlain
 
 
+# The keys of a container report without the optional fields (`ObservedContainer.to_dict`).
+_PLAIN_KEYS: Final = 8
+# The most of an agent's note the control plane reads (a workload's reason holds 500).
+NOTE_MAX_CHARS: Final = 400
+
+
 def _container_plain(d: dict[str, Any]) -> ObservedContainer | None:
     """The common container report (ASCII ids and times, a known state, no error text, no
     published ports), read without the generic reader, as `_sample_plain`. None for anything
     else, which `ObservedContainer.from_dict` reads (and refuses) as it always did."""
     iid, state, ports = d.get("instance_id"), d.get("state"), d.get("host_ports")
     if (type(iid) is not str or not iid or type(state) is not str or state not in CONTAINER_STATES
-            or d.get("error") is not None or not (ports is None or (type(ports) is dict and not ports))):
+            or d.get("error") is not None or not (ports is None or (type(ports) is dict and not ports))
+            or len(d) > _PLAIN_KEYS):  # the optional fields: the generic reader
         return None
     try:
         return ObservedContainer(
@@ -1066,10 +1098,14 @@ class HeartbeatResponse:
     # Volume moves this host takes part in (optional; an older agent ignores them and the
     # move waits until an operator cancels it).
     volume_moves: list[VolumeMoveOrder] = field(default_factory=list)
+    # The failed starts in a row after which the agent stops trying a desired container
+    # (optional; the control plane fails the workload at the same count).
+    start_attempts: int = DEFAULT_START_ATTEMPTS
 
     def to_dict(self) -> dict[str, Any]:
         out = {
             "protocol_version": PROTOCOL_VERSION,
+            "start_attempts": self.start_attempts,
             "desired": [d.to_dict() for d in self.desired],
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "host_token": self.host_token,
@@ -1100,6 +1136,8 @@ class HeartbeatResponse:
             desired_version=r.opt_str("desired_version", max_len=64),
             remove_volumes=r.list_("remove_volumes", _volume_name),
             volume_moves=r.list_("volume_moves", VolumeMoveOrder.from_dict),
+            start_attempts=r.int_("start_attempts", required=False, default=DEFAULT_START_ATTEMPTS,
+                                  minimum=1, maximum=100),
         )
 
 

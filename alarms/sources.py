@@ -2,7 +2,9 @@
 
 * `workload`: gpu_util, gpu_mem_used, gpu_temp, power, cost_rate of one instance or job, read
   by `agents.selectors.workload_series`, the very function behind GET /api/v1/metrics: an
-  alarm sees what the chart shows (minute roll-ups plus the raw samples after them).
+  alarm sees what the chart shows (minute roll-ups plus the raw samples after them); and
+  `container_events`, how many times in each period its container was lost or restarted
+  without its agent's order (`scheduler.models.ContainerEvent`; 0 in a period without any).
 * `tenant`: gauges read at each evaluation and kept on the alarm for its periods (nothing
   stores their history): `spend_rate` (the hourly price of the tenant's running work),
   `queued_gpus` (GPUs its pending work asks for), `queue_wait` (seconds its oldest pending
@@ -23,7 +25,8 @@ from scheduler.choices import State
 from scheduler.models import Workload
 from scheduler.selectors import workload_get
 
-WORKLOAD_METRICS = {**{m: unit for m, (_, unit) in SERIES_METRICS.items()}, "cost_rate": "currency/hour"}
+WORKLOAD_METRICS = {**{m: unit for m, (_, unit) in SERIES_METRICS.items()}, "cost_rate": "currency/hour",
+                    "container_events": "events"}
 TENANT_METRICS = {"spend_rate": "currency/hour", "queued_gpus": "GPUs", "queue_wait": "seconds"}
 
 
@@ -35,6 +38,8 @@ def _workload_resolve(*, tenant: Tenant, target_id: str) -> str:
 def _workload_series(*, tenant: Tenant, target_id: str, metric: str, stat: str, start: datetime, end: datetime,
                      period: int, now: datetime) -> dict[int, float]:
     workload = workload_get(tenant=tenant, pk=target_id)
+    if metric == "container_events":
+        return _container_events(workload, start=start, end=end, period=period)
     points = workload_series(workload=workload, metric=metric, stat=stat, start=start, end=end, step=period,
                              now=now)["points"]
     lo, hi = start.timestamp(), end.timestamp()
@@ -59,6 +64,17 @@ def _is_uuid(text: str) -> bool:
 
 def _tenant_labels(*, tenant: Tenant, target_ids: list[str]) -> dict[str, str]:
     return {t: f"tenant {tenant.name}" for t in target_ids}
+
+
+def _container_events(workload: Workload, *, start: datetime, end: datetime, period: int) -> dict[int, float]:
+    """Container events of `workload` per period from `start` (every period counted, 0 without any)."""
+    lo, hi = epoch(start), epoch(end)
+    out: dict[int, float] = {t: 0.0 for t in range(lo, hi, period)}
+    for t in workload.container_events.filter(created_at__gte=start, created_at__lt=end).values_list(
+            "created_at", flat=True):
+        k = lo + (epoch(t) - lo) // period * period
+        out[k] = out.get(k, 0.0) + 1
+    return out
 
 
 def _tenant_resolve(*, tenant: Tenant, target_id: str) -> str:

@@ -478,6 +478,7 @@ def _live_context(request, workload) -> dict:
             "hosts": sorted({a.host.name for a in allocations}), "poll_s": POLL_S,
             "terminal": workload.state in TERMINAL, "stoppable": workload.state not in TERMINAL
             and workload.state != State.STOPPING, "events": list(workload.events.all())[::-1],
+            "container_events": list(workload.container_events.all())[::-1],
             "connect": connect_hints(workload)}
 
 

@@ -30,6 +30,9 @@ def beat_schedule() -> dict[str, dict[str, Any]]:
         },
         # Safety net: free allocations whose workload no longer holds GPUs, repair counter drift.
         "allocations-audit": {"task": "scheduler.tasks.allocations_audit_task", "schedule": 60.0},
+        # The bound on starting: work still SCHEDULED/STARTING past WORKLOAD_START_TIMEOUT_S fails, GPUs freed.
+        "start-overdue": {"task": "scheduler.tasks.workloads_start_overdue_task", "schedule": 30.0,
+                          "options": {"expires": 60}},
         # Host liveness: silent hosts go DOWN, work on hosts DOWN past the grace period is LOST.
         "hosts-liveness": {"task": "agents.tasks.hosts_liveness_task", "schedule": 5.0},
         # Instances launched with auto_stop_idle_minutes stop once every GPU has idled that long.

@@ -397,6 +397,14 @@ HOST_LOST_GRACE_S = env_int("HOST_LOST_GRACE_S", 120)
 # registration nonce within this many seconds of the first and gets the same host again.
 REGISTER_RETRY_WINDOW_S = env_int("REGISTER_RETRY_WINDOW_S", 600)
 AGENT_PIDS_LIMIT = env_int("AGENT_PIDS_LIMIT", 4096)
+# The bound on starting (docs/lifecycle.md): a workload whose container failed to start this
+# many times in a row, or that is still SCHEDULED/STARTING this many seconds after its
+# placement, ends FAILED with the runtime's message and frees its GPUs (never billed: billing
+# counts RUNNING only). A running instance whose container was lost more than
+# WORKLOAD_CONTAINER_LOSSES times ends FAILED instead of being recreated again.
+WORKLOAD_START_ATTEMPTS = env_int("WORKLOAD_START_ATTEMPTS", 3)
+WORKLOAD_START_TIMEOUT_S = env_int("WORKLOAD_START_TIMEOUT_S", 900)
+WORKLOAD_CONTAINER_LOSSES = env_int("WORKLOAD_CONTAINER_LOSSES", 3)
 AGENT_RATE_LIMIT = env_str("AGENT_RATE_LIMIT", "120/min")  # per host; heartbeats need 12/min
 # Long polls (POST /agent/v1/wait, agents/longpoll.py) one web process holds at once; each holds
 # a thread, so keep it below gunicorn's --threads. 0: off (agents wait out their interval).

@@ -67,6 +67,7 @@ def notifications_collect(*, now: datetime | None = None) -> int:
         found: list[sources.Occurrence] = []
         if log_since < cutoff:
             found += sources.transitions(since=log_since, until=cutoff)
+            found += sources.container_events(since=log_since, until=cutoff)
         if alerts_since < cutoff:
             found += sources.budget_alerts(since=alerts_since, until=cutoff)
         found += sources.notices()

@@ -1,6 +1,7 @@
 """Where notifications come from: facts other apps already record, read after the fact.
 
     transition log (scheduler.WorkloadEvent) ──classify()──▶ instance / job events
+    containers lost or restarted (ContainerEvent) ─────────▶ container lost
     workloads under notice (stop_by)         ──────────────▶ preemption notice
     budget alerts (billing.BudgetAlert)      ──────────────▶ budget threshold
     accounts warned of a low balance          ──────────────▶ low balance
@@ -29,11 +30,7 @@ from billing.models import Account, BudgetAlert
 from notifications.choices import Event
 from scheduler.autostop import REASON_PREFIX as IDLE_PREFIX
 from scheduler.choices import State, WorkloadKind
-from scheduler.models import Workload, WorkloadEvent
-
-# The reasons the agents' container watch gives (issue 28.1): a container that exited,
-# restarted or disappeared without the agent's own order.
-CONTAINER_LOST_PREFIXES = ("container lost", "container_lost", "container restarted", "container_restarted")
+from scheduler.models import ContainerEvent, Workload, WorkloadEvent
 
 
 @dataclass(frozen=True)
@@ -48,10 +45,9 @@ class Occurrence:
 
 
 def classify(*, kind: str, from_state: str, to_state: str, reason: str) -> str | None:
-    """The event a transition is, or None (most are steps nobody needs to hear of)."""
-    lowered = reason.lower()
-    if lowered.startswith(CONTAINER_LOST_PREFIXES):
-        return Event.CONTAINER_LOST
+    """The event a transition is, or None (most are steps nobody needs to hear of). A container
+    lost behind the agent's back is told from its own log (`container_events`); the failure it
+    may lead to is told here as a failure."""
     if kind == WorkloadKind.INSTANCE:
         if to_state == State.RUNNING:
             return Event.INSTANCE_RUNNING
@@ -95,6 +91,23 @@ def transitions(*, since: datetime, until: datetime) -> Iterator[Occurrence]:
             subject=f"{_noun(w)} {w.name} {_VERB[event]}",
             body=f"{_noun(w)} {w.name} ({w.pk}) went from {e.from_state or 'new'} to {e.to_state} "
                  f"at {e.created_at:%Y-%m-%d %H:%M:%S} UTC.\nReason: {e.reason or '—'}",
+            link=_path(w))
+
+
+def container_events(*, since: datetime, until: datetime) -> Iterator[Occurrence]:
+    """Containers lost or restarted without their agent's order (scheduler.ContainerEvent): an
+    instance recreated, a restart, told even where no transition followed."""
+    rows = (ContainerEvent.objects.filter(created_at__gte=since, created_at__lt=until)
+            .select_related("workload").order_by("created_at", "id"))
+    for e in rows.iterator(chunk_size=500):
+        w = e.workload
+        what = "restarted" if e.kind == ContainerEvent.Kind.RESTARTED else "lost"
+        yield Occurrence(
+            event=Event.CONTAINER_LOST, key=f"cev:{e.pk}", tenant_id=w.tenant_id, workload_owner_id=w.created_by_id,
+            subject=f"{_noun(w)} {w.name}: container {what} ({e.count}×)",
+            body=f"The container of {_noun(w).lower()} {w.name} ({w.pk}) was {what} without the agent's order "
+                 f"at {e.created_at:%Y-%m-%d %H:%M:%S} UTC (the {e.count}. time).\nWhat the agent saw: "
+                 f"{e.detail or '—'}",
             link=_path(w))
 
 

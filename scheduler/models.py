@@ -174,6 +174,30 @@ class WorkloadEvent(models.Model):
         return f"{self.from_state or '∅'} → {self.to_state}"
 
 
+class ContainerEvent(models.Model):
+    """Something that happened to a workload's container without its agent's order: lost
+    (exited unasked, removed behind the agent's back) or restarted. Not a transition (billing
+    and the lifecycle read `WorkloadEvent`); shown beside them in the timeline, the API and
+    `gpucloud show`, and counted by the alarms' `container_events` metric."""
+
+    class Kind(models.TextChoices):
+        LOST = "container_lost", "Container lost"
+        RESTARTED = "container_restarted", "Container restarted"
+
+    workload = models.ForeignKey(Workload, on_delete=models.CASCADE, related_name="container_events")
+    kind = models.CharField(max_length=30, choices=Kind.choices)
+    # The how-manieth of its kind in the workload's run (a restart: the agent's count).
+    count = models.PositiveIntegerField(default=1)
+    detail = models.CharField(max_length=500, blank=True)  # what the agent saw
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.count}"
+
+
 class GangPart(models.Model):
     """One host's part of a multi-host job (`nodes > 1`) in one attempt: what its agent last reported.
 

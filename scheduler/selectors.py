@@ -8,7 +8,7 @@ from django.db.models import Prefetch, QuerySet
 from gpucloud.lib.errors import NotFoundError
 from gpucloud.tenancy.models import Tenant
 from scheduler.choices import HOLDING
-from scheduler.models import Allocation, JobArray, Workload, WorkloadEvent
+from scheduler.models import Allocation, ContainerEvent, JobArray, Workload, WorkloadEvent
 
 
 def workload_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
@@ -45,7 +45,8 @@ def workload_last_allocations(*, workload: Workload) -> list[Allocation]:
 
 def workload_detail_list(*, tenant: Tenant, kind: str) -> QuerySet[Workload]:
     return workload_list(tenant=tenant, kind=kind).prefetch_related(
-        Prefetch("events", queryset=WorkloadEvent.objects.order_by("created_at", "id"))
+        Prefetch("events", queryset=WorkloadEvent.objects.order_by("created_at", "id")),
+        Prefetch("container_events", queryset=ContainerEvent.objects.order_by("created_at", "id")),
     )
 
 

@@ -19,9 +19,10 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Subquery
 from django.utils import timezone
 
+from agents.choices import HostState
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Quota, Region
 from gpucloud.lib.db import model_columns, model_from_row, pg_array, pg_cursor
@@ -34,7 +35,7 @@ from scheduler.core.model import QuotaRule
 from scheduler.core.quota import quota_applies, quota_never_fits_gpus
 from scheduler.feasibility import check_satisfiable
 from scheduler.lifecycle import can_transition
-from scheduler.models import Allocation, Workload, WorkloadEvent
+from scheduler.models import Allocation, ContainerEvent, Workload, WorkloadEvent
 from scheduler.notice import notice_served
 from scheduler.signals import workload_launching, workload_starting
 
@@ -603,3 +604,72 @@ def workload_requeue_or_end(*, workload: Workload, ended: str, reason: str) -> W
         again = f"requeued after: {reason}"
     workload_transition(workload=workload, to=State.PENDING, reason=again)
     return workload
+
+
+# ---------------------------------------------------------------- starting and containers
+
+# What a start that failed and is tried again says meanwhile (scheduler.container's NOTE);
+# the bound on time reads the runtime's message back from it.
+START_FAILED_MARK = "trying again: "
+
+
+def workload_note(*, workload: Workload, reason: str) -> bool:
+    """Set the reason alone, guarded on the state as loaded (no move, no event): a start that
+    failed and is tried again, a container recreated. Whether it was still in that state."""
+    reason = reason[:500]
+    if Workload.objects.filter(pk=workload.pk, state=workload.state).update(reason=reason) == 0:
+        return False
+    workload.reason = reason
+    return True
+
+
+def container_event_record(*, workload: Workload, kind: str, count: int, detail: str,
+                           now: datetime | None = None) -> ContainerEvent:
+    """Record that `workload`'s container was lost or restarted without its agent's order
+    (scheduler.container's EVENT step): the timeline, the API, `gpucloud show` and the alarms'
+    `container_events` metric read it."""
+    event = ContainerEvent.objects.create(workload_id=workload.pk, kind=kind, count=count, detail=detail[:500],
+                                          created_at=now or timezone.now())
+    logger.warning("%s workload=%s count=%d: %s", kind, workload.pk, count, detail)
+    return event
+
+
+def container_history(*, workload: Workload) -> tuple[int, int]:
+    """(container_lost events, highest container_restarted count) of `workload`'s current run
+    (since it last started), for the container rule (`scheduler.container.Seen`)."""
+    rows = ContainerEvent.objects.filter(workload_id=workload.pk)
+    if workload.started_at is not None:
+        rows = rows.filter(created_at__gte=workload.started_at)
+    losses = restarts = 0
+    for kind, count in rows.values_list("kind", "count"):
+        if kind == ContainerEvent.Kind.LOST:
+            losses += 1
+        else:
+            restarts = max(restarts, count)
+    return losses, restarts
+
+
+def workloads_start_overdue(*, now: datetime | None = None) -> list[UUID]:
+    """The bound on time in SCHEDULED/STARTING: work placed more than WORKLOAD_START_TIMEOUT_S
+    ago that is still not running ends FAILED with the runtime's last message (a job is
+    requeued if its retries allow), and its GPUs are released (never billed: billing counts
+    RUNNING only). Work on a DOWN host is left to the liveness rule (LOST, no retry spent).
+    Returns the ids it failed. The bound on attempts is the heartbeat's (scheduler.container)."""
+    now = now or timezone.now()
+    bound = settings.WORKLOAD_START_TIMEOUT_S
+    placed = (WorkloadEvent.objects.filter(workload=OuterRef("pk"), to_state=State.SCHEDULED)
+              .order_by("-created_at").values("created_at")[:1])
+    down = Allocation.objects.filter(workload=OuterRef("pk"), active=True, host__state=HostState.DOWN)
+    overdue = (Workload.objects.filter(state__in=(State.SCHEDULED, State.STARTING))
+               .annotate(placed_at=Subquery(placed)).filter(placed_at__lt=now - timedelta(seconds=bound))
+               .exclude(Exists(down)).select_related("instance_type"))
+    failed = []
+    for w in overdue:
+        _, mark, message = w.reason.partition(START_FAILED_MARK)
+        reason = f"did not start within {bound} s" + (f": {message}" if mark else "")
+        before = w.state
+        workload_requeue_or_end(workload=w, ended=State.FAILED, reason=reason)
+        if w.state != before:
+            failed.append(w.pk)
+            logger.warning("start overdue workload=%s: %s", w.pk, reason)
+    return failed

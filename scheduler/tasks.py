@@ -12,6 +12,7 @@ from scheduler.choices import HOLDING, State
 from scheduler.cycle import run_cycle
 from scheduler.models import Workload
 from scheduler.reclaim import allocations_audit
+from scheduler.services import workloads_start_overdue
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,12 @@ def schedule_tick_task() -> None:
 @shared_task(ignore_result=True)
 def allocations_audit_task() -> dict:
     return allocations_audit()
+
+
+@shared_task(ignore_result=True)
+def workloads_start_overdue_task() -> int:
+    """Fail work still SCHEDULED/STARTING past the bound (scheduler.services.workloads_start_overdue)."""
+    return len(workloads_start_overdue())
 
 
 @shared_task(ignore_result=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
@@ -106,7 +107,11 @@ def test_the_demo_runs_containers_in_docker_when_an_engine_answers_else_simulate
     for (_, argv, env), (host, *_) in zip(hosts, demo.SIM_HOSTS, strict=True):
         cfg = parse_args(argv[3:], environ=env)  # what the agent will run with
         assert (cfg.gpu_backend, cfg.runtime, cfg.docker_image_fallback) == ("sim", "docker", image)
-        assert cfg.docker_scope == f"demo-{host}"  # one engine, each agent only its own containers
+        # one engine, each agent only its own containers, and each demo (var dir) its own
+        assert cfg.docker_scope == demo.docker_scope(settings.VAR_DIR, host)
+    scopes = {demo.docker_scope(settings.VAR_DIR, h) for h, *_ in demo.SIM_HOSTS}
+    others = {demo.docker_scope(settings.VAR_DIR / "other", h) for h, *_ in demo.SIM_HOSTS}
+    assert len(scopes) == len(demo.SIM_HOSTS) and not scopes & others  # two demos never share one
 
     assert demo.choose_runtime("sim")[0] == "sim"
 

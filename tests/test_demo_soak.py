@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import requests
@@ -21,6 +22,9 @@ from django.conf import settings
 SOAK_S = float(os.environ.get("DEMO_SOAK_S", "15"))
 CLIENTS = 2
 TYPES = ["h100.1x", "a100.1x", "l40s.1x"]
+START_BOUND_S = 20
+# The beat checks the bound every 30 s; the check itself and the API's answer take a little more.
+START_CHECK_SLACK_S = 30 + 15
 
 
 def free_port() -> int:
@@ -94,7 +98,9 @@ def test_demo_stays_up_under_load_and_restarts_a_killed_worker(tmp_path: Path):
                GATEWAY_HTTP_PORT=str(free_port()), GATEWAY_RELAY_PORT="0",
                # The simulated runtime: hundreds of launches under load, no containers
                # (tests/test_commands.py covers the choice of the Docker runtime).
-               GPUCLOUD_DEMO_RUNTIME="sim")
+               GPUCLOUD_DEMO_RUNTIME="sim",
+               # The bound on starting, short enough to matter within the soak (docs/lifecycle.md).
+               WORKLOAD_START_TIMEOUT_S=str(START_BOUND_S))
     manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
     t0 = time.monotonic()
     log = tmp_path / "demo.log"
@@ -181,6 +187,25 @@ def test_demo_stays_up_under_load_and_restarts_a_killed_worker(tmp_path: Path):
         assert all(alive(pid) for pid in procs)
         assert "restarting in" not in text, text[-3000:]
         assert api.call("GET", "/healthz").status_code == 200
+        # No workload stays placed but not running past its bound, and nothing ended holds GPUs.
+        seen, page = 0, 1
+        while True:
+            resp = api.call("GET", "/api/v1/instances", params={"page": page, "page_size": 200})
+            assert resp.status_code == 200, resp.text
+            for w in resp.json()["results"]:
+                seen += 1
+                if w["state"] in ("scheduled", "starting"):
+                    detail = api.call("GET", f"/api/v1/instances/{w['id']}").json()
+                    placed = max(datetime.fromisoformat(e["created_at"].replace("Z", "+00:00"))
+                                 for e in detail["events"] if e["to_state"] == "scheduled")
+                    waited = (datetime.now(UTC) - placed).total_seconds()
+                    assert waited <= START_BOUND_S + START_CHECK_SLACK_S, (w["id"], w["state"], waited, w["reason"])
+                if w["state"] in ("stopped", "failed", "succeeded", "lost", "preempted"):
+                    assert w["gpus"] == [], w
+            if not resp.json().get("next"):
+                break
+            page += 1
+        assert seen >= counts["cycles"]
         print(f"soak: {SOAK_S:.0f} s of load, {counts['cycles']} launch/run/stop cycles, no child died")
 
         t1 = time.monotonic()

@@ -240,6 +240,7 @@ def _heartbeat_apply(*, host: Host, hb: Heartbeat, claim: fastpath.Claim | None,
         desired_version=answer_version if claim is not None and longpoll.enabled() else None,
         remove_volumes=removals(host=host, shared=shared),
         volume_moves=move_orders(host=host, shared=shared),
+        start_attempts=settings.WORKLOAD_START_ATTEMPTS,
     ).to_dict()
     if claim is not None and (claim.digest or claim.token_hash):
         if not outcome.applied or outcome.unknown_gpus:

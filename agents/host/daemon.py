@@ -27,7 +27,8 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -47,10 +48,13 @@ from agents.host.reconcile import (
     ReportExit,
     Signal,
     Start,
+    StartFailure,
     Stop,
     checkpoint_actions,
     checkpoint_due_in,
     reconcile,
+    start_failed,
+    start_held,
 )
 from agents.host.runtime import Runtime
 from agents.host.state import (
@@ -62,6 +66,7 @@ from agents.host.state import (
     save_state,
 )
 from agents.protocol import (
+    DEFAULT_START_ATTEMPTS,
     FINAL_TAIL_LINES,
     HEARTBEAT_LOGS_MAX_BYTES,
     ContainerLogTail,
@@ -190,19 +195,37 @@ def merge_exits(
 def build_report(
     view: list[ObservedContainer],
     desired: Iterable[DesiredContainer],
-    start_errors: dict[str, str],
+    failures: Mapping[str, StartFailure],
+    notes: Mapping[str, str] | None = None,
+    restarts: Mapping[str, int] | None = None,
 ) -> list[ObservedContainer]:
     """What the heartbeat says about containers (pure): the view, plus ``missing`` for
-    desired instances with no container, with the start error if there was one."""
-    report = list(view)
-    seen = {o.instance_id for o in view}
+    desired instances with no container (or only the ``created`` leftover of a failed start),
+    with the last start error and the failed starts in a row if there were any. ``notes``:
+    what the agent saw that the owner should read (a container lost or restarted without its
+    order, a stand-in image), on the desired instance's report; ``restarts``: the restarts
+    it saw of a running one."""
+    notes, restarts = notes or {}, restarts or {}
+    wanted = {d.instance_id for d in desired}
+    report = []
+    for o in view:
+        f = failures.get(o.instance_id)
+        if o.instance_id in wanted and o.state == "created" and f is not None:
+            continue  # a failed start's leftover: reported as missing, with its error, below
+        note = notes.get(o.instance_id) if o.instance_id in wanted and o.state != "exited" else None
+        n = restarts.get(o.instance_id, 0) if o.state == "running" else 0
+        report.append(replace(o, note=note, restarts=n) if note or n else o)
+    seen = {o.instance_id for o in report}
     for d in desired:
         if d.instance_id not in seen:
+            f = failures.get(d.instance_id)
             report.append(
                 ObservedContainer(
                     instance_id=d.instance_id,
                     state="missing",
-                    error=start_errors.get(d.instance_id),
+                    error=f.error if f else None,
+                    start_attempts=f.attempts if f else 0,
+                    note=None if f else notes.get(d.instance_id),
                 )
             )
     return report
@@ -268,7 +291,16 @@ class Agent:
         # instance ids the control plane asked this process to run, while their containers
         # exist: a running container outside it is a stray, removed in one pass
         self._known: set[str] = set()
-        self._start_errors: dict[str, str] = {}
+        # Failed starts in a row per desired instance (reconcile.StartFailure): backed off,
+        # given up at the control plane's bound, reported with the runtime's message.
+        self._start_failures: dict[str, StartFailure] = {}
+        self.start_attempts = DEFAULT_START_ATTEMPTS  # the bound, from each heartbeat answer
+        # Containers of desired work as last seen (instance id -> (container id, started at)):
+        # one that is gone, restarted or replaced without this agent's order is reported
+        # (`_notes`, `_restarts`) to the control plane, which records a container event.
+        self._containers: dict[str, tuple[str, str | None]] = {}
+        self._notes: dict[str, str] = {}
+        self._restarts: dict[str, int] = {}
         # Log tails the control plane asked for; sent with the next heartbeat that gets through.
         self._log_requests: list[LogsRequest] = []
         # Containers seen exited whose last output has not reached the control plane yet,
@@ -569,7 +601,8 @@ class Agent:
             observed = self._observe()
             view = [] if observed is None else merge_exits(observed, self._exits)
             report = (
-                None if observed is None else build_report(view, self.desired, self._start_errors)
+                None if observed is None else build_report(
+                    view, self.desired, self._start_failures, self._notes_now(), self._restarts)
             )
             self.seq += 1
             hb = Heartbeat(
@@ -618,6 +651,7 @@ class Agent:
             save_state(self.config.state_dir, self.state)
             logger.info("host token rotated", extra={"host_id": self.state.host_id})
         self.desired = resp.desired
+        self.start_attempts = resp.start_attempts
         self._answered(resp.desired_version)
         self._log_requests = list(resp.logs_requests)
         sent = {t.instance_id for t in hb.logs}
@@ -627,7 +661,8 @@ class Agent:
 
         actions: list[Action] = []
         if observed is not None:  # without a view of the runtime, acting could duplicate work
-            actions = reconcile(self.desired, view, known=self._known)
+            hold = start_held(self._start_failures, self.clock(), self.start_attempts)
+            actions = reconcile(self.desired, view, known=self._known, hold=hold)
             actions += checkpoint_actions(self.desired, view, self._signalled, self.clock())
             # Removals left out at most once in a row: a host starting work in every
             # iteration (a burst) still removes what exited, every other iteration.
@@ -645,7 +680,9 @@ class Agent:
         self._exits = {k: v for k, v in self._exits.items() if k in wanted}
         self._signalled = {k: v for k, v in self._signalled.items() if k in wanted}
         self._exit_logged &= wanted
-        self._start_errors = {k: v for k, v in self._start_errors.items() if k in wanted}
+        self._start_failures = {k: v for k, v in self._start_failures.items() if k in wanted}
+        self._notes = {k: v for k, v in self._notes.items() if k in wanted}
+        self._restarts = {k: v for k, v in self._restarts.items() if k in wanted}
 
         duration_ms = round((self.clock() - started) * 1000, 1)
         level = (
@@ -725,8 +762,50 @@ class Agent:
                 self._exits[o.instance_id] = o
                 if o.instance_id not in self._tailed:
                     self._final_tails.add(o.instance_id)
-            self._start_errors.pop(o.instance_id, None)
+            if o.state == "running":
+                self._start_failures.pop(o.instance_id, None)
+        self._watch(observed)
         return observed
+
+    def _watch(self, observed: list[ObservedContainer]) -> None:
+        """Notice a container of desired work that is gone, restarted or replaced without
+        this agent's order (its own removals forget the container first, `_apply`)."""
+        wanted = {d.instance_id for d in self.desired}
+        now = {o.instance_id: o for o in observed}
+        for iid, (cid, started) in list(self._containers.items()):
+            o = now.get(iid)
+            if o is None:
+                del self._containers[iid]
+                if iid in wanted:
+                    since = f", running since {started}" if started else ""
+                    self._notes[iid] = (f"container {cid[:12]}{since} is gone; the agent did not remove it "
+                                        "(removed outside gpucloud, or the engine lost it)")
+                    logger.warning("container gone without the agent's order",
+                                   extra={"host_id": self.host_id, "instance_id": iid, "container_id": cid})
+                continue
+            if o.container_id and o.container_id != cid:
+                what = f"container {cid[:12]} was replaced by {o.container_id[:12]} outside the agent"
+            elif started and o.started_at and o.started_at != started:
+                what = f"container {cid[:12]} started again at {o.started_at} (first at {started}) " \
+                       "without the agent's order"
+            else:
+                if started is None and o.started_at:
+                    self._containers[iid] = (cid, o.started_at)
+                continue
+            self._restarts[iid] = self._restarts.get(iid, 0) + 1
+            self._notes[iid] = what
+            self._containers[iid] = (o.container_id or cid, o.started_at)
+            logger.warning("container restarted without the agent's order",
+                           extra={"host_id": self.host_id, "instance_id": iid, "restarts": self._restarts[iid]})
+        for iid, o in now.items():
+            if iid in wanted and iid not in self._containers and o.container_id and o.state != "created":
+                self._containers[iid] = (o.container_id, o.started_at)
+
+    def _notes_now(self) -> dict[str, str]:
+        """The agent's notes, and the runtime's (a stand-in image run in place of the one asked
+        for), the agent's first."""
+        runtime_notes: dict[str, str] = getattr(self.runtime, "notes", None) or {}
+        return {**runtime_notes, **self._notes}
 
     def _logs(self) -> list[ContainerLogTail]:
         """Tails for the pending requests, then the last output of containers that exited
@@ -764,6 +843,23 @@ class Agent:
             logger.error("gpu sample failed", extra={"host_id": self.host_id, "error": str(e)})
             return []
 
+    def _start_failed(self, iid: str, error: str) -> None:
+        """Count a failed start, back off the next, and remove what it left (a created
+        container: the runtime refused to start it), so the report says ``missing`` with
+        the runtime's message and the control plane can bound it."""
+        prev = self._start_failures.get(iid)
+        delay = backoff(prev.attempts if prev else 0, self.config.backoff_base_s,
+                        self.config.backoff_cap_s, self.rng)
+        f = self._start_failures[iid] = start_failed(prev, error, self.clock(), delay)
+        self._containers.pop(iid, None)
+        try:
+            self.runtime.remove(iid)
+        except Exception as e:  # noqa: BLE001 - removed at the next pass
+            logger.warning("failed start not cleaned up", extra={"instance_id": iid, "error": str(e)})
+        if f.attempts >= self.start_attempts:
+            logger.error("start given up", extra={"host_id": self.host_id, "instance_id": iid,
+                                                  "attempts": f.attempts, "error": error})
+
     def _apply(self, actions: list[Action]) -> int:
         """Carry out ``actions``; how many containers were started or stopped."""
         changed = 0
@@ -773,6 +869,9 @@ class Agent:
                 if isinstance(a, Start):
                     cid = self.runtime.run(a.spec)
                     changed += 1
+                    self._start_failures.pop(iid, None)
+                    self._notes.pop(iid, None)  # (a lost container recreated: said once)
+                    self._containers[iid] = (cid, None)
                     logger.info(
                         "container started",
                         extra={
@@ -797,6 +896,7 @@ class Agent:
                         extra={"host_id": self.host_id, "instance_id": iid, "signal": a.signal},
                     )
                 elif isinstance(a, Remove):
+                    self._containers.pop(iid, None)  # its own order: not a loss
                     self.runtime.remove(iid)
                     self._exits.pop(iid, None)
                     logger.info(
@@ -814,7 +914,7 @@ class Agent:
                     )
             except Exception as e:
                 if isinstance(a, Start):
-                    self._start_errors[iid] = str(e)
+                    self._start_failed(iid, str(e))
                 logger.error(
                     "container action failed",
                     extra={

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agents.host.egress import BRIDGE_PREFIX
+from agents.host.pullerrors import start_error_reason
 from agents.host.runtime import (
     LABEL_GPU_MILLI,
     LABEL_INSTANCE,
@@ -192,6 +193,10 @@ class DockerRuntime:
         # Networks this process made or checked: a start does not ask for them again (one
         # the engine lost since is made again when a create says it is missing).
         self._networks: set[str] = set()
+        # Instance id -> what its owner should read of how it runs: the stand-in image run in
+        # place of the one asked for (the agent reports it; the control plane puts it in the
+        # workload's reason, so the instance page and the API say so, not only the log).
+        self.notes: dict[str, str] = {}
 
     def _get(self, instance_id: str) -> Any:
         try:
@@ -467,7 +472,8 @@ class DockerRuntime:
                     if not running:
                         container.start()
         except self._docker.errors.DockerException as e:
-            raise RuntimeError_(str(e)) from e
+            # the cause in words (not found, credentials, registry unreachable, disk full)
+            raise RuntimeError_(start_error_reason(spec.image, str(e))) from e
         return str(container.id)
 
     def _create(self, spec: ContainerSpec, kwargs: dict[str, Any], replace: bool = False) -> tuple[Any, bool]:
@@ -503,6 +509,7 @@ class DockerRuntime:
         fails as it would); without one, busybox ``httpd`` answers on each published port
         with a page saying the same, and the container sleeps until stopped. Nothing is
         pulled in this mode: a catalogue image is gigabytes, and the demo needs no registry."""
+        self.notes.pop(spec.instance_id, None)
         if not self._image_fallback or spec.image == self._image_fallback:
             return spec
         try:
@@ -515,6 +522,8 @@ class DockerRuntime:
             f"running the stand-in image {self._image_fallback} (busybox) in its place"
         )
         logger.warning(notice, extra={"instance": spec.instance_id})
+        self.notes[spec.instance_id] = (f"image {spec.image} is not on this host (a demo pulls nothing): the "
+                                        f"busybox stand-in runs in its place; check the image name")
         # On stdout, the stream the command writes to first: docker orders lines within a
         # stream, not across stdout and stderr.
         script = ["echo " + shlex.quote(notice)]
@@ -555,6 +564,7 @@ class DockerRuntime:
             raise RuntimeError_(f"signal {signal} not sent: {e}") from e
 
     def remove(self, instance_id: str) -> None:
+        self.notes.pop(instance_id, None)
         c = self._get(instance_id)
         if c is None:
             return

@@ -21,6 +21,11 @@ Rules (one row per instance id; ``desired`` comes from the last heartbeat respon
 ``known`` is the set of instance ids the control plane has asked this agent process to
 run; None (the default) treats every container as known.
 
+``hold``: desired instance ids not to start now (``start_held``): a start that failed waits
+out its backoff, and one that failed ``bound`` times in a row is given up (the control plane
+fails the workload at that count, with the runtime's message). A held instance gets no Start;
+a ``created`` leftover of its failed start is removed.
+
 Checkpoint-aware preemption (``checkpoint_actions``, a second pure pass): a desired, running
 container whose job checkpoints (``checkpoint_signal``) and that is under a preemption notice
 (``stop_by``) gets a ``Signal`` once, then a ``Stop`` once ``checkpoint_grace_s`` has passed
@@ -75,6 +80,27 @@ class ReportExit:
 
 Action = Start | Stop | Remove | ReportExit | Signal
 
+
+@dataclass(frozen=True)
+class StartFailure:
+    """The failed starts in a row of one desired container: how many, the runtime's message
+    of the last, and when (the agent's clock) the next may be tried."""
+
+    attempts: int
+    error: str
+    retry_at: float
+
+
+def start_failed(prev: StartFailure | None, error: str, now: float, delay: float) -> StartFailure:
+    """One more failed start after ``prev``; the next is tried ``delay`` seconds from ``now``."""
+    return StartFailure((prev.attempts if prev else 0) + 1, error, now + delay)
+
+
+def start_held(failures: Mapping[str, StartFailure], now: float, bound: int) -> set[str]:
+    """Instance ids whose start waits (within its backoff) or is given up (``bound`` failed
+    starts in a row: a start that fails the same way is not tried forever)."""
+    return {iid for iid, f in failures.items() if f.attempts >= bound or now < f.retry_at}
+
 _ORDER = {Stop: 0, Remove: 1, Start: 2, ReportExit: 3, Signal: 4}
 
 
@@ -82,6 +108,7 @@ def reconcile(
     desired: Iterable[DesiredContainer],
     observed: Iterable[ObservedContainer],
     known: Collection[str] | None = None,
+    hold: Collection[str] = (),
 ) -> list[Action]:
     """Actions that move ``observed`` towards ``desired``; see the module docstring."""
     want = {d.instance_id: d for d in desired}
@@ -95,9 +122,10 @@ def reconcile(
     for iid, spec in want.items():
         seen = have.get(iid)
         if seen is None:
-            actions.append(Start(spec))
+            if iid not in hold:
+                actions.append(Start(spec))
         elif seen.state == "created":
-            actions += [Remove(iid), Start(spec)]
+            actions += [Remove(iid)] if iid in hold else [Remove(iid), Start(spec)]
         elif seen.state == "exited":
             actions.append(ReportExit(iid, seen.exit_code))
     for iid, o in have.items():

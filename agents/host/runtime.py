@@ -68,6 +68,8 @@ class Runtime(Protocol):
     ``list`` returns only gpucloud-labelled containers, never ``missing`` ones.
     ``signal`` sends a signal (a name from ``agents.protocol.CHECKPOINT_SIGNALS``) to a running
     container's main process, for checkpoint-aware preemption; an unknown instance is a no-op.
+    A runtime may also have ``notes`` (instance id -> text): what the owner should read of
+    how its container runs (the Docker runtime's stand-in image); the agent reports them.
     """
 
     name: str

@@ -218,6 +218,11 @@ class SimRuntime:
         self.calls.append(("remove", instance_id))
         self._containers.pop(instance_id, None)
 
+    def vanish(self, instance_id: str) -> None:
+        """The container goes without the agent's order (``docker rm -f`` behind its back):
+        for tests of what the agent then reports."""
+        self._containers.pop(instance_id, None)
+
     def list(self) -> list[ObservedContainer]:
         self._tick()
         return [

@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from datetime import datetime
 from typing import Final
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from agents.gangs import gang_report
@@ -27,12 +28,15 @@ from agents.selectors import Hold
 from gpucloud.lib.db import pg_array, pg_cursor
 from scheduler.bulk import state_with_events_is_one_statement
 from scheduler.choices import HOLDING, TERMINAL, State, WorkloadKind
-from scheduler.container import END, MOVE, STOP, Report, Step, container_next
+from scheduler.container import END, EVENT, MOVE, NOTE, STOP, Report, Seen, Step, container_next, needs_history
 from scheduler.hooks import cycle_wanted
 from scheduler.lifecycle import can_transition
 from scheduler.models import Workload
 from scheduler.notice import notice_served
 from scheduler.services import (
+    container_event_record,
+    container_history,
+    workload_note,
     workload_requeue_or_end,
     workload_stopped,
     workload_transition,
@@ -68,7 +72,7 @@ def containers_observe(*, host: Host, containers: list[ObservedContainer], attem
         if h.nodes > 1:
             mover.part(h.workload, o.instance_id, o.state, o.exit_code, o.error or "")
             continue
-        steps = _container_steps(h, o.state, exit_code=o.exit_code, error=o.error or "")
+        steps = _container_steps(h, o.state, exit_code=o.exit_code, error=o.error or "", report=o)
         if not (bulk and _bulk_moves(h, steps, groups)):
             mover.apply(h.workload, steps)
     if groups:
@@ -84,9 +88,19 @@ def containers_observe(*, host: Host, containers: list[ObservedContainer], attem
     return mover.transitions
 
 
-def _container_steps(w: Workload | Hold, report: Report, exit_code: int | None = None, error: str = "") -> list[Step]:
-    return container_next(w.state, report, job=w.kind == WorkloadKind.JOB, on_notice=w.stop_by is not None,
-                          exit_code=exit_code, error=error)
+def _container_steps(w: Workload | Hold, state: Report, exit_code: int | None = None, error: str = "",
+                     report: ObservedContainer | None = None) -> list[Step]:
+    seen = None
+    if report is not None:
+        losses = restarts_seen = 0
+        if needs_history(w.state, state, error=error, restarts=report.restarts):
+            # (rare: a lost or restarted container) the run's recorded events, one query
+            losses, restarts_seen = container_history(workload=w.workload if isinstance(w, Hold) else w)
+        seen = Seen(start_attempts=report.start_attempts, max_attempts=settings.WORKLOAD_START_ATTEMPTS,
+                    restarts=report.restarts, note=report.note or "", losses=losses,
+                    restarts_seen=restarts_seen, max_losses=settings.WORKLOAD_CONTAINER_LOSSES)
+    return container_next(w.state, state, job=w.kind == WorkloadKind.JOB, on_notice=w.stop_by is not None,
+                          exit_code=exit_code, error=error, seen=seen)
 
 
 class _Mover:
@@ -103,6 +117,12 @@ class _Mover:
                 self.end(w, step)
             elif step.how == STOP:
                 self.stopped(w, step)
+            elif step.how == NOTE:
+                workload_note(workload=w, reason=step.reason)
+            elif step.how == EVENT:
+                if w.state == step.to:  # (still as the report found it)
+                    container_event_record(workload=w, kind=step.event, count=step.count, detail=step.reason,
+                                           now=self.now)
             else:
                 self.to(w, step)
 

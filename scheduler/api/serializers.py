@@ -8,16 +8,15 @@ from rest_framework import serializers
 
 from agents.protocol import CHECKPOINT_GRACE_MAX_S, CHECKPOINT_SIGNALS
 from gpucloud.api.serializers import ContainerPathField, StrictSerializer
+from gpucloud.lib.images import image_reference_problem
 from gpucloud.tenancy.models import SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_INVALID
 from scheduler.api import contributors
 from scheduler.arrays import ARRAY_STATES
 from scheduler.choices import Billing, PriorityClass, State
-from scheduler.models import JobArray, Workload, WorkloadEvent
+from scheduler.models import ContainerEvent, JobArray, Workload, WorkloadEvent
 from scheduler.selectors import workload_last_allocations
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# name[:tag][@digest], with an optional registry host; what `docker pull` accepts, roughly.
-_IMAGE = re.compile(r"^[a-z0-9]+([._/:@-][A-Za-z0-9_.-]+)*$")
 
 
 @extend_schema_field({"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}],
@@ -99,8 +98,9 @@ class WorkloadCreateSerializer(StrictSerializer):
         return value
 
     def validate_image(self, value: str) -> str:
-        if not _IMAGE.match(value):
-            raise serializers.ValidationError("Not a container image reference.")
+        problem = image_reference_problem(value)  # the one check of a reference (gpucloud/lib/images.py)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_env(self, value: dict) -> dict:
@@ -159,6 +159,15 @@ class EventSerializer(serializers.ModelSerializer):
     class Meta:
         model = WorkloadEvent
         fields = ["created_at", "from_state", "to_state", "reason", "actor"]
+
+
+class ContainerEventSerializer(serializers.ModelSerializer):
+    count = serializers.IntegerField(help_text="the how-manieth of its kind in this run")
+    detail = serializers.CharField(help_text="what the agent saw")
+
+    class Meta:
+        model = ContainerEvent
+        fields = ["created_at", "kind", "count", "detail"]
 
 
 class CostedListSerializer(serializers.ListSerializer):
@@ -234,12 +243,16 @@ class RanOnSerializer(serializers.Serializer):
 
 class WorkloadDetailSerializer(WorkloadSerializer):
     events = EventSerializer(many=True, read_only=True)
+    container_events = ContainerEventSerializer(
+        many=True, read_only=True,
+        help_text="its container lost (`container_lost`) or restarted (`container_restarted`) without its "
+                  "agent's order, with the count and what the agent saw (docs/lifecycle.md)")
     ran_on = serializers.SerializerMethodField(
         help_text="where its last run ran, once it holds no GPUs (stopped, ended, queued again); "
                   "null when it never ran or holds GPUs now (see `hosts`, `gpus`)")
 
     class Meta(WorkloadSerializer.Meta):
-        fields = [*WorkloadSerializer.Meta.fields, "events", "ran_on"]
+        fields = [*WorkloadSerializer.Meta.fields, "events", "container_events", "ran_on"]
         read_only_fields = fields
 
     @extend_schema_field(RanOnSerializer(allow_null=True))

@@ -72,7 +72,7 @@ class _WorkloadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         what `_detail` would read back (tests/scheduler/test_submission_path.py compares them)."""
         workload.active_allocations = []  # PENDING holds nothing
         workload.never_ran = True  # nor held anything before: no "ran on" to read
-        workload._prefetched_objects_cache = {"events": [workload.launch_event]}
+        workload._prefetched_objects_cache = {"events": [workload.launch_event], "container_events": []}
         costs = {workload.pk: contributors.launch_cost(workload=workload, per_hour=workload.launch_price)}
         return Response(rendered(self.detail_serializer, workload, _costs=costs), status=status.HTTP_201_CREATED)
 

@@ -459,6 +459,11 @@ def _show(w: dict[str, Any], as_json: bool) -> None:
         out.print(Text.assemble("\n", bold("events")))
         table(["AT", "FROM", "TO", "REASON"], ([_short(e["created_at"]), e["from_state"], e["to_state"],
                                                 e.get("reason", "")] for e in w["events"]))
+    if w.get("container_events"):  # its container lost or restarted without its agent's order
+        out.print("\n[bold]container events[/bold]")
+        table(["AT", "EVENT", "COUNT", "WHAT THE AGENT SAW"],
+              ([_short(e["created_at"]), e["kind"], str(e["count"]), e.get("detail", "")]
+               for e in w["container_events"]))
 
 
 @app.command()

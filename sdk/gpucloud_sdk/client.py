@@ -83,6 +83,7 @@ class Workload(TypedDict, total=False):
     ended_at: str | None
     stop_by: str | None
     events: list[dict[str, Any]]
+    container_events: list[dict[str, Any]]  # container_lost / container_restarted: kind, count, detail
     ran_on: dict[str, list[str]] | None  # where its last run ran, once it holds no GPUs
     connect: dict[str, Any]  # once the server has the gateway (see docs/cli.md)
     # jobs

@@ -396,11 +396,20 @@ def test_an_instance_whose_container_exits_fails(make_sim_host, alice):
 
 def test_an_image_that_cannot_start_fails_the_workload(make_sim_host, alice):
     sim = make_sim_host(fail_images=frozenset({"nope/missing:1"}))
+    sim.agent.clock = sim.clock  # its backoff between attempts on the test's clock
     sim.beat()
     w = place(sim.host, alice.tenant, image="nope/missing:1")
     sim.beat(2)  # the start fails; the next heartbeat reports it missing, with the error
+    assert state(w) == State.SCHEDULED  # tried again after a backoff, and said so meanwhile
+    assert w.reason == "start failed (attempt 1 of 3), trying again: pull access denied for nope/missing:1"
+    for _ in range(2):  # WORKLOAD_START_ATTEMPTS (3) failed starts in all
+        sim.clock.advance(60)
+        sim.beat()
+    sim.beat()
     assert state(w) == State.FAILED
-    assert w.reason == "could not start: pull access denied for nope/missing:1"
+    assert w.reason == "could not start (after 3 attempts): pull access denied for nope/missing:1"
+    assert len([c for c in sim.runtime.calls if c[0] == "run"]) == 3  # then given up, not tried forever
+    assert not Allocation.objects.filter(workload=w, active=True).exists()  # its GPUs freed
 
 
 def test_stop_makes_the_agent_stop_the_container_within_one_interval(make_sim_host, alice):

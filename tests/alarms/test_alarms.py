@@ -16,7 +16,7 @@ from alarms.models import Alarm, AlarmAction, AlarmHistory
 from alarms.registry import ActionType, action_types, register_action
 from gpucloud.lib.secretbox import open_sealed
 from scheduler.choices import State
-from scheduler.models import Workload
+from scheduler.models import ContainerEvent, Workload
 from tests.agents.test_agent_api import (  # noqa: F401 (fixtures)
     place,
     region,
@@ -320,3 +320,19 @@ def test_alarms_name_their_targets_on_the_console_and_in_the_payload(alice, inst
     assert f"instance {instance.name}" in page and f"{str(instance.pk)[:12]}…" not in page
     detail = web.get(reverse("console:alarm", args=[on_it.pk])).content.decode()
     assert f">instance {instance.name}</a>" in detail
+
+
+def test_an_alarm_on_container_events_fires_when_a_container_is_lost(alice, instance):
+    """The workload source's `container_events` metric (alarms/sources.py): the container events
+    recorded in each period, 0 in one without any."""
+    alarm = services.alarm_create(tenant=alice.tenant, name="lost", target_kind="workload",
+                                  target_id=str(instance.pk), metric="container_events", statistic="sum",
+                                  threshold=1, comparison="ge")[0]
+    services.alarms_evaluate_due(now=at(20))
+    alarm.refresh_from_db()
+    assert alarm.state == "OK" and alarm.datapoints[0]["value"] == 0.0
+    ContainerEvent.objects.create(workload=instance, kind=ContainerEvent.Kind.LOST, count=1,
+                                  detail="container 0123456789ab is gone", created_at=at(70))
+    services.alarms_evaluate_due(now=at(140))
+    alarm.refresh_from_db()
+    assert alarm.state == "ALARM" and alarm.datapoints[0]["value"] == 1.0

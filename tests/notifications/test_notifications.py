@@ -25,6 +25,7 @@ from notifications.choices import Delivery, Event
 from notifications.models import Notification
 from notifications.sources import classify
 from scheduler.choices import State, WorkloadKind
+from scheduler.models import ContainerEvent
 from scheduler.services import Notice, workload_transition, workloads_notice
 from tests.agents.test_agent_api import place
 from tests.scheduler.fleet import make_hosts
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.django_db
     ("instance", "lost", "host down", Event.INSTANCE_FAILED),
     ("instance", "preempted", "preempted for critical work", Event.INSTANCE_STOPPED),
     ("instance", "starting", "placed", None),
-    ("instance", "running", "container lost: it disappeared (docker rm)", Event.CONTAINER_LOST),
+    ("job", "failed", "container lost: it disappeared (docker rm)", Event.JOB_FAILED),
     ("job", "succeeded", "exited with code 0", Event.JOB_SUCCEEDED),
     ("job", "failed", "exited with code 3", Event.JOB_FAILED),
     ("job", "lost", "host down", Event.JOB_FAILED),
@@ -108,6 +109,18 @@ def test_a_notice_budgets_and_a_low_balance_are_told(alice, bob, catalog):
     assert (alice.user.email, Event.LOW_BALANCE) in got and (bob.user.email, Event.LOW_BALANCE) not in got
     notice = Notification.objects.get(user=bob.user, event=Event.NOTICE)
     assert "preempted for critical work" in notice.body and notice.email_status == Delivery.PENDING
+
+
+def test_a_container_lost_behind_the_agents_back_is_told_once(alice, catalog):
+    [host] = make_hosts(n=1)
+    services.notifications_collect(now=timezone.now())
+    w = place(host, alice.tenant)
+    ContainerEvent.objects.create(workload=w, kind=ContainerEvent.Kind.LOST, count=1,
+                                  detail="gone from the engine (docker rm)")
+    collect()
+    collect()
+    [n] = Notification.objects.filter(event=Event.CONTAINER_LOST)
+    assert n.user == alice.user and "docker rm" in n.body and n.email_status == Delivery.PENDING
 
 
 def test_operators_hear_of_a_host_down_and_tenants_do_not(alice, django_user_model, catalog):

@@ -16,12 +16,14 @@ GPUCLOUD_DEMO_RUNTIME=sim|docker forces one (docker: fail when no engine answers
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
@@ -73,6 +75,15 @@ def choose_runtime(wanted: str = "auto") -> tuple[str, str, str]:
                              f"this engine lacks runs as the local stand-in {image}, which says so in its log")
 
 
+def docker_scope(var_dir: Path, host: str) -> str:
+    """The Docker scope of demo agent ``host`` (pure): unique per var dir, so two demos on one
+    engine (another PORT and GPUCLOUD_VAR_DIR, a soak test beside a demo) never see, and
+    so never remove, each other's containers; the same across restarts of one demo, so an
+    agent restarted finds its own containers again."""
+    digest = hashlib.sha256(str(Path(var_dir).resolve()).encode()).hexdigest()[:10]
+    return f"demo-{digest}-{host}"
+
+
 def _sim_hosts(port: int, runtime: str = "sim", image: str = "") -> list[tuple[str, list[str], dict[str, str]]]:
     """(name, argv, extra env) per simulated host, each with a new bootstrap token.
 
@@ -93,7 +104,7 @@ def _sim_hosts(port: int, runtime: str = "sim", image: str = "") -> list[tuple[s
         if runtime == "docker":
             # Each agent sees only its own containers (they share one engine); images the
             # engine lacks run as the stand-in.
-            argv += ["--docker-scope", f"demo-{name}", "--docker-image-fallback", image]
+            argv += ["--docker-scope", docker_scope(settings.VAR_DIR, name), "--docker-image-fallback", image]
         # Through the environment, so the token does not show in `ps`. Each agent keeps a
         # tunnel to the demo's gateway: `ssh` into its instances reaches the sim's fake shell.
         out.append((f"agent {name}", argv, {

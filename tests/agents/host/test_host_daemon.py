@@ -450,3 +450,58 @@ def test_a_poll_woken_by_the_hosts_own_report_does_not_heartbeat_again(tmp_path:
     finally:
         agent.request_stop()
         client.answers.put(WaitResponse(changed=False))
+
+
+def test_a_start_that_fails_the_same_way_is_retried_after_a_backoff_then_given_up(
+    plane: tuple[ControlPlane, str], tmp_path: Path
+) -> None:
+    cp, url = plane
+    clock = Clock()
+    agent = make_agent(url, tmp_path)
+    agent.runtime = SimRuntime(fail_images=frozenset({"nope"}))
+    agent.clock = clock
+    cp.desired = [replace(job("j", []), image="nope")]
+
+    def reported() -> tuple[str, int, str | None]:
+        (c,) = cp.heartbeats[-1].containers or []
+        return c.state, c.start_attempts, c.error
+
+    agent.iterate()  # the first start fails
+    agent.iterate()
+    assert reported() == ("missing", 1, "pull access denied for nope")
+    agent.iterate()  # within the backoff (1 s base): not tried again
+    assert [c for c in agent.runtime.calls if c[0] == "run"] == [("run", "j")]
+    for _ in range(5):  # past each backoff: tried again, up to the bound (3, the answer's)
+        clock.now += 60
+        agent.iterate()
+    assert reported() == ("missing", 3, "pull access denied for nope")
+    assert [c for c in agent.runtime.calls if c[0] == "run"] == [("run", "j")] * 3  # then given up
+    clock.now += 3600
+    agent.iterate()
+    assert len([c for c in agent.runtime.calls if c[0] == "run"]) == 3
+
+
+def test_a_container_gone_without_the_agents_order_is_reported_with_what_it_saw(
+    plane: tuple[ControlPlane, str], tmp_path: Path
+) -> None:
+    cp, url = plane
+    agent = make_agent(url, tmp_path)
+    cp.desired = [job("j", [])]
+    agent.iterate()  # started
+    agent.iterate()  # seen running
+    (c,) = cp.heartbeats[-1].containers or []
+    assert c.state == "running" and c.note is None
+    cid = c.container_id or ""
+    assert isinstance(agent.runtime, SimRuntime)
+    agent.runtime.vanish("j")  # docker rm -f behind the agent's back
+    agent.iterate()
+    (c,) = cp.heartbeats[-1].containers or []
+    assert c.state == "missing" and c.error is None
+    assert c.note is not None and cid[:12] in c.note and "the agent did not remove it" in c.note
+    # its own removal is not a loss: no note once the control plane no longer wants it
+    agent.iterate()  # (still desired here: started again, the note said once)
+    cp.desired = []
+    agent.iterate()
+    agent.iterate()
+    agent.iterate()
+    assert all(c.note is None for c in cp.heartbeats[-1].containers or [])

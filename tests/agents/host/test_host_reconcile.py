@@ -7,10 +7,13 @@ from agents.host.reconcile import (
     ReportExit,
     Signal,
     Start,
+    StartFailure,
     Stop,
     checkpoint_actions,
     checkpoint_due_in,
     reconcile,
+    start_failed,
+    start_held,
 )
 from agents.host.sim import SimRuntime
 from agents.protocol import DesiredContainer, ObservedContainer
@@ -121,3 +124,24 @@ def test_the_agent_wakes_when_a_grace_runs_out():
     assert checkpoint_due_in(d, {}, 0.0) is None
     assert checkpoint_due_in(d, {"a": 100.0}, 130.0) == 30.0
     assert checkpoint_due_in(d, {"a": 100.0}, 500.0) == 0.0
+
+
+# --- a start that fails: backoff, then give up -------------------------------------------
+
+
+def test_a_start_that_keeps_failing_is_backed_off_then_given_up() -> None:
+    failures: dict[str, StartFailure] = {}
+    f = failures["a"] = start_failed(None, "mount refused", now=100.0, delay=2.0)
+    assert (f.attempts, f.error, f.retry_at) == (1, "mount refused", 102.0)
+    # within its backoff: held (not started, a created leftover removed); after it: tried again
+    assert start_held(failures, now=101.0, bound=3) == {"a"}
+    assert reconcile([A], [], hold={"a"}) == []
+    assert reconcile([A], [seen("a", "created")], hold={"a"}) == [Remove("a")]
+    assert start_held(failures, now=102.0, bound=3) == set()
+    assert reconcile([A, B], [], hold=start_held(failures, now=102.0, bound=3)) == [Start(A), Start(B)]
+    f = failures["a"] = start_failed(f, "mount refused", now=102.0, delay=4.0)
+    f = failures["a"] = start_failed(f, "mount refused", now=106.0, delay=8.0)
+    assert f.attempts == 3
+    # the bound reached: given up for good, whatever the clock says (the control plane fails it)
+    assert start_held(failures, now=1e9, bound=3) == {"a"}
+    assert reconcile([A, B], [], hold=start_held(failures, now=1e9, bound=3)) == [Start(B)]
