@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from agents.host import doctor, install
 from agents.host.config import AgentConfig, ConfigError, parse_args
 from agents.host.daemon import Agent
 from agents.host.egress import EgressRules, parse_allow
@@ -92,8 +93,14 @@ def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Subcommands: the host checks and the systemd installer; anything else runs the agent.
+    if args[:1] == ["doctor"]:
+        return doctor.main(args[1:])
+    if args[:1] in (["install"], ["uninstall"]):
+        return install.main(args)
     try:
-        cfg = parse_args(argv)
+        cfg = parse_args(args)
     except ConfigError as e:
         print(f"agents.host: {e}", file=sys.stderr)
         return 2

@@ -303,6 +303,13 @@ class FakeNvml:
         self.initialised = False
         self.shutdowns += 1
 
+    driver_version = "550.54.15"
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        if not self.initialised:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self.driver_version
+
     # --- device queries -----------------------------------------------------------------
 
     def nvmlDeviceGetCount(self) -> int:
