@@ -253,15 +253,16 @@ def test_launch_box_says_whether_the_type_starts_now_waits_or_is_refused(alice, 
 
     assert "4 fit on free GPUs in us-east-1 now: it starts within seconds." in box("us-east-1")
     tokyo = box("ap-northeast-1")
-    assert ("No host in ap-northeast-1 can ever run h100.2x (the fleet has no H100 GPUs in ap-northeast-1), "
-            "so a launch there is refused.") in tokyo
+    assert ("No host in ap-northeast-1 can ever run h100.2x: the fleet has no H100 GPUs in ap-northeast-1. "
+            "A launch is refused.") in tokyo
     assert "Free now in us-east-1 (4)." in tokyo
-    assert ("No host in us-east-1 can ever run a100.quarter (the fleet has no A100 GPUs in us-east-1), so a "
-            "launch there is refused.") in box("us-east-1", "a100.quarter")
+    assert ("No host in us-east-1 can ever run a100.quarter: the fleet has no A100 GPUs in us-east-1. A launch "
+            "is refused.") in box("us-east-1", "a100.quarter")
     Gpu.objects.update(whole=True, used_milli=1000)  # all booked
-    assert "None free in us-east-1 now: it waits in the queue until GPUs free up." in box("us-east-1")
+    assert ("no host in us-east-1 has 2 free H100 GPUs. A launch waits in the queue until GPUs free up."
+            in box("us-east-1"))
     Gpu.objects.update(whole=False, used_milli=0, healthy=False)  # all broken: the scheduler counts none
-    assert "No host in us-east-1 can ever run h100.2x (the fleet has no H100 GPUs in us-east-1)" in box("us-east-1")
+    assert "No host in us-east-1 can ever run h100.2x: the fleet has no H100 GPUs in us-east-1." in box("us-east-1")
 
 
 def test_launch_form_picks_the_region_where_the_type_fits_now(alice, catalog):
