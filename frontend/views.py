@@ -281,8 +281,10 @@ def catalogue(request):
     if only_free:
         rows = [r for r in rows if r["available"] > 0]
     rows = _catalogue_sort(rows, sort, direction == "desc")
-    # what would start now first, in the chosen order; then what would queue
-    rows = [r for r in rows if r["available"] > 0] + [r for r in rows if r["available"] <= 0]
+    # runnable first: what would start now, in the chosen order; then what would queue; then
+    # (when shown) what no host here could ever run
+    rank = {blockers.AVAILABLE: 0, blockers.BUSY: 1, blockers.NEVER: 2}
+    rows.sort(key=lambda r: rank[r["availability"]])  # stable: the chosen order within each part
     # One entry per sortable header: its label, where a click goes (the other direction when it
     # is the sorted column, else ascending) and its aria-sort value.
     columns = {key: {"key": key, "label": label, "current": key == sort,

@@ -10,6 +10,7 @@ from frontend.console import console_view, service_error_to_form
 from gpucloud.catalogue.selectors import region_list
 from gpucloud.lib.errors import ServiceError
 from gpucloud.tenancy import permissions as perms
+from scheduler.feasibility import region_host_counts
 from volumes import selectors, services
 from volumes.services import MAX_SIZE_GIB
 
@@ -23,7 +24,13 @@ class VolumeForm(forms.Form):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["region"].choices = [(r.code, f"{r.name} ({r.code})") for r in region_list()]
+        hosts = region_host_counts()
+        # regions with hosts first (most first), then the rest: a volume lives on a host of its region
+        regions = sorted(region_list(), key=lambda r: (-hosts.get(r.code, 0), r.code))
+        self.fields["region"].choices = [
+            (r.code, f"{r.name} ({r.code})" + ("" if r.code in hosts else " — no hosts yet")) for r in regions]
+        if regions and not self.is_bound:
+            self.initial.setdefault("region", regions[0].code)
 
 
 class ResizeForm(forms.Form):
