@@ -84,7 +84,7 @@ def billing_blocker(*, tenant: Tenant, fresh: bool = False) -> Blocker | None:
     else:
         blocked, why, budget = Tenant.objects.filter(pk=tenant.pk).values_list(
             "launch_blocked", "launch_blocked_reason", "launch_blocked_budget").get()
-    return blockers.billing_blocker(why or blockers.INSUFFICIENT_CREDIT, budget) if blocked else None
+    return blockers.billing_blocker(blocked=blocked, code=why, budget=budget)
 
 
 def quota_blocker_for(*, tenant: Tenant, instance_type: InstanceType, region: Region, nodes: int = 1) -> Blocker | None:

@@ -290,5 +290,5 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
                                                       max_instances=default.get("max_instances"))))
         views.append(core.TenantView(tenant_id=t, weight=float(weight), quotas=tuple(rules[t]),
                                      budget_exhausted=blocked,
-                                     blocker=blockers.billing_blocker(why, budget) if blocked else None))
+                                     blocker=blockers.billing_blocker(blocked=blocked, code=why, budget=budget)))
     return tuple(views)

@@ -66,10 +66,12 @@ class Blocker:
         return STATUS.get(self.code, 201)
 
 
-def billing_blocker(code: str, budget: str = "") -> Blocker | None:
-    """Billing's verdict (a code of `BILLING`, or "" when it admits) as a blocker."""
-    if not code:
+def billing_blocker(*, blocked: bool, code: str, budget: str = "") -> Blocker | None:
+    """Billing's verdict as pushed down onto the tenant row (`launch_blocked`, its reason code of
+    `BILLING`, the spent budget's name) as a blocker; None when it admits."""
+    if not blocked:
         return None
+    code = code or INSUFFICIENT_CREDIT  # a flag without its reason (rows from before the reason)
     return Blocker(code, {"budget": budget} if code == BUDGET_EXCEEDED and budget else {})
 
 
