@@ -278,7 +278,13 @@ def _pick_region(gc: Client, instance_type: str, spot: bool) -> str:
     prices = sorted((p for p in it.get("prices", []) if p["kind"] == kind), key=lambda p: float(p["per_hour"]))
     if not prices:
         fail(EXIT_USAGE, f"{instance_type} has no {kind.replace('_', '-')} price in any region.")
-    return prices[0]["region"]
+    try:  # runnable first: where it would start now, then where it would queue; cheapest within each
+        now = {a["region"]: a for a in gc.availability.list(instance_type=instance_type)}
+    except errors.NotFound:  # a server without the availability API: the cheapest
+        return str(prices[0]["region"])
+    rank = {"available": 0, "busy": 1, "never": 2}
+    prices.sort(key=lambda p: rank.get(_availability(now.get(p["region"])), 0))
+    return str(prices[0]["region"])
 
 
 def _describe(w: dict[str, Any]) -> str:
@@ -333,7 +339,8 @@ def _connect_lines(w: dict[str, Any]) -> list[str]:
 def launch(
     instance_type: Annotated[str, typer.Argument(metavar="TYPE", help="Instance type code, e.g. h100.1x.")],
     name: Annotated[str | None, typer.Option(help="Name (default: TYPE-xxxx).")] = None,
-    region: Annotated[str | None, typer.Option(help="Region (default: the cheapest offering TYPE).")] = None,
+    region: Annotated[str | None, typer.Option(
+        help="Region (default: where TYPE would start now, else where it would queue; the cheapest of those).")] = None,
     image: Annotated[str, typer.Option(help="Container image.")] = "ubuntu:24.04",
     volume: Annotated[list[str] | None, typer.Option(
         "--volume", help="VOLUME:/path to mount (name or id); repeatable.")] = None,
@@ -680,7 +687,8 @@ def jobs_submit(
     image: Annotated[str, typer.Option("--image", "-i", help="Container image.")],
     command: Annotated[list[str], typer.Argument(help="The command, after --.")],
     name: Annotated[str | None, typer.Option(help="Name (default: job-xxxx).")] = None,
-    region: Annotated[str | None, typer.Option(help="Region (default: the cheapest offering the type).")] = None,
+    region: Annotated[str | None, typer.Option(
+        help="Region (default: where the type would start now, else queue; the cheapest of those).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE; repeatable.")] = None,
     nodes: Annotated[int | None, typer.Option(help="Hosts for a multi-node job.")] = None,
     max_retries: Annotated[int | None, typer.Option(help="Retries after a failure.")] = None,

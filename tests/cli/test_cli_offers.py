@@ -10,7 +10,7 @@ from tests.cli.test_cli import cli  # noqa: F401 (fixture)
 from tests.scheduler.fleet import make_hosts
 
 
-def test_offers_show_now_and_hide_what_never_runs_here(cli, alice, charlie, catalog):
+def test_offers_show_now_and_hide_what_never_runs_here_and_launch_goes_where_it_runs(cli, alice, charlie, catalog):
     host = make_hosts(region="us-east-1", n=1)[0]  # 8 H100s
     workload_launch(tenant=charlie.tenant, spec=WorkloadSpec(
         kind="instance", name="half", instance_type="h100.4x", region="us-east-1", image="ubuntu:24.04"))
@@ -33,3 +33,9 @@ def test_offers_show_now_and_hide_what_never_runs_here(cli, alice, charlie, cata
     line = next(ln for ln in table.stdout.splitlines() if ln.startswith("h100.8x"))
     assert line.split()[-1] == "busy" and "never" not in table.stdout
     assert "never" in cli("offers", "--gpu", "H100", "--all").stdout
+
+    # launch without --region: where the type would start now, not the cheapest region (us-east-1
+    # prices L40S lowest, but no host there has one)
+    make_hosts(region="eu-north-1", n=1, model="L40S", gpus=4)
+    launched = cli("launch", "l40s.1x", "--name", "auto", "--json")
+    assert launched.returncode == 0 and json.loads(launched.stdout)["region"] == "eu-north-1", launched.both
