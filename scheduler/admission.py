@@ -108,14 +108,16 @@ def quota_blocker_for(*, tenant: Tenant, instance_type: InstanceType, region: Re
     if not any(r.gpu_model is None and r.region is None for r in rules):
         plan = settings.PLAN_QUOTAS.get(tenant.plan, {})
         rules.append(QuotaRule(max_gpus=plan.get("max_gpus"), max_instances=plan.get("max_instances")))
+    found = []
     for rule in rules:
         if not quota_applies(rule, model, where):
             continue
         counted = [(m, n) for gm, r, m, n in usage if quota_applies(rule, gm, r)]
         blocker = quota_blocker(rule, sum(m for m, _ in counted), sum(n for _, n in counted), need)
         if blocker is not None:
-            return blocker
-    return None
+            found.append(blocker)
+    # a rule it can never fit outranks one that is full now: waiting would not help
+    return next((b for b in found if b.refused), found[0] if found else None)
 
 
 def _never(instance_type: InstanceType, region: Region, nodes: int) -> Blocker | None:
