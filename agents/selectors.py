@@ -34,6 +34,7 @@ from gpucloud.catalogue.selectors import prices_in_force
 from gpucloud.lib.db import Epoch, model_columns, model_from_row, pg_array
 from scheduler import core, snapshot
 from scheduler.choices import HOLDING, State
+from scheduler.core import blockers
 from scheduler.cycle import policy_for
 from scheduler.feasibility import fleet_capabilities, unsatisfiable_reason
 from scheduler.models import Allocation, Workload
@@ -636,6 +637,11 @@ class Availability:
     available_now: int  # launches of one node that would start in the next cycle
     can_host: bool  # some host of the region could ever run one
     reason: str  # why it never could ("" when it can)
+
+    @property
+    def availability(self) -> str:
+        """available, busy or never (`scheduler.core.blockers.availability`)."""
+        return blockers.availability(can_host=self.can_host, available_now=self.available_now)
 
 
 def availability(*, instance_types: list, region_codes: list[str] | None = None, tenant=None,

@@ -13,8 +13,9 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Case, DecimalField, F, Value, When
 
-from billing.models import MONEY, Account, LedgerEntry
-from gpucloud.tenancy.models import Tenant
+from billing.models import MONEY, Account, Budget, LedgerEntry
+from gpucloud.tenancy.models import EmailVerification, Tenant
+from scheduler.core.blockers import BUDGET_EXCEEDED, EMAIL_UNCONFIRMED, INSUFFICIENT_CREDIT
 
 
 def account_for(*, tenant_id: Any) -> Account:
@@ -57,28 +58,47 @@ def ledger_post_many(*, entries_by_tenant: dict[Any, list[LedgerEntry]]) -> list
     return entries
 
 
-def launch_block(*, balance: Decimal, budget_blocked: bool) -> str:
+def launch_block(*, balance: Decimal, budget_blocked: bool, email_pending: bool = False) -> str:
     """The one admission rule of billing: why nothing new of the tenant may launch ("" if it may).
 
-    No credit left, or a hard-stop budget spent this month (`Account.budget_blocked`, kept by
-    `budgets_check` and the budget services). The codes are the API's 402 error codes.
+    No credit left (and, when the sign-up credit still waits for the owner's e-mail address,
+    that is the cause to name), or a hard-stop budget spent this month (`Account.budget_blocked`,
+    kept by `budgets_check` and the budget services). The codes are the API's 402 error codes
+    (`scheduler.core.blockers`, which has their words).
     """
     if balance <= 0:
-        return "insufficient_credit"
+        return EMAIL_UNCONFIRMED if email_pending else INSUFFICIENT_CREDIT
     if budget_blocked:
-        return "budget_exceeded"
+        return BUDGET_EXCEEDED
     return ""
 
 
 def launch_blocks_refresh(*, tenant_ids: Any) -> None:
     """Push the rule's verdict down to `Tenant.launch_blocked` (the row the launch service and
-    the scheduler read), for these tenants. Writes only the rows whose verdict changed.
+    the scheduler read), for these tenants, with the spent budget's name. Writes only the rows
+    whose verdict changed.
 
     A tenant without an account was made outside `tenant_create` (fixtures, benchmarks, or
     before billing existed): nothing is metered for it yet, so nothing gates it.
     """
-    for tenant_id, balance, budget_blocked in Account.objects.filter(tenant_id__in=list(tenant_ids)).order_by(
-            "tenant_id").values_list("tenant_id", "balance", "budget_blocked"):
-        reason = launch_block(balance=balance, budget_blocked=budget_blocked)
-        (Tenant.objects.filter(pk=tenant_id).exclude(launch_blocked=bool(reason), launch_blocked_reason=reason)
-         .update(launch_blocked=bool(reason), launch_blocked_reason=reason))
+    rows = list(Account.objects.filter(tenant_id__in=list(tenant_ids)).order_by("tenant_id")
+                .values_list("tenant_id", "balance", "budget_blocked"))
+    broke = [tenant_id for tenant_id, balance, _ in rows if balance <= 0]
+    # a sign-up whose credit waits for its address (tenancy.EmailVerification): only asked of
+    # tenants with nothing left, so a posting of a funded tenant costs no query more
+    pending = set(EmailVerification.objects.filter(tenant_id__in=broke, verified_at__isnull=True)
+                  .values_list("tenant_id", flat=True)) if broke else set()
+    spent = [tenant_id for tenant_id, balance, blocked in rows if blocked and balance > 0]
+    budgets: dict[Any, str] = {}
+    # Every hard-stop budget counts the same month's spend, so the smallest one is spent
+    # whenever any is: that is the one to name.
+    for tenant_id, name in (Budget.objects.filter(tenant_id__in=spent, hard_stop=True)
+                            .order_by("tenant_id", "-monthly_amount", "-name").values_list("tenant_id", "name")
+                            if spent else ()):
+        budgets[tenant_id] = name
+    for tenant_id, balance, budget_blocked in rows:
+        reason = launch_block(balance=balance, budget_blocked=budget_blocked, email_pending=tenant_id in pending)
+        budget = budgets.get(tenant_id, "") if reason == BUDGET_EXCEEDED else ""
+        (Tenant.objects.filter(pk=tenant_id)
+         .exclude(launch_blocked=bool(reason), launch_blocked_reason=reason, launch_blocked_budget=budget)
+         .update(launch_blocked=bool(reason), launch_blocked_reason=reason, launch_blocked_budget=budget))

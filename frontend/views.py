@@ -66,9 +66,10 @@ from gpucloud.tenancy.selectors import membership_list_for_user
 from scheduler import arrays as scheduler_arrays
 from scheduler import selectors as workload_selectors
 from scheduler import services as workload_services
+from scheduler.admission import launch_admission
 from scheduler.api import serializers as workload_s
 from scheduler.choices import ACTIVE, HOLDING, TERMINAL, Billing, State, WorkloadKind
-from scheduler.feasibility import launch_unsatisfiable
+from scheduler.core import blockers
 from volumes import selectors as volume_selectors
 
 # Live parts refresh at this pace (htmx `every Ns`); the GPU chart shows this window.
@@ -257,8 +258,10 @@ def catalogue(request):
     if gpu:
         types = [t for t in types if t.gpu_model.code == gpu]
     only_free = request.GET.get("available") in ("1", "on", "true")
+    # offers no host of this fleet could ever run are hidden unless asked for (runnable first)
+    show_never = request.GET.get("never") in ("1", "on", "true")
     prices = prices_in_force(instance_types=types)
-    available = {(a.instance_type.pk, a.region): a.available_now for a in agent_selectors.availability(
+    available = {(a.instance_type.pk, a.region): a for a in agent_selectors.availability(
         instance_types=types, region_codes=[region] if region else None, tenant=request.console.tenant,
         prices=prices)}
     rows = []
@@ -269,13 +272,21 @@ def catalogue(request):
                 continue
             by_region.setdefault(p.region, {})[p.kind] = p
         for code, kinds in by_region.items():
+            a = available.get((it.pk, code))
             rows.append({"type": it, "region": code, "on_demand": kinds.get("on_demand"),
-                         "spot": kinds.get("spot"), "available": available.get((it.pk, code), 0)})
+                         "spot": kinds.get("spot"), "available": a.available_now if a else 0,
+                         "availability": a.availability if a else blockers.NEVER,
+                         "never_why": a.reason if a else ""})
+    never_hidden = 0 if show_never else sum(1 for r in rows if r["availability"] == blockers.NEVER)
+    if not show_never:
+        rows = [r for r in rows if r["availability"] != blockers.NEVER]
     if only_free:
         rows = [r for r in rows if r["available"] > 0]
     rows = _catalogue_sort(rows, sort, direction == "desc")
-    # what would start now first, in the chosen order; then what would queue
-    rows = [r for r in rows if r["available"] > 0] + [r for r in rows if r["available"] <= 0]
+    # runnable first: what would start now, in the chosen order; then what would queue; then
+    # (when shown) what no host here could ever run
+    rank = {blockers.AVAILABLE: 0, blockers.BUSY: 1, blockers.NEVER: 2}
+    rows.sort(key=lambda r: rank[r["availability"]])  # stable: the chosen order within each part
     # One entry per sortable header: its label, where a click goes (the other direction when it
     # is the sorted column, else ascending) and its aria-sort value.
     columns = {key: {"key": key, "label": label, "current": key == sort,
@@ -284,7 +295,7 @@ def catalogue(request):
                for key, (label, _) in SORTS.items()}
     ctx = {"rows": rows, "regions": region_list().order_by("code"), "gpus": gpu_model_list().order_by("code"),
            "region": region, "gpu": gpu, "sort": sort, "dir": direction, "columns": columns,
-           "only_free": only_free,
+           "only_free": only_free, "show_never": show_never, "never_hidden": never_hidden,
            "sort_words": SORT_WORDS[sort]}
     template = "frontend/partials/catalogue_table.html" if request.htmx else "frontend/catalogue.html"
     return render(request, template, ctx)
@@ -295,9 +306,10 @@ def catalogue(request):
 
 def _launch_price(instance_type: str, region: str, tenant, free: dict[str, int] | None = None) -> dict:
     """What the box beside the launch form shows: the price of a type in a region now, on
-    demand and spot, and whether it would start at once, wait, or be refused there (and why;
-    the Launch button is disabled then). `free` is `_free_by_region` of the type when the caller
-    has it already."""
+    demand and spot, and whether it would start at once, and if not why (the one admission
+    answer, `scheduler.admission`: the same cause and words as the API's error or the
+    workload's waiting reason; the Launch button is disabled when it would be refused).
+    `free` is `_free_by_region` of the type when the caller has it already."""
     it = instance_type_list().filter(code=instance_type).first()
     reg = region_list().filter(code=region).first()
     out: dict = {"type": it, "region": reg, "on_demand": None, "spot": None}
@@ -308,7 +320,11 @@ def _launch_price(instance_type: str, region: str, tenant, free: dict[str, int] 
             out[kind] = price.per_hour if price else None
         free = _free_by_region(it, tenant) if free is None else free
         out["fits_now"] = free.get(reg.code, 0)
-        out["refused"] = launch_unsatisfiable(instance_type=it, region=reg)
+        blocker = launch_admission(tenant=tenant, instance_type=it, region=reg, available_now=out["fits_now"])
+        out["blocker"] = blocker
+        out["refused"] = blocker is not None and blocker.refused
+        out["why"] = blockers.sentence(blocker) if blocker else ""
+        out["then"] = blockers.consequence(blocker) if blocker else ""
         out["free_elsewhere"] = [(code, n) for code, n in free.items() if code != reg.code]
     return out
 
@@ -319,6 +335,19 @@ def _free_by_region(it, tenant) -> dict[str, int]:
     rows = agent_selectors.availability(instance_types=[it], tenant=tenant)
     free = sorted(((r.region, r.available_now) for r in rows if r.available_now > 0), key=lambda cn: (-cn[1], cn[0]))
     return dict(free)
+
+
+def _runnable_first(tenant, type_codes: list[str]) -> tuple[str, str]:
+    """The (type, region) the launch form opens on: the first type of the form's list that would
+    start now (where most of it would), else the first some host could ever run; ("", "") when
+    nothing in the catalogue can run in this fleet."""
+    rows = agent_selectors.availability(instance_types=list(instance_type_list()), tenant=tenant)
+    order = {code: i for i, code in enumerate(type_codes)}
+    best = min(((r.available_now <= 0, not r.can_host, order.get(r.instance_type.code, len(order)),
+                 -r.available_now, r.region, r.instance_type.code) for r in rows), default=None)
+    if best is None or best[1]:
+        return "", ""
+    return best[5], best[4]
 
 
 @console_view(read=perms.WORKLOADS_LAUNCH, write=perms.WORKLOADS_LAUNCH)
@@ -355,6 +384,12 @@ def launch(request):
     first = {name: (form.fields[name].choices[0][0] if form.fields[name].choices else "")
              for name in ("instance_type", "region")}
     free = None
+    if not form.is_bound and not initial["instance_type"] and not initial["region"]:
+        # nothing asked for: open on what can run now, not on the alphabet's first type
+        code, where = _runnable_first(console.tenant, [c for c, _ in form.fields["instance_type"].choices])
+        if code:
+            initial.update(instance_type=code, region=where)
+            form = LaunchForm(initial=initial, saved_keys=saved, volumes=vols)
     if not form.is_bound and not initial["region"]:
         # no region asked for: the one where most of the type fits now, not the alphabet's first
         it = instance_type_list().filter(code=initial["instance_type"] or first["instance_type"]).first()

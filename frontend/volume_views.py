@@ -12,6 +12,7 @@ from frontend.forms import ConsoleForm
 from gpucloud.catalogue.selectors import region_list
 from gpucloud.lib.errors import ServiceError
 from gpucloud.tenancy import permissions as perms
+from scheduler.feasibility import region_host_counts
 from volumes import selectors, services
 from volumes.services import MAX_SIZE_GIB
 
@@ -25,12 +26,16 @@ class VolumeForm(ConsoleForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        regions = list(region_list())
+        hosts = region_host_counts()
+        # regions with hosts first (most first), then the rest: a volume lives on a host of its region
+        regions = sorted(region_list(), key=lambda r: (-hosts.get(r.code, 0), r.code))
         prices = billing_selectors.storage_prices(region_ids=[r.pk for r in regions])
         # the price a renter pays per GiB-hour, beside the region it is paid in
         self.fields["region"].choices = [
-            (r.code, f"{r.name} ({r.code})" + (f" — {prices[r.pk]} per GiB-hour" if r.pk in prices else ""))
-            for r in regions]
+            (r.code, f"{r.name} ({r.code})" + (f" — {prices[r.pk]} per GiB-hour" if r.pk in prices else "")
+             + ("" if r.code in hosts else " — no hosts yet")) for r in regions]
+        if regions and not self.is_bound:
+            self.initial.setdefault("region", regions[0].code)
 
 
 class ResizeForm(ConsoleForm):

@@ -27,12 +27,10 @@ from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, hooks
 from scheduler.choices import ACTIVE, HOLDING, State, WorkloadKind
-from scheduler.feasibility import check_satisfiable
 from scheduler.models import JobArray, Workload, WorkloadEvent
 from scheduler.services import (
     WorkloadSpec,
-    _check_admission,
-    _check_quota_ceiling,
+    _admit,
     _resolve,
     workloads_transition,
 )
@@ -75,10 +73,8 @@ def job_array_launch(*, tenant: Tenant, spec: WorkloadSpec, count: int, user=Non
                            fields={"env": [f"{ENV_PREFIX}* variables are the array's own."]})
     with transaction.atomic():
         it, region = _resolve(spec)
-        _check_quota_ceiling(tenant, it, region, spec)
-        _check_admission(tenant, it, region, spec, timezone.now())
-        # 409 unsatisfiable, as a single launch: no host of the region could ever run a task
-        check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)
+        # refused as a single launch would be (402, 400 quota, 409 unsatisfiable); else why its tasks wait
+        reason = _admit(tenant, it, region, spec)
         now = timezone.now()
         arr = JobArray.objects.create(tenant=tenant, name=spec.name, count=count, created_by=user, created_at=now)
         template = Workload(
@@ -87,7 +83,7 @@ def job_array_launch(*, tenant: Tenant, spec: WorkloadSpec, count: int, user=Non
             ports=spec.ports, ssh_keys=spec.ssh_keys, billing=spec.billing, priority=spec.priority,
             queue=spec.queue, nodes=spec.nodes, max_retries=spec.max_retries, timeout_s=spec.timeout_s,
             max_price=spec.max_price, **spec.checkpoint_fields(), state=State.PENDING,
-            reason="waiting for the scheduler", created_by=user,
+            reason=reason, created_by=user,
             created_at=now, queued_at=now, updated_at=now, array=arr, array_index=0,
         )
         _insert_tasks(template, count, actor=current_actor().label[:200])

@@ -1,7 +1,8 @@
 """Could the fleet of a region ever run this? Asked before anything is created.
 
 A launch (or a start) that no host of the region could ever hold is refused at once
-with `409 unsatisfiable` and the reason, instead of a `201` and a workload that waits
+with `409 unsatisfiable` and the reason (`scheduler.admission` asks `launch_unsatisfiable`:
+the one admission answer), instead of a `201` and a workload that waits
 forever or is rejected by the scheduler seconds later. The words are the scheduler
 core's own (`scheduler.core.planner.admission.never_fits`), and so is what counts: every
 host of the region in any state (a host that is down now may come back), and its GPUs
@@ -24,7 +25,6 @@ from django.db.models import Count, Q
 
 from agents.models import Gpu, Host
 from gpucloud.catalogue.models import InstanceType, Region
-from gpucloud.lib.errors import Conflict
 
 # (GPUs of one model on one host, its vCPUs, its memory MiB)
 HostCap = tuple[int, int, int]
@@ -48,6 +48,12 @@ def fleet_capabilities(*, region_codes: list[str] | None = None,
     ):
         out.setdefault((region, model), []).append((n, vcpus, mem))
     return out
+
+
+def region_host_counts() -> dict[str, int]:
+    """{region code: hosts there, in any state}, most first: where a volume (or a launch) can live."""
+    rows = Host.objects.values_list("region__code").annotate(n=Count("id")).order_by("-n", "region__code")
+    return {code: n for code, n in rows}
 
 
 def unsatisfiable_reason(*, instance_type: InstanceType, region: str, hosts: list[HostCap], nodes: int = 1) -> str:
@@ -99,10 +105,3 @@ def _region_model_hosts_sql() -> str:
             f'AND (g."healthy" OR g."whole" OR g."used_milli" > 0) '  # as `fleet_capabilities` counts them
             f'GROUP BY g."host_id", h."vcpus", h."memory_mib"')
 
-
-def check_satisfiable(*, instance_type: InstanceType, region: Region, nodes: int = 1) -> None:
-    """Raise `409 unsatisfiable` when no host of the region could ever run it (see the module)."""
-    why = launch_unsatisfiable(instance_type=instance_type, region=region, nodes=nodes)
-    if why:
-        raise Conflict(f"No host in {region.code} can ever run {instance_type.code}: {why}.",
-                       code="unsatisfiable", fields={"instance_type": [f"Cannot run in {region.code}: {why}."]})

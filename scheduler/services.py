@@ -24,16 +24,14 @@ from django.utils import timezone
 
 from agents.choices import HostState
 from agents.models import Gpu, Host
-from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Quota, Region
+from gpucloud.catalogue.models import GpuModel, InstanceType, Price, Region
 from gpucloud.lib.db import model_columns, model_from_row, pg_array, pg_cursor
-from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError, PaymentRequired
+from gpucloud.lib.errors import Conflict, InvalidInput, NotFoundError
 from gpucloud.tenancy.audit import audit_record, current_actor
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, hooks
+from scheduler.admission import launch_admit
 from scheduler.choices import HOLDING, TERMINAL, Billing, State, WorkloadKind
-from scheduler.core.model import QuotaRule
-from scheduler.core.quota import quota_applies, quota_never_fits_gpus
-from scheduler.feasibility import check_satisfiable
 from scheduler.lifecycle import can_transition
 from scheduler.models import Allocation, ContainerEvent, Workload, WorkloadEvent
 from scheduler.notice import notice_served
@@ -137,64 +135,8 @@ def _record(workload: Workload, old: str, new: str, reason: str, now: datetime) 
                          actor=current_actor().label[:200], created_at=now)
 
 
-def _check_quota_ceiling(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec) -> None:
-    """Refuse at once what no amount of waiting could admit: more GPUs than a quota allows.
-
-    Work that fits the limit but not the current usage is queued and waits with a reason.
-    Only the limits matter here (one query): the tenant's quota rows, and its plan's
-    default where it has no tenant-wide row, as the scheduler reads them (snapshot.tenant_views).
-    """
-    need = it.gpu_milli_total * spec.nodes
-    # Only the limits are read (not the usage the snapshot's tenant views count): a request
-    # larger than a limit never fits, whatever runs now. The rules are the core's.
-    with connection.cursor() as cur:  # the ORM's query cost more CPU to build than to run
-        cur.execute(_quota_limits_sql(), [Tenant._meta.pk.get_db_prep_value(tenant.pk, connection)])
-        rules = [QuotaRule(max_gpus=max_gpus, gpu_model=model, region=quota_region)
-                 for model, quota_region, max_gpus in cur.fetchall()]
-    if not any(r.gpu_model is None and r.region is None for r in rules):
-        rules.append(QuotaRule(max_gpus=settings.PLAN_QUOTAS.get(tenant.plan, {}).get("max_gpus")))
-    for q in rules:
-        if not quota_applies(q, it.gpu_model.code, region.code):
-            continue
-        if quota_never_fits_gpus(q, need):
-            scope = " ".join(x for x in (q.gpu_model, "GPUs", f"in {q.region}" if q.region else "") if x)
-            raise InvalidInput(
-                f"This asks for {need / 1000:g} GPUs but your quota allows {q.max_gpus} {scope}.",
-                code="quota_exceeded", fields={"instance_type": ["More GPUs than your quota allows."]},
-            )
-
-
-@functools.cache
-def _quota_limits_sql() -> str:
-    """A tenant's quota rows: (GPU model code or NULL, region code or NULL, max GPUs)."""
-    q, gm, r = (m._meta.db_table for m in (Quota, GpuModel, Region))
-    return (f'SELECT gm."code", r."code", q."max_gpus" FROM "{q}" q LEFT JOIN "{gm}" gm ON gm."id" = q."gpu_model_id" '
-            f'LEFT JOIN "{r}" r ON r."id" = q."region_id" WHERE q."tenant_id" = %s')
-
-
-# The words for billing's admission facts (`Tenant.launch_blocked_reason`, kept by billing).
-LAUNCH_BLOCKED = {
-    "insufficient_credit": ("Your balance is used up: add credit to launch. Running on-demand work stops after "
-                            "a grace period, spot work at once."),
-    "budget_exceeded": ("A hard-stop budget is spent this month and stops new launches until next month or "
-                        "until it is raised."),
-}
-
-
-def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec, now: datetime,
-                     tenant_fresh: bool = False) -> None:
-    """Raise 402 when billing says nothing new may launch (no credit left, a hard-stop budget
-    spent: the flag the scheduler reads too), and refuse a spot max price below the spot price.
-
-    `tenant_fresh`: `tenant` was read moments ago (by the API request's authentication), so its
-    flag is as fresh as a read here would be; otherwise the flag is read now."""
-    if tenant_fresh:
-        blocked, reason = tenant.launch_blocked, tenant.launch_blocked_reason
-    else:
-        blocked, reason = Tenant.objects.filter(pk=tenant.pk).values_list(
-            "launch_blocked", "launch_blocked_reason").get()
-    if blocked:
-        raise PaymentRequired(LAUNCH_BLOCKED.get(reason, "Billing stops new launches."), code=reason or None)
+def _check_max_price(it: InstanceType, region: Region, spec: WorkloadSpec, now: datetime) -> None:
+    """Refuse a spot max price below the spot price in force."""
     if spec.max_price is not None and spec.billing == Billing.SPOT:
         current = (Price.objects.filter(instance_type=it, region=region, kind=Billing.SPOT, effective_from__lte=now)
                    .order_by("-effective_from").values_list("per_hour", flat=True).first())
@@ -206,15 +148,23 @@ def _check_admission(tenant: Tenant, it: InstanceType, region: Region, spec: Wor
             )
 
 
+def _admit(tenant: Tenant, it: InstanceType, region: Region, spec: WorkloadSpec,
+           tenant_fresh: bool = False) -> str:
+    """The spot max price (the request's own mistake first), then the launch's admission
+    (scheduler.admission: quota, billing, a fleet that could ever run it; refused with the
+    cause's 4xx). Returns the new workload's first waiting reason."""
+    _check_max_price(it, region, spec, timezone.now())
+    waits = launch_admit(tenant=tenant, instance_type=it, region=region, nodes=spec.nodes, tenant_fresh=tenant_fresh)
+    return waits or "waiting for the scheduler"
+
+
 @transaction.atomic
 def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None, tenant_fresh: bool = False) -> Workload:
     """Queue an instance or a batch job. It waits PENDING until the scheduler places it.
 
-    `tenant_fresh`: `tenant` was read in this request (see `_check_admission`)."""
+    `tenant_fresh`: `tenant` was read in this request (see `scheduler.admission`)."""
     it, region = _resolve(spec)
-    _check_quota_ceiling(tenant, it, region, spec)
-    _check_admission(tenant, it, region, spec, timezone.now(), tenant_fresh=tenant_fresh)
-    check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)  # 409: no host could ever run it
+    reason = _admit(tenant, it, region, spec, tenant_fresh=tenant_fresh)  # 4xx: refused, with the cause
     now = timezone.now()
     workload = Workload.objects.create(
         tenant=tenant, kind=spec.kind, name=spec.name, instance_type=it, region=region,
@@ -222,7 +172,7 @@ def workload_launch(*, tenant: Tenant, spec: WorkloadSpec, user=None, tenant_fre
         billing=spec.billing, priority=spec.priority, queue=spec.queue, nodes=spec.nodes,
         max_retries=spec.max_retries, timeout_s=spec.timeout_s, max_price=spec.max_price, state=State.PENDING,
         auto_stop_idle_minutes=spec.auto_stop_idle_minutes, **spec.checkpoint_fields(),
-        reason="waiting for the scheduler", created_by=user, created_at=now, queued_at=now,
+        reason=reason, created_by=user, created_at=now, queued_at=now,
     )
     event = _record(workload, "", State.PENDING, "submitted", now)
     event.save()
@@ -525,13 +475,10 @@ def workload_start(*, workload: Workload) -> Workload:
                         region=workload.region.code, image=workload.image, billing=workload.billing,
                         nodes=workload.nodes, max_price=workload.max_price)
     it, region = _resolve(spec)
-    _check_quota_ceiling(workload.tenant, it, region, spec)
-    _check_admission(workload.tenant, it, region, spec, timezone.now())
-    check_satisfiable(instance_type=it, region=region, nodes=spec.nodes)
+    waits = _admit(workload.tenant, it, region, spec)
     # its volumes must be free again (a receiver refuses with 409 when another workload holds one)
     workload_starting.send(sender=Workload, workload=workload)
-    workload_transition(workload=workload, to=State.PENDING, reason="started again by its owner; "
-                        "waiting for the scheduler")
+    workload_transition(workload=workload, to=State.PENDING, reason=f"started again by its owner; {waits}")
     audit_record(tenant=workload.tenant, action=f"{workload.kind}.start", obj=workload,
                  object_repr=workload.name)
     return workload

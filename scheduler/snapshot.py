@@ -21,6 +21,7 @@ from gpucloud.lib.db import Epoch
 from gpucloud.tenancy.models import Tenant
 from scheduler import bulk, core, hooks
 from scheduler.choices import HOLDING, State, WorkloadKind
+from scheduler.core import blockers
 from scheduler.core.quota import quota_applies
 from scheduler.models import Allocation, Workload
 
@@ -290,13 +291,15 @@ def tenant_views(tenant_ids: set[str]) -> tuple[core.TenantView, ...]:
     views = []
     # launch_blocked: billing's verdict pushed down (no credit left, or a hard-stop budget
     # spent): pending work of these tenants waits
-    rows = Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight", "launch_blocked")
-    for tenant_id, plan, weight, blocked in rows:
+    rows = Tenant.objects.filter(pk__in=tenant_ids).values_list("id", "plan", "fair_share_weight", "launch_blocked",
+                                                                "launch_blocked_reason", "launch_blocked_budget")
+    for tenant_id, plan, weight, blocked, why, budget in rows:
         t = str(tenant_id)
         if t not in has_wide:
             default = settings.PLAN_QUOTAS.get(plan, {})
             rules[t].append(counted(t, core.QuotaRule(max_gpus=default.get("max_gpus"),
                                                       max_instances=default.get("max_instances"))))
         views.append(core.TenantView(tenant_id=t, weight=float(weight), quotas=tuple(rules[t]),
-                                     budget_exhausted=blocked))
+                                     budget_exhausted=blocked,
+                                     blocker=blockers.billing_blocker(blocked=blocked, code=why, budget=budget)))
     return tuple(views)

@@ -10,6 +10,7 @@ from gpucloud.api.serializers import StrictQuerySerializer
 from gpucloud.api.views import ApiView, TenantMixin
 from gpucloud.catalogue.selectors import instance_type_list
 from gpucloud.tenancy import permissions as perms
+from scheduler.core.blockers import AVAILABILITIES
 
 
 class AvailabilityQuerySerializer(StrictQuerySerializer):
@@ -18,6 +19,9 @@ class AvailabilityQuerySerializer(StrictQuerySerializer):
     instance_type = serializers.CharField(required=False, max_length=48, help_text="only this type")
     available = serializers.BooleanField(required=False, default=False,
                                          help_text="only rows with at least one launch that would start now")
+    runnable = serializers.BooleanField(required=False, default=False,
+                                        help_text="hide what no host of the region could ever run "
+                                                  "(availability never)")
 
 
 class AvailabilitySerializer(serializers.Serializer):
@@ -30,6 +34,10 @@ class AvailabilitySerializer(serializers.Serializer):
     can_host = serializers.BooleanField(help_text="whether some host of the region could ever run one")
     reason = serializers.CharField(help_text="why it never could (launching it answers 409 unsatisfiable); "
                                              "empty when it can")
+    availability = serializers.ChoiceField(
+        choices=AVAILABILITIES, read_only=True,
+        help_text="available: available_now > 0; busy: some host could run it, none is free now (a launch "
+                  "queues); never: no host of the region could ever run it (a launch is refused)")
 
 
 def availability_rows(*, query: dict, tenant=None) -> list[selectors.Availability]:
@@ -42,6 +50,8 @@ def availability_rows(*, query: dict, tenant=None) -> list[selectors.Availabilit
                                   region_codes=[query["region"]] if query.get("region") else None)
     if query.get("available"):
         rows = [r for r in rows if r.available_now > 0]
+    if query.get("runnable"):
+        rows = [r for r in rows if r.can_host]
     # what can start now first, most first; then the rest by type and region
     return sorted(rows, key=lambda r: (r.available_now == 0, -r.available_now, r.instance_type.code, r.region))
 

@@ -41,6 +41,8 @@ class Tenant(models.Model):
     # The launch service and the scheduler read them here and import nothing of billing.
     launch_blocked = models.BooleanField(default=False)
     launch_blocked_reason = models.CharField(max_length=32, blank=True)
+    # The spent hard-stop budget's name when the reason is budget_exceeded: every face names it.
+    launch_blocked_budget = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
+from .blockers import Blocker
+
 Priority: TypeAlias = Literal["critical", "standard", "low"]
 Billing: TypeAlias = Literal["on_demand", "spot"]
 Kind: TypeAlias = Literal["instance", "job"]
@@ -146,7 +148,9 @@ class TenantView:
     tenant_id: str
     weight: float = 1.0
     quotas: tuple[QuotaRule, ...] = ()
-    budget_exhausted: bool = False  # a spent budget admits nothing new
+    budget_exhausted: bool = False  # billing admits nothing new (no credit, a spent hard-stop budget)
+    # why, as billing said it (blockers.billing_blocker): the words of its pending work's reason
+    blocker: Blocker | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .blockers import Blocker, quota_exceeded, quota_full, words
 from .model import WHOLE, ClusterSnapshot, PlacementRequest, QuotaRule
 from .state import Fleet
 
@@ -50,6 +51,26 @@ def quota_never_fits_instances(rule: QuotaRule) -> bool:
     return rule.max_instances is not None and rule.max_instances < 1
 
 
+def quota_blocker(rule: QuotaRule, used_milli: int, used_instances: int, need_milli: int) -> Blocker | None:
+    """Why ``rule`` keeps a workload of ``need_milli`` out (None when it admits it), beside the
+    ``used_*`` it counts now: refused when it could never fit, else waiting for quota."""
+    model, region = rule.gpu_model, rule.region
+    if quota_never_fits_gpus(rule, need_milli):
+        assert rule.max_gpus is not None
+        return quota_exceeded(need_milli=need_milli, limit=rule.max_gpus, gpu_model=model, region=region)
+    if not quota_fits_gpus(rule, used_milli, need_milli):
+        assert rule.max_gpus is not None
+        return quota_full(used=used_milli, need=need_milli, limit=rule.max_gpus, unit="gpus", gpu_model=model,
+                          region=region)
+    if quota_never_fits_instances(rule):
+        return quota_exceeded(need_milli=need_milli, limit=0, unit="instances", gpu_model=model, region=region)
+    if not quota_fits_instances(rule, used_instances):
+        assert rule.max_instances is not None
+        return quota_full(used=used_instances, need=1, limit=rule.max_instances, unit="instances", gpu_model=model,
+                          region=region)
+    return None
+
+
 @dataclass(slots=True)
 class _Rule:
     rule: QuotaRule
@@ -58,10 +79,6 @@ class _Rule:
 
     def applies(self, req: PlacementRequest, region: str | None) -> bool:
         return quota_applies(self.rule, req.gpu_model, region)
-
-
-def _fmt_gpus(milli: int) -> str:
-    return f"{milli / WHOLE:g}"
 
 
 class QuotaBook:
@@ -107,26 +124,9 @@ class QuotaBook:
         for r in rules:
             if not r.applies(req, region):
                 continue
-            q = r.rule
-            model = f"{q.gpu_model} " if q.gpu_model else ""
-            where = f" in {q.region}" if q.region else ""
-            if quota_never_fits_gpus(q, need):
-                return True, (
-                    f"quota: asks for {_fmt_gpus(need)} {model}GPUs{where} "
-                    f"but the quota allows {q.max_gpus}"
-                )
-            if not quota_fits_gpus(q, r.used_milli, need):
-                return False, (
-                    f"quota: {_fmt_gpus(r.used_milli)} of {q.max_gpus} "
-                    f"{model}GPUs{where} in use"
-                )
-            if quota_never_fits_instances(q):
-                return True, f"quota: no {model}instances allowed{where}"
-            if not quota_fits_instances(q, r.used_instances):
-                return False, (
-                    f"quota: {r.used_instances} of {q.max_instances} "
-                    f"{model}instances{where} running"
-                )
+            blocker = quota_blocker(r.rule, r.used_milli, r.used_instances, need)
+            if blocker is not None:
+                return blocker.refused, words(blocker)
         return None
 
     def charge(self, req: PlacementRequest, region: str) -> None:

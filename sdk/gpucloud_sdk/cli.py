@@ -205,11 +205,10 @@ def _offers(gc: Client, gpu: str | None, region: str | None, spot: bool) -> list
     rows = []
     kind = "spot" if spot else "on_demand"
     try:  # what your tenant could start now, counted by the scheduler (GET /availability)
-        free: dict[tuple[str, str], int] | None = {
-            (a["instance_type"], a["region"]): a["available_now"]
-            for a in gc.availability.list(gpu_model=gpu, region=region)}
+        now: dict[tuple[str, str], dict[str, Any]] | None = {
+            (a["instance_type"], a["region"]): a for a in gc.availability.list(gpu_model=gpu, region=region)}
     except errors.NotFound:  # a server without the availability API
-        free = None
+        now = None
     for it in gc.instance_types.list(gpu_model=gpu, region=region):
         for p in it.get("prices", []):
             if p["kind"] != kind or (region and p["region"] != region):
@@ -219,10 +218,20 @@ def _offers(gc: Client, gpu: str | None, region: str | None, spot: bool) -> list
                 "vcpus": it["vcpus"], "memory_gib": it["memory_gib"], "region": p["region"], "kind": p["kind"],
                 "currency": p["currency"], "per_hour": p["per_hour"],
                 "per_tflops_hour": p["per_bf16_tflops_hour"],
-                "available": None if free is None else free.get((it["code"], p["region"]), 0),
+                "available": None if now is None else now.get((it["code"], p["region"]), {}).get("available_now", 0),
+                # available, busy or never (the server's word; a server before it: from the counts)
+                "availability": None if now is None else _availability(now.get((it["code"], p["region"]))),
             })
     rows.sort(key=lambda r: (float(r["per_hour"]), r["instance_type"], r["region"]))
     return rows
+
+
+def _availability(row: dict[str, Any] | None) -> str:
+    if row is None:  # not priced there for availability: nothing to run
+        return "never"
+    if "availability" in row:
+        return str(row["availability"])
+    return "never" if not row.get("can_host", True) else "available" if row["available_now"] > 0 else "busy"
 
 
 @app.command()
@@ -230,16 +239,20 @@ def offers(
     gpu: Annotated[str | None, typer.Option(help="GPU model code, e.g. H100, A100-80G, L40S.")] = None,
     region: Annotated[str | None, typer.Option(help="Region code, e.g. us-east-1.")] = None,
     available: Annotated[bool, typer.Option("--available", help="Only what would start now.")] = False,
+    show_all: Annotated[bool, typer.Option(
+        "--all", help="Also offers no host of this fleet can ever run (NOW never), hidden by default.")] = False,
     spot: Annotated[bool, typer.Option("--spot", help="Spot prices instead of on-demand.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The catalogue: price per hour and per BF16-TFLOPS-hour, and how many would start now (FREE),
-    cheapest first.
+    """The catalogue: price per hour and per BF16-TFLOPS-hour, how many would start now (FREE)
+    and whether one would (NOW: available; busy: it queues; never: no host here can run it,
+    shown with --all), what would start now first, then cheapest first.
 
     Examples:
 
         gpucloud offers --gpu H100 --region us-east-1
         gpucloud offers --available --spot --json
+        gpucloud offers --all
     """
     with client() as gc:
         rows = _offers(gc, gpu, region, spot)
@@ -248,14 +261,19 @@ def offers(
         if rows and not reported:
             fail(EXIT_API, "This server does not report availability yet; run without --available.")
         rows = [r for r in rows if (r["available"] or 0) > 0]
+    if not show_all:
+        rows = [r for r in rows if r["availability"] != "never"]
+    # runnable first: available, then busy, then never; each part cheapest first (a stable sort)
+    rows.sort(key=lambda r: {"available": 0, "busy": 1, "never": 2}.get(r["availability"] or "", 0))
     if as_json:
         emit_json(rows)
         return
-    table(["TYPE", "GPU", "GPUS", "VCPUS", "MEM GiB", "REGION", "PER HOUR", "PER TFLOPS-H", "FREE"],
+    table(["TYPE", "GPU", "GPUS", "VCPUS", "MEM GiB", "REGION", "PER HOUR", "PER TFLOPS-H", "FREE", "NOW"],
           ([r["instance_type"], r["gpu_model"], r["gpus"], r["vcpus"], r["memory_gib"], r["region"],
             f"{float(r['per_hour']):.2f} {r['currency']}", f"{float(r['per_tflops_hour']):.5f}",
-            "?" if r["available"] is None else r["available"]] for r in rows),
-          empty="No offers match.")
+            "?" if r["available"] is None else r["available"], r["availability"] or "?"] for r in rows),
+          empty="No offers match." if show_all else "No offers match (those this fleet can never run are "
+                                                     "hidden: --all shows them).")
 
 
 # --- instances ---------------------------------------------------------------------------------
@@ -299,7 +317,13 @@ def _pick_region(gc: Client, instance_type: str, spot: bool) -> str:
     prices = sorted((p for p in it.get("prices", []) if p["kind"] == kind), key=lambda p: float(p["per_hour"]))
     if not prices:
         fail(EXIT_USAGE, f"{instance_type} has no {kind.replace('_', '-')} price in any region.")
-    return prices[0]["region"]
+    try:  # runnable first: where it would start now, then where it would queue; cheapest within each
+        now = {a["region"]: a for a in gc.availability.list(instance_type=instance_type)}
+    except errors.NotFound:  # a server without the availability API: the cheapest
+        return str(prices[0]["region"])
+    rank = {"available": 0, "busy": 1, "never": 2}
+    prices.sort(key=lambda p: rank.get(_availability(now.get(p["region"])), 0))
+    return str(prices[0]["region"])
 
 
 def _describe(w: dict[str, Any]) -> str:
@@ -354,7 +378,8 @@ def _connect_lines(w: dict[str, Any]) -> list[str]:
 def launch(
     instance_type: Annotated[str, typer.Argument(metavar="TYPE", help="Instance type code, e.g. h100.1x.")],
     name: Annotated[str | None, typer.Option(help="Name (default: TYPE-xxxx).")] = None,
-    region: Annotated[str | None, typer.Option(help="Region (default: the cheapest offering TYPE).")] = None,
+    region: Annotated[str | None, typer.Option(
+        help="Region (default: where TYPE would start now, else where it would queue; the cheapest of those).")] = None,
     image: Annotated[str, typer.Option(help="Container image.")] = "ubuntu:24.04",
     volume: Annotated[list[str] | None, typer.Option(
         "--volume", help="VOLUME:/path to mount (name or id); repeatable.")] = None,
@@ -730,7 +755,8 @@ def jobs_submit(
     image: Annotated[str, typer.Option("--image", "-i", help="Container image.")],
     command: Annotated[list[str], typer.Argument(help="The command, after --.")],
     name: Annotated[str | None, typer.Option(help="Name (default: job-xxxx).")] = None,
-    region: Annotated[str | None, typer.Option(help="Region (default: the cheapest offering the type).")] = None,
+    region: Annotated[str | None, typer.Option(
+        help="Region (default: where the type would start now, else queue; the cheapest of those).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE; repeatable.")] = None,
     nodes: Annotated[int | None, typer.Option(help="Hosts for a multi-node job.")] = None,
     max_retries: Annotated[int | None, typer.Option(help="Retries after a failure.")] = None,

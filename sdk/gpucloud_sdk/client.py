@@ -777,17 +777,21 @@ class Availability(TypedDict, total=False):
     available_now: int  # one-node launches the scheduler would start now
     can_host: bool  # whether some host of the region could ever run one
     reason: str  # why it never could; empty when it can
+    availability: str  # available (available_now > 0), busy (it would queue) or never (refused)
 
 
 class AvailabilityResource(Resource):
     @operation("api_v1_availability_list")
     def list(self, *, region: str | None = None, gpu_model: str | None = None,
-             instance_type: str | None = None, available: bool | None = None) -> list[Availability]:
+             instance_type: str | None = None, available: bool | None = None,
+             runnable: bool | None = None) -> list[Availability]:
         """What your tenant could start now, per instance type and region where it is priced
-        (`available=True`: only what would start now), and whether the fleet could ever run it."""
+        (`available=True`: only what would start now; `runnable=True`: without what no host
+        could ever run), and whether the fleet could ever run it."""
         flag = None if available is None else str(available).lower()
         return self.client.get("/api/v1/availability", region=region, gpu_model=gpu_model,  # type: ignore[no-any-return]
-                               instance_type=instance_type, available=flag)
+                               instance_type=instance_type, available=flag,
+                               runnable=None if runnable is None else str(runnable).lower())
 
 
 class Quotas(Resource):

@@ -253,15 +253,16 @@ def test_launch_box_says_whether_the_type_starts_now_waits_or_is_refused(alice, 
 
     assert "4 fit on free GPUs in us-east-1 now: it starts within seconds." in box("us-east-1")
     tokyo = box("ap-northeast-1")
-    assert ("No host in ap-northeast-1 can ever run h100.2x (the fleet has no H100 GPUs in ap-northeast-1), "
-            "so a launch there is refused.") in tokyo
+    assert ("No host in ap-northeast-1 can ever run h100.2x: the fleet has no H100 GPUs in ap-northeast-1. "
+            "A launch is refused.") in tokyo
     assert "Free now in us-east-1 (4)." in tokyo
-    assert ("No host in us-east-1 can ever run a100.quarter (the fleet has no A100 GPUs in us-east-1), so a "
-            "launch there is refused.") in box("us-east-1", "a100.quarter")
+    assert ("No host in us-east-1 can ever run a100.quarter: the fleet has no A100 GPUs in us-east-1. A launch "
+            "is refused.") in box("us-east-1", "a100.quarter")
     Gpu.objects.update(whole=True, used_milli=1000)  # all booked
-    assert "None free in us-east-1 now: it waits in the queue until GPUs free up." in box("us-east-1")
+    assert ("no host in us-east-1 has 2 free H100 GPUs. A launch waits in the queue until GPUs free up."
+            in box("us-east-1"))
     Gpu.objects.update(whole=False, used_milli=0, healthy=False)  # all broken: the scheduler counts none
-    assert "No host in us-east-1 can ever run h100.2x (the fleet has no H100 GPUs in us-east-1)" in box("us-east-1")
+    assert "No host in us-east-1 can ever run h100.2x: the fleet has no H100 GPUs in us-east-1." in box("us-east-1")
 
 
 def test_launch_form_picks_the_region_where_the_type_fits_now(alice, catalog):
@@ -291,6 +292,59 @@ def test_catalogue_counts_what_fits_on_ready_hosts_now(alice, catalog):
     response = signed_in(alice).get("/console/catalogue/", {"gpu": "H100", "region": "us-east-1", "sort": "gpu"})
     free = {r["type"].code: r["available"] for r in response.context["rows"]}
     assert free == {"h100.1x": 5, "h100.2x": 2, "h100.4x": 1, "h100.8x": 0}
+
+
+def test_catalogue_tells_busy_from_never_and_hides_never_behind_a_filter(alice, charlie, catalog):
+    from scheduler.cycle import run_cycle
+    from scheduler.services import WorkloadSpec, workload_launch
+    from tests.scheduler.fleet import make_hosts
+
+    host = make_hosts(region="us-east-1", n=1)[0]
+    workload_launch(tenant=charlie.tenant, spec=WorkloadSpec(
+        kind="instance", name="half", instance_type="h100.4x", region="us-east-1", image="ubuntu:24.04"))
+    run_cycle(region_id=host.region_id)  # 4 of the 8 H100s taken
+    client = signed_in(alice)
+    response = client.get("/console/catalogue/", {"gpu": "H100"})
+    rows = {(r["type"].code, r["region"]): r["availability"] for r in response.context["rows"]}
+    assert rows == {("h100.1x", "us-east-1"): "available", ("h100.2x", "us-east-1"): "available",
+                    ("h100.4x", "us-east-1"): "available", ("h100.8x", "us-east-1"): "busy"}
+    html = response.content.decode()
+    assert 'data-availability="busy"' in html and "busy: queues" in html
+    hidden = response.context["never_hidden"]
+    assert hidden > 0 and f"{hidden} offers this fleet can never run are hidden" in " ".join(html.split())
+    shown = client.get("/console/catalogue/", {"gpu": "H100", "never": "1"})
+    never = [r for r in shown.context["rows"] if r["availability"] == "never"]
+    assert len(never) == hidden and shown.context["never_hidden"] == 0
+    assert [r["availability"] for r in shown.context["rows"]][-len(never):] == ["never"] * len(never)  # last
+    row = shown.content.decode().split('data-type="h100.8x" data-region="us-west-2"', 1)[1].split("</tr>", 1)[0]
+    assert "never here" in row and "Launch</a>" not in row  # no Launch link for what a launch refuses
+
+
+def test_launch_form_opens_on_what_can_run_now(alice, catalog):
+    from tests.scheduler.fleet import make_hosts
+
+    client = signed_in(alice)
+    make_hosts(region="eu-north-1", n=1, model="L40S", gpus=4)
+    initial = client.get("/console/launch/").context["form"].initial
+    # the first type of the form's list that would start now, where it would (not a100.quarter in
+    # ap-northeast-1, the list's first, which no host here can run)
+    assert (initial["instance_type"], initial["region"]) == ("l40s.eighth", "eu-north-1")
+    price = client.get("/console/launch/").context["price"]
+    assert price["blocker"] is None and price["fits_now"] > 0
+    # what the user asked for is kept
+    asked = client.get("/console/launch/", {"type": "h100.1x", "region": "us-east-1"}).context["form"].initial
+    assert (asked["instance_type"], asked["region"]) == ("h100.1x", "us-east-1")
+
+
+def test_volume_form_opens_on_a_region_with_hosts(alice, catalog):
+    from tests.scheduler.fleet import make_hosts
+
+    client = signed_in(alice)
+    make_hosts(region="eu-north-1", n=1)
+    form = client.get("/console/volumes/").context["form"]
+    assert form.initial["region"] == "eu-north-1"
+    assert form.fields["region"].choices[0][0] == "eu-north-1"
+    assert "no hosts yet" in dict(form.fields["region"].choices)["ap-northeast-1"]
 
 
 def test_an_admin_invites_and_the_invitee_joins_from_the_console(alice, charlie):

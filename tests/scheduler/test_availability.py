@@ -69,13 +69,39 @@ def test_instance_types_carry_availability_per_region_for_anyone(anon, catalog):
     body = anon.get("/api/v1/instance-types/h100.8x").json()
     by_region = {a["region"]: a for a in body["availability"]}
     assert set(by_region) == {p["region"] for p in body["prices"]}
-    assert by_region["us-east-1"] == {"region": "us-east-1", "available_now": 1, "can_host": True, "reason": ""}
+    assert by_region["us-east-1"] == {"region": "us-east-1", "available_now": 1, "can_host": True, "reason": "",
+                                      "availability": "available"}
     assert by_region["us-west-2"]["can_host"] is False and by_region["us-west-2"]["available_now"] == 0
     assert by_region["us-west-2"]["reason"] == "the fleet has no H100 GPUs in us-west-2"
     listed = anon.get("/api/v1/instance-types", {"gpu_model": "H100", "region": "us-east-1"}).json()["results"]
     free = {t["code"]: next(a for a in t["availability"] if a["region"] == "us-east-1")["available_now"]
             for t in listed}
     assert free == {"h100.1x": 8, "h100.2x": 4, "h100.4x": 2, "h100.8x": 1}
+
+
+def test_availability_tells_available_busy_and_never_apart_and_hides_never_on_request(alice, charlie, catalog):
+    make_hosts(n=1, gpus=8)
+    launch(charlie, instance_type="h100.4x", name="half")
+    run_cycle(region_id=region_id())  # 4 of the 8 H100s taken
+    rows = _available(alice, gpu_model="H100")
+    assert _row(rows, "h100.1x")["availability"] == "available"
+    assert (_row(rows, "h100.8x")["available_now"], _row(rows, "h100.8x")["availability"]) == (0, "busy")
+    assert (_row(rows, "h100.8x", "us-west-2")["can_host"], _row(rows, "h100.8x", "us-west-2")["availability"]) == (
+        False, "never")
+    assert {r["availability"] for r in rows} == {"available", "busy", "never"}
+    runnable = _available(alice, gpu_model="H100", runnable="true")
+    assert runnable and all(r["availability"] != "never" for r in runnable)
+    assert len(runnable) == sum(1 for r in rows if r["availability"] != "never")
+    # the instance types: the same word per region, and `runnable` leaves out what never could run
+    body = alice.client().get("/api/v1/instance-types/h100.8x").json()
+    assert {a["region"]: a["availability"] for a in body["availability"]}["us-east-1"] == "busy"
+    listed = alice.client().get("/api/v1/instance-types", {"runnable": "true", "page_size": 200}).json()["results"]
+    assert {t["code"] for t in listed} == {"h100.1x", "h100.2x", "h100.4x", "h100.8x"}
+    for t in listed:
+        assert {a["region"] for a in t["availability"]} == {p["region"] for p in t["prices"]} == {"us-east-1"}
+        assert all(a["availability"] != "never" for a in t["availability"])
+    everything = alice.client().get("/api/v1/instance-types", {"page_size": 200}).json()["results"]
+    assert len(everything) > len(listed)
 
 
 def test_availability_is_for_members_and_refuses_unknown_parameters(alice, anon, catalog):

@@ -144,7 +144,7 @@ def test_100_simultaneous_creates_never_exceed_a_quota_of_10(live_server):
     assert Workload.objects.filter(tenant=actor.tenant, state=State.SCHEDULED).count() == 10
     waiting = Workload.objects.filter(tenant=actor.tenant, state=State.PENDING)
     assert waiting.count() == 90
-    assert all(w.reason == "quota: 10 of 10 GPUs in use" for w in waiting), waiting[0].reason
+    assert all(w.reason == "quota: 10 of 10 GPUs in use and this needs 1 more" for w in waiting), waiting[0].reason
     assert_no_double_booking()
     connection.close()
 

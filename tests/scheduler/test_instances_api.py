@@ -82,7 +82,7 @@ def test_waiting_reason_names_the_quota(alice, catalog):
     assert Workload.objects.get(pk=first).state == State.SCHEDULED
     detail = alice.client().get(f"/api/v1/instances/{second}").json()
     assert detail["state"] == "pending"
-    assert detail["reason"] == "quota: 8 of 8 H100 GPUs in use"
+    assert detail["reason"] == "quota: 8 of 8 H100 GPUs in use and this needs 1 more"
     quotas = alice.client().get("/api/v1/quotas").json()
     h100 = next(q for q in quotas if q["gpu_model"] == "H100")
     assert h100["used_gpus"] == "8.000" and h100["max_gpus"] == 8

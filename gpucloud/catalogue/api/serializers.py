@@ -35,6 +35,10 @@ class RegionAvailabilitySerializer(serializers.Serializer):
                   "running (GET /api/v1/availability answers for yours)")
     can_host = serializers.BooleanField(help_text="whether some host of the region could ever run one")
     reason = serializers.CharField(help_text="why it never could there; empty when it can")
+    availability = serializers.ChoiceField(
+        choices=["available", "busy", "never"], read_only=True,
+        help_text="available: available_now > 0; busy: some host could run it there, none is free now (a "
+                  "launch queues); never: no host of the region could ever run it (a launch is refused)")
 
 
 class InstanceTypeSerializer(serializers.ModelSerializer):

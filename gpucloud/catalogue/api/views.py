@@ -49,13 +49,25 @@ class InstanceTypeFilter(django_filters.FilterSet):
     )
     min_gpus = django_filters.NumberFilter(field_name="gpu_count", lookup_expr="gte", min_value=1, max_value=64)
     fractional = django_filters.BooleanFilter(method="filter_fractional")
+    runnable = django_filters.BooleanFilter(
+        method="filter_runnable",
+        label="true: only types some host of this fleet could run, and only those regions of them "
+              "(hides availability never)")
 
     class Meta:
         model = InstanceType
-        fields = ["gpu_model", "vendor", "region", "min_gpus", "fractional"]
+        fields = ["gpu_model", "vendor", "region", "min_gpus", "fractional", "runnable"]
 
     def filter_fractional(self, queryset, name, value):
         return queryset.filter(gpu_share_milli__lt=1000) if value else queryset.filter(gpu_share_milli=1000)
+
+    def filter_runnable(self, queryset, name, value):
+        if not value:
+            return queryset
+        types = list(queryset)
+        keep = {row.instance_type.pk for row in hooks.availability(
+            instance_types=types, prices=selectors.prices_in_force(instance_types=types)) if row.can_host}
+        return queryset.filter(pk__in=keep)
 
 
 class InstanceTypeViewSet(PublicReadViewSet):
@@ -72,10 +84,20 @@ class InstanceTypeViewSet(PublicReadViewSet):
         # One query for every price shown, however many types the page has; availability in bulk too.
         prices = selectors.prices_in_force(instance_types=items)
         by_type: dict[int, list] = {}
+        never: set[tuple[int, str]] = set()
         for row in hooks.availability(instance_types=items, prices=prices):
+            if not row.can_host and self._runnable():
+                never.add((row.instance_type.pk, row.region))  # hidden, with its prices
+                continue
             by_type.setdefault(row.instance_type.pk, []).append(row)
+        if never:
+            prices = {pk: [p for p in rows if (pk, p.region) not in never] for pk, rows in prices.items()}
         context = {**self.get_serializer_context(), "prices": prices, "availability": by_type}
         return self.get_serializer(items if many else items[0], many=many, context=context).data
+
+    def _runnable(self) -> bool:
+        """`?runnable=true`: regions where the type could never run are left out too."""
+        return self.request.query_params.get("runnable", "").lower() in ("true", "1")
 
     def list(self, request, *args, **kwargs):
         queryset = self.filter_queryset(self.get_queryset())

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from ..blockers import BUDGET_EXCEEDED, Blocker, words
 from ..model import CLASS_RANK, WHOLE, PlacementRequest, Reject, Wait
 from ..state import INF
 from .backfill import earliest_fit, mark_reserved, reserve
@@ -177,7 +178,8 @@ def admit(cycle: CycleState, req: PlacementRequest) -> bool:
     fleet = cycle.fleet
     tenant = cycle.tenants.get(req.tenant_id)
     if tenant is not None and tenant.budget_exhausted:
-        return wait(cycle, req, "budget: the tenant's budget is spent", capacity=False)
+        blocker = tenant.blocker or Blocker(BUDGET_EXCEEDED)
+        return wait(cycle, req, words(blocker), capacity=False)
     excluded: tuple[str, ...] = ()
     quota = cycle.quota
     if quota.has_rules(req.tenant_id):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
+from ..blockers import Blocker, needs_words, no_capacity, words
 from ..framework import OK
 from ..model import WHOLE, HostPlacement, Place, PlacementRequest
 from ..plugins import pick_share, pick_whole
@@ -29,12 +30,7 @@ def _score_and_host_id(ranked: tuple[int, str, HostState]) -> tuple[int, str]:
 
 def what(req: PlacementRequest) -> str:
     """What ``req`` needs free on one host, in words."""
-    if req.gpus_per_node == 0 and req.gpu_milli == 0:
-        return "room for work without GPUs"
-    if req.gpus_per_node == 0:
-        return f"a {req.gpu_milli / 10:g}% share of a {req.gpu_model} GPU free"
-    g = req.gpus_per_node
-    return f"{g} free {req.gpu_model} GPU{'s' if g > 1 else ''}"
+    return needs_words(gpu_model=req.gpu_model, gpus=req.gpus_per_node, share_milli=req.gpu_milli)
 
 
 def candidates(
@@ -253,7 +249,7 @@ def why(cycle: CycleState, req: PlacementRequest, fails: Counter[str], examined:
     subject = "no host" if req.nodes == 1 else f"fewer than {req.nodes} hosts"
     verb = "has" if req.nodes == 1 else "have"
     if examined == 0 or not fails:
-        return f"{subject}{where} {verb} {needs}"
+        return words(_no_capacity(req))
     top = max(fails.items(), key=lambda kv: (kv[1], kv[0]))[0]
     if top == "resources":
         return (
@@ -268,8 +264,14 @@ def why(cycle: CycleState, req: PlacementRequest, fails: Counter[str], examined:
         when = f" (starting in {max(at - now, 0):.0f} s)" if at is not None and at > now else ""
         return f"the free {req.gpu_model} GPUs are reserved for an earlier request{when}"
     if top == "gpus":
-        return f"{subject}{where} {verb} {needs}"
+        return words(_no_capacity(req))
     return f"{subject}{where} {verb} {needs} ({top})"
+
+
+def _no_capacity(req: PlacementRequest) -> Blocker:
+    """The admission answer "no free GPUs now" (``blockers``: the console's box says the same)."""
+    return no_capacity(region=req.region, gpu_model=req.gpu_model, gpus=req.gpus_per_node,
+                       share_milli=req.gpu_milli, nodes=req.nodes)
 
 
 def commit(cycle: CycleState, req: PlacementRequest, hosts: tuple[HostState, ...]) -> None:

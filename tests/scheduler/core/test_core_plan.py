@@ -19,6 +19,7 @@ from scheduler.core import (
     get_policy,
     plan,
 )
+from scheduler.core.blockers import Blocker
 from scheduler.core.testing import make_host, make_request, occupy, verify
 
 NOW = 10_000.0
@@ -89,7 +90,7 @@ def test_quota_narrowed_to_a_model_makes_work_wait_with_usage_in_words():
         tenants=tenants,
     )
     p = decide(s, [make_request("r", gpus_per_node=1)])
-    assert p.decisions == (Wait("r", "quota: 8 of 8 H100 GPUs in use"),)
+    assert p.decisions == (Wait("r", "quota: 8 of 8 H100 GPUs in use and this needs 1 more"),)
 
 
 def test_a_burst_of_requests_never_takes_a_tenant_past_its_quota():
@@ -98,7 +99,7 @@ def test_a_burst_of_requests_never_takes_a_tenant_past_its_quota():
     queue = [make_request(f"r{i}", submitted_at=i) for i in range(6)]
     p = decide(s, queue)
     assert len(p.places) == 3
-    assert all(w.reason == "quota: 3 of 3 GPUs in use" for w in p.waits)
+    assert all(w.reason == "quota: 3 of 3 GPUs in use and this needs 1 more" for w in p.waits)
 
 
 def test_a_request_bigger_than_its_quota_is_rejected():
@@ -119,7 +120,11 @@ def test_region_quota_steers_region_free_work_to_other_regions():
 def test_a_spent_budget_admits_nothing_new():
     tenants = [TenantView(tenant_id="t1", budget_exhausted=True)]
     p = decide(snap(make_host("h1"), tenants=tenants), [make_request("r")])
-    assert isinstance(p.decisions[0], Wait) and p.decisions[0].reason.startswith("budget")
+    assert isinstance(p.decisions[0], Wait) and p.decisions[0].reason.startswith("A hard-stop budget is spent")
+    # billing's cause, pushed down with the tenant, is the one the reason names
+    tenants = [TenantView(tenant_id="t1", budget_exhausted=True, blocker=Blocker("insufficient_credit"))]
+    p = decide(snap(make_host("h1"), tenants=tenants), [make_request("r")])
+    assert p.decisions[0].reason.startswith("Your balance is used up: add credit to launch.")
 
 
 # ---------------------------------------------------------------------- placement
