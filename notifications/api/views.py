@@ -1,7 +1,8 @@
 """Notifications API: your inbox in this tenant, marking it read, and what you are told of how."""
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+import django_filters
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -10,12 +11,23 @@ from gpucloud.api.views import ApiView, TenantMixin, TenantViewSet
 from gpucloud.tenancy import permissions as perms
 from notifications import selectors, services
 from notifications.api import serializers as s
+from notifications.models import Notification
+
+
+class NotificationFilter(django_filters.FilterSet):
+    unread = django_filters.BooleanFilter(field_name="read_at", lookup_expr="isnull",
+                                          help_text="true: only the unread ones; false: only those read")
+
+    class Meta:
+        model = Notification
+        fields = ["unread"]
 
 
 class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
     """Your own notifications in this tenant, newest first (never another member's)."""
 
     serializer_class = s.NotificationSerializer
+    filterset_class = NotificationFilter
     lookup_value_regex = "[0-9]+"
     permission_map = {"list": perms.NOTIFICATIONS_READ, "retrieve": perms.NOTIFICATIONS_READ,
                       "read": perms.NOTIFICATIONS_MANAGE}
@@ -23,12 +35,7 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset_model().objects.none()
-        unread = self.request.query_params.get("unread") in ("1", "true")
-        return selectors.notification_list(user=self.request.user, tenant=self.tenant, unread=unread)
-
-    @extend_schema(parameters=[OpenApiParameter("unread", bool, description="only the unread ones")])
-    def list(self, request, *args, **kwargs):
-        return super().list(request, *args, **kwargs)
+        return selectors.notification_list(user=self.request.user, tenant=self.tenant)
 
     @extend_schema(request=s.MarkReadSerializer, responses=s.MarkedSerializer)
     @action(detail=False, methods=["post"])

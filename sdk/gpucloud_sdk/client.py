@@ -205,6 +205,7 @@ class Client:
         self.scaling_policies = ScalingPolicies(self)
         self.scheduled_actions = ScheduledActions(self)
         self.alarms = Alarms(self)
+        self.notifications = Notifications(self)
 
     # context manager
     def __enter__(self) -> Client:
@@ -841,6 +842,38 @@ class Invoices(Resource):
         """The invoice as CSV text."""
         return self.client.request("GET", f"/api/v1/invoices/{id}", params={"format": "csv"},
                                    accept="text/csv").text
+
+
+class Notifications(Resource):
+    """Your own notifications in this tenant (`/api/v1/notifications`, docs/notifications.md), and
+    what you are told of, and how (`/api/v1/notification-settings`)."""
+
+    path = "notifications"
+
+    @operation("api_v1_notifications_list")
+    def list(self, *, unread: bool | None = None, ordering: str | None = None) -> Iterator[Json]:
+        return self._list(unread=None if unread is None else str(unread).lower(), ordering=ordering)
+
+    @operation("api_v1_notifications_retrieve")
+    def get(self, id: int) -> Json:
+        return self._get(id)
+
+    @operation("api_v1_notifications_read_create")
+    def mark_read(self, ids: list[int] | None = None) -> int:
+        """Mark these read (all of yours in this tenant without `ids`); how many were unread."""
+        done = self.client.post("/api/v1/notifications/read", _body(ids=ids))
+        return int(done["marked"])
+
+    @operation("notification_settings_retrieve")
+    def settings(self) -> Json:
+        return self.client.get("/api/v1/notification-settings")  # type: ignore[no-any-return]
+
+    @operation("notification_settings_update")
+    def set(self, *, scope: str | None = None, channels: dict[str, list[str]] | None = None,
+            webhook_url: str | None = None) -> Json:
+        """The answer's `webhook_secret` (when the URL was set or changed) is shown this once."""
+        return self.client.put("/api/v1/notification-settings",  # type: ignore[no-any-return]
+                               _body(scope=scope, channels=channels, webhook_url=webhook_url))
 
 
 class Budgets(Resource):

@@ -186,6 +186,7 @@ CODES: dict[str, type[ApiError]] = {
     "authentication_failed": AuthenticationError,
     "payment_required": PaymentRequired,
     "insufficient_credit": PaymentRequired,
+    "email_unconfirmed": PaymentRequired,
     "budget_exceeded": PaymentRequired,
     "permission_denied": PermissionDenied,
     "insufficient_scope": PermissionDenied,
@@ -211,6 +212,8 @@ CODES: dict[str, type[ApiError]] = {
     "email_taken": Conflict,
     "gpu_in_use": Conflict,
     "gpu_owned_by_another_host": Conflict,
+    "invalid_signature": BadRequest,  # a payment provider's webhook that does not verify
+    "topup_mismatch": BadRequest,
     "host_shrunk": Conflict,
     "host_in_other_region": Conflict,
     "host_exists": Conflict,

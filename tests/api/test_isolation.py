@@ -215,6 +215,7 @@ TENANT_SELF_ROUTES = {"tenant", "my-tenants", "quotas", "invitation-accept", "si
 PUBLIC_ROUTES = {
     "region-list", "region-detail", "gpu-model-list", "gpu-model-detail", "instance-type-list",
     "instance-type-detail", "price-list", "price-detail", "spot-price-list", "api-not-found",
+    "payments-webhook",  # the payment provider's: no tenant, signed by the provider
 }
 
 

@@ -71,6 +71,9 @@ def _server_error_codes() -> dict[str, int | None]:
         if cls.__module__.startswith("rest_framework") and cls is not drf.ValidationError:
             codes[cls.default_code] = cls.status_code
     codes["validation_error"] = 400
+    from scheduler.core import blockers  # the admission refusals: codes kept as data, with their statuses
+
+    codes.update(blockers.STATUS)
     for pkg in SERVER_PACKAGES:
         for path in (ROOT / pkg).rglob("*.py"):
             if "migrations" in path.parts or "host" in path.parts:
