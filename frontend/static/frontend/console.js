@@ -71,7 +71,17 @@
     e.preventDefault();
     e.stopImmediatePropagation();  // htmx's own submit handler waits for the answer too
     const submitter = e.submitter || null;
-    const go = () => { form.dataset.sessionChecked = "1"; form.requestSubmit(submitter); };
+    const go = () => {
+      form.dataset.sessionChecked = "1";
+      // htmx may have swapped the button meanwhile (the launch page's cost box holds it): the
+      // one of the same id in the form now, else the form's default button
+      let by = submitter && submitter.isConnected && submitter.form === form ? submitter : null;
+      if (!by && submitter && submitter.id) {
+        const again = document.getElementById(submitter.id);
+        if (again && again.form === form) by = again;
+      }
+      form.requestSubmit(by);
+    };
     if (document.body.classList.contains("signed-out")) { keepForm(form); return; }
     fetch(probe, { credentials: "same-origin", cache: "no-store" })
       .then((r) => { if (r.status === 401) { keepForm(form); signedOut(); } else go(); })
