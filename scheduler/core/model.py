@@ -199,6 +199,10 @@ class PlacementRequest:
     pinned_host_name: str = ""
     #: why, in words for the owner ("where volume data lives"); goes into the wait reason
     pinned_because: str = ""
+    #: learned from the tenant's finished work (``scheduler.core.estimate``), never
+    #: declared: seconds the request is expected to run. Orders ``gpucloud``'s queue
+    #: inside a class and attained-service queue (QSSF); None: no history, age order
+    estimated_duration: float | None = None
 
     @property
     def fractional(self) -> bool:
