@@ -120,6 +120,10 @@ class Allocation:
     #: GPU-seconds this work had received before ``started_at`` (earlier runs of a
     #: requeued job); the time-slice policies add what it received since
     attained_service: float = 0.0
+    #: when the work is expected to end by its learned duration
+    #: (``PlacementRequest.estimated_duration``), never declared: a time-slice
+    #: preemption takes the work expected to run longest first. None: unknown
+    estimated_end: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

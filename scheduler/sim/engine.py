@@ -1578,6 +1578,12 @@ class Simulator:
             kind="job",
             started_at=now,
             expected_end=(now + js.remaining) if self.oracle else None,
+            # the learned duration less the service it had before this run
+            estimated_end=(
+                now + js.est - js.attained / max(j.gpus, 1e-3)
+                if self.estimator is not None and js.est is not None
+                else None
+            ),
             restartable=True,
             vcpus=j.vcpus,
             memory_mib=j.memory_mib,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
-from scheduler.core import get_policy
+from scheduler.core import Allocation, HostPlacement, get_policy, plan
 from scheduler.core.estimate import MIN_HISTORY, DurationEstimator, learned_service
 from scheduler.core.model import ClusterSnapshot, PlacementRequest
 from scheduler.core.queue import ShareBook, make_order, order_key
 from scheduler.core.state import Fleet
+from scheduler.core.testing import make_host, make_request, occupy, verify
 
 
 def test_no_history_no_estimate():
@@ -128,3 +129,35 @@ def test_orders_other_than_gpucloud_ignore_estimates():
     reqs = [_req("old-long", submitted=0.0, est=36_000.0), _req("new-short", submitted=5.0, est=6.0)]
     for name in ("fifo", "las", "drf", "priority"):
         assert _popped(name, reqs) == ["old-long", "new-short"], name
+
+
+def test_time_slicing_stops_the_work_expected_to_hold_its_gpus_longest():
+    """Two 1-GPU jobs past their quantum on a full 2-GPU host: without estimates the
+    shortest running goes (the order it had); with them, the one expected to run
+    on longest, and one that outran its estimate (likely long) before both."""
+    now = 100_000.0
+
+    def run(rid: str, gpu: int, started: float, end: float | None) -> Allocation:
+        return Allocation(
+            request_id=rid,
+            tenant_id="t9",
+            gpu_model="H100",
+            kind="job",
+            restartable=True,
+            checkpointable=True,
+            started_at=started,
+            estimated_end=end,
+            placements=(HostPlacement("h1", (f"h1-g{gpu}",)),),
+        )
+
+    def victims(*allocs: Allocation) -> list[str]:
+        s = occupy(ClusterSnapshot(hosts=(make_host("h1", gpus=2),)), list(allocs))
+        queue = [make_request("new", submitted_at=now - 10, kind="job")]
+        p = plan(s, queue, "gpucloud", now=now)
+        verify(s, queue, p)
+        return [d.victim_id for d in p.preempts]
+
+    # both have 2 h+ of attained service (a later LAS queue than the fresh request)
+    assert victims(run("older", 0, now - 9000, None), run("newer", 1, now - 7200, None)) == ["newer"]
+    assert victims(run("older", 0, now - 9000, now + 86_400), run("newer", 1, now - 7200, now + 60)) == ["older"]
+    assert victims(run("older", 0, now - 9000, now + 86_400), run("outran", 1, now - 7200, now - 1)) == ["outran"]
