@@ -122,6 +122,10 @@ class Allocation:
     #: GPU-seconds this work had received before ``started_at`` (earlier runs of a
     #: requeued job); the time-slice policies add what it received since
     attained_service: float = 0.0
+    #: when the work is expected to end by its learned duration
+    #: (``PlacementRequest.estimated_duration``), never declared: a time-slice
+    #: preemption takes the work expected to run longest first. None: unknown
+    estimated_end: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,6 +212,10 @@ class PlacementRequest:
     #: hosts where the pool's members run (``pool_hosts``, host ids), or it waits for a member
     pool: str = ""
     pool_hosts: frozenset[str] = frozenset()
+    #: learned from the tenant's finished work (``scheduler.core.estimate``), never
+    #: declared: seconds the request is expected to run. Orders ``gpucloud``'s queue
+    #: inside a class and attained-service queue (QSSF); None: no history, age order
+    estimated_duration: float | None = None
 
     @property
     def fractional(self) -> bool:

@@ -81,6 +81,10 @@ class Policy:
     #: for gradient placements; empty = derive from the queue being planned
     workload: tuple[tuple[int, int, int, float], ...] = ()
     extra_filters: tuple[str, ...] = ()
+    #: order inside a class and attained-service queue by learned durations
+    #: (``PlacementRequest.estimated_duration``, QSSF); requests without one keep
+    #: their age order. Read by the caller that fills the estimates
+    learn_durations: bool = False
 
     def mode_for(self, priority: str) -> str:
         if self.mode != "hybrid":
@@ -172,5 +176,8 @@ register_policy(
         # score the two fullest feasible hosts: packing already comes from the
         # bucket walk, so more candidates buy little and cost ~25 % throughput
         k=2,
+        # shortest expected service first inside a class and LAS queue, from the
+        # tenant's history (issue 33); least attained service where it is thin
+        learn_durations=True,
     )
 )

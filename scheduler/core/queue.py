@@ -13,11 +13,18 @@ import operator
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from .estimate import learned_service
 from .model import CLASS_RANK, WHOLE, ClusterSnapshot, PlacementRequest
 from .policy import QUEUE_ORDERS, Policy
 from .state import Fleet
 
 _AGE = operator.attrgetter("submitted_at", "request_id")
+
+
+def _learned_age(r: PlacementRequest) -> tuple[float, float, str]:
+    """Inside one lane of ``gpucloud``: expected service left (QSSF), then age. Without
+    estimates every request keys 0.0 and this is the age order."""
+    return (learned_service(r), r.submitted_at, r.request_id)
 
 
 class ShareBook:
@@ -161,8 +168,9 @@ class FairOrder(Order):
         reqs: Iterable[PlacementRequest],
         book: ShareBook,
         lane: Callable[[PlacementRequest], tuple[int, ...]] | None,
+        within: Callable[[PlacementRequest], tuple[object, ...]] = _AGE,
     ) -> None:
-        """``lane`` None: one lane for all."""
+        """``lane`` None: one lane for all. ``within``: a tenant's order inside a lane."""
         super().__init__([])
         book.load()
         self.book = book
@@ -197,7 +205,7 @@ class FairOrder(Order):
             heap = ln.heap
             for tenant, lst in by_lane[key].items():
                 if len(lst) > 1:
-                    lst.sort(key=_AGE)
+                    lst.sort(key=within)
                 qs[tenant] = deque(lst)
                 heap.append((share_of.get(tenant, 0.0), lst[0].submitted_at, tenant, 0))
             heapq.heapify(heap)
@@ -347,6 +355,7 @@ def order_key(policy: Policy, req: PlacementRequest, now: float) -> tuple[object
         return (
             CLASS_RANK.get(req.priority, 1),
             las_level(policy, req, now),
+            learned_service(req),
             req.submitted_at,
             req.request_id,
         )
@@ -375,7 +384,7 @@ def make_order(
                 return (rank_of(r.priority, 1), 0)
             return (rank_of(r.priority, 1), las_level(policy, r, now))
 
-        return FairOrder(reqs, book, lane)
+        return FairOrder(reqs, book, lane, _learned_age)
     if kind == "drf":
         return FairOrder(reqs, book, None)
     if kind not in QUEUE_ORDERS:

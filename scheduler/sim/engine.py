@@ -73,6 +73,7 @@ from scheduler.core import (
     derive_workload,
     plan,
 )
+from scheduler.core.estimate import DurationEstimator
 from scheduler.core.framework import PLACEMENTS
 from scheduler.core.gcpause import gc_paused
 from scheduler.core.planner import ALL_HOSTS, refusal
@@ -117,6 +118,13 @@ class JobState:
     lost: float = 0.0
     #: the milli-GPUs it asks for in all (set by the simulator)
     milli: int = 0
+    #: the learned duration its request carries since it last joined the queue
+    #: (``Policy.learn_durations``); ``est_asked`` False: not asked yet for this stay
+    est: float | None = None
+    est_asked: bool = False
+    #: the estimate and history length when the job was first asked (for accuracy)
+    first_est: float | None = None
+    first_history: int = -1
 
 
 class _Host:
@@ -275,6 +283,8 @@ class Result:
     #: per tenant, the integral of its max-min (water-filled) fair share of the
     #: capacity given every tenant's demand (GPUs of its queued and running jobs)
     tenant_maxmin: dict[str, float] = field(default_factory=dict)
+    #: the policy learned durations (``Policy.learn_durations``)
+    learned: bool = False
 
 
 #: a queued request's shape: region, model, gpus_per_node, gpu_milli, nodes,
@@ -484,6 +494,10 @@ class Simulator:
         self.opaque = not self.oracle and not any(
             self.policy.mode_for(c) == "dynamic" for c in CLASS_RANK
         )
+        #: durations learned from the jobs finished so far (issue 33); fed in _stop,
+        #: read when a request is built, so an estimate rests only on jobs that ended
+        #: before the decision (the trace has no members or names: tenant and GPUs)
+        self.estimator = DurationEstimator() if self.policy.learn_durations else None
 
     # ------------------------------------------------------------------ fleet facts
 
@@ -761,6 +775,7 @@ class Simulator:
             skipped=skipped,
             lost_gpu_s=self.lost_gpu_s,
             preempted_gpu_s=self.preempted_gpu_s,
+            learned=self.estimator is not None,
         )
 
     # ------------------------------------------------------------------ queue
@@ -786,6 +801,7 @@ class Simulator:
 
     def _enqueue(self, js: JobState) -> None:
         j = js.job
+        js.est_asked = False  # asked again when its request is next built
         self.queue[j.job_id] = js
         self.demand[j.tenant] += 1
         self._count_demand(j, 1)
@@ -886,11 +902,26 @@ class Simulator:
                 expected_duration=(
                     js.remaining + js.attained / max(j.gpus, 1e-3) if self.oracle else None
                 ),
+                estimated_duration=self._estimate(js) if self.estimator is not None else None,
                 attained_service=js.attained,
                 restartable=True,
                 checkpointable=js.checkpoint,
             )
         return r
+
+    def _estimate(self, js: JobState) -> float | None:
+        """The learned duration for this stay in the queue: asked once, when the
+        request is first built after the job joined, from the jobs finished by then."""
+        if not js.est_asked:
+            est = cast(DurationEstimator, self.estimator)
+            j = js.job
+            got = est.estimate(tenant=j.tenant, gpus=j.gpus)
+            js.est = None if got is None else got.seconds
+            js.est_asked = True
+            if js.first_history < 0:
+                js.first_est = js.est
+                js.first_history = est.history(tenant=j.tenant, gpus=j.gpus)
+        return js.est
 
     def _classes(self) -> dict[str, str]:
         """Lending: each tenant's oldest running work up to its guarantee is
@@ -1547,6 +1578,12 @@ class Simulator:
             kind="job",
             started_at=now,
             expected_end=(now + js.remaining) if self.oracle else None,
+            # the learned duration less the service it had before this run
+            estimated_end=(
+                now + js.est - js.attained / max(j.gpus, 1e-3)
+                if self.estimator is not None and js.est is not None
+                else None
+            ),
             restartable=True,
             vcpus=j.vcpus,
             memory_mib=j.memory_mib,
@@ -1651,5 +1688,7 @@ class Simulator:
             self._enqueue(js)
         else:
             js.end = now
+            if self.estimator is not None:
+                self.estimator.observe(tenant=j.tenant, gpus=j.gpus, seconds=j.duration)
             self.demand[j.tenant] -= 1
             self._count_demand(j, -1)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .engine import Result
+from .engine import JobState, Result
 
 
 def _pct(sorted_vals: list[float], q: float) -> float:
@@ -60,7 +60,7 @@ def summarize(res: Result, *, policy: str, placement: str) -> dict[str, Any]:
         d["norm_share"] = round(norm[t], 4) if t in norm else None
         d["maxmin_share"] = round(maxmin[t], 4) if t in maxmin else None
     cap = res.capacity_milli
-    return {
+    out = {
         "policy": policy,
         "placement": placement,
         "jobs": len(done),
@@ -86,6 +86,34 @@ def summarize(res: Result, *, policy: str, placement: str) -> dict[str, Any]:
         "plan_calls": res.plan_calls,
         "wall_s": round(res.wall_s, 2),
     }
+    if res.learned:
+        out["estimator"] = estimator_accuracy(done)
+    return out
+
+
+#: history lengths (finished runs behind the estimate's key) reported apart
+_HISTORY_BUCKETS = ((0, 2, "0-2"), (3, 9, "3-9"), (10, 31, "10-31"),
+                    (32, 63, "32-63"), (64, 1 << 62, "64 (full window)"))
+
+
+def estimator_accuracy(done: list[JobState]) -> dict[str, Any]:
+    """The learned durations' own error, |predicted - actual| / actual, median and
+    p90, over finished jobs by the history their first estimate rested on."""
+    out: dict[str, Any] = {}
+    for lo, hi, label in _HISTORY_BUCKETS:
+        errs = sorted(
+            abs(js.first_est - js.job.duration) / js.job.duration
+            for js in done
+            if lo <= js.first_history <= hi and js.first_est is not None and js.job.duration > 0
+        )
+        jobs = sum(1 for js in done if lo <= js.first_history <= hi)
+        out[label] = {
+            "jobs": jobs,
+            "estimated": len(errs),
+            "median_rel_err": round(_pct(errs, 0.5), 3) if errs else None,
+            "p90_rel_err": round(_pct(errs, 0.9), 3) if errs else None,
+        }
+    return out
 
 
 def write_jobs_csv(res: Result, path: str | Path) -> None:

@@ -284,10 +284,21 @@ def lost_work(now: float, a: AllocState) -> float:
     return a.milli / WHOLE * max(0.0, now - a.alloc.started_at)
 
 
-def victim_key(now: float, a: AllocState) -> tuple[bool, float, float, str]:
-    """Spot first, then the least work lost, then the shortest running."""
+def victim_key(now: float, a: AllocState) -> tuple[bool, float, float, float, str]:
+    """Spot first, then the least work lost, then the work expected (by its learned
+    duration) to hold its GPUs longest: stopping work about to end frees little
+    for long (issue 33); then the shortest running. Without estimates the third
+    key is 0.0 for all, the order it always had; work that outran its estimate is
+    likely a long one (heavy tail), as in ``learned_service``, and goes first."""
     al = a.alloc
-    return (al.billing != "spot", lost_work(now, a), now - al.started_at, al.request_id)
+    end = al.estimated_end
+    return (
+        al.billing != "spot",
+        lost_work(now, a),
+        0.0 if end is None else (now - end if end > now else -INF),
+        now - al.started_at,
+        al.request_id,
+    )
 
 
 def host_victims(
