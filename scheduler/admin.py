@@ -4,7 +4,15 @@ from django.contrib import admin
 from django.db.models import Prefetch
 
 from gpucloud.tenancy.admin import OperatorAdmin
-from scheduler.models import Allocation, GangPart, JobArray, RegionSchedulerSettings, Workload, WorkloadEvent
+from scheduler.models import (
+    Allocation,
+    ContainerEvent,
+    GangPart,
+    JobArray,
+    RegionSchedulerSettings,
+    Workload,
+    WorkloadEvent,
+)
 
 
 class EventInline(admin.TabularInline):
@@ -78,6 +86,19 @@ class WorkloadEventAdmin(OperatorAdmin):
     list_display = ["created_at", "workload", "from_state", "to_state", "reason", "actor"]
     list_filter = ["to_state"]
     search_fields = ["workload__name", "reason"]
+    list_select_related = ["workload"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(ContainerEvent)
+class ContainerEventAdmin(OperatorAdmin):
+    """Containers lost or restarted behind their agents' backs: read-only, as the log it is."""
+
+    list_display = ["created_at", "workload", "kind", "count", "detail"]
+    list_filter = ["kind"]
+    search_fields = ["workload__name", "detail"]
     list_select_related = ["workload"]
 
     def has_change_permission(self, request, obj=None):
