@@ -134,6 +134,8 @@ def test_a_job_whose_container_is_removed_behind_the_agents_back_is_not_rerun_an
     job = launch(alice, "jobs", name="long", command=IDLE, max_retries=0)
     schedule(us_east)
     beat_until([docker_host], lambda: state(job) == State.RUNNING, "the job runs")
+    # it runs a few whole seconds first, so "billed for the seconds it ran" is a number to compare
+    beat_until([docker_host], lambda: (timezone.now() - job.started_at).total_seconds() >= 3, "3 s of running")
     (ctr,) = containers(engine, SCOPE, job)
     ctr.remove(force=True)
     docker_host.beat()
