@@ -8,6 +8,7 @@ The exporter's DCGM_FI_DEV_GPU_UTIL, the console's chart and an alarm all read t
 own samples (its heartbeats, flushed to PostgreSQL as in production)."""
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -18,28 +19,51 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The real engine, the real agent (sim GPUs, docker runtime) and their clean-up: the e2e module's.
 from test_e2e_docker import (  # noqa: F401 - fixtures, used by name
-    docker_host,
     egress_rules,
     engine,
     launch,
     schedule,
+    start_agent,
     state,
-    tenant_networks,
     triggered,
     us_east,
 )
 
 from agents import fastpath
+from agents.host.config import AgentConfig
+from agents.host.docker import LABEL_AGENT
+from agents.host.runtime import LABEL_TENANT
 from agents.models import GpuSample
+from agents.services.registration import bootstrap_token_create
 from alarms import services as alarms
 from scheduler.choices import State
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+# A scope and host name of this module's own: no other test's containers (the e2e module's run
+# under one scope for the whole session) can load these simulated GPUs.
+SCOPE = f"simload-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def docker_host(live_server, us_east, engine, tmp_path, triggered, egress_rules, alice):  # noqa: F811
+    cfg = AgentConfig(
+        server=live_server.url, bootstrap_token=bootstrap_token_create(region=us_east)[1], gpu_backend="sim",
+        runtime="docker", docker_scope=SCOPE, sim_gpus=4, sim_model="L40S", state_dir=tmp_path / "agent",
+        hostname=SCOPE,
+    ).validated()
+    h = start_agent(cfg)
+    h.beat()
+    yield h
+    for ctr in engine.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={SCOPE}"}):
+        ctr.remove(force=True)
+    for net in engine.networks.list(filters={"label": f"{LABEL_TENANT}={alice.tenant.pk}"}):
+        net.remove()
+
 
 @override_settings(METRICS_TOKEN="s3cret")
 def test_a_containers_declared_load_shows_on_its_gpus_chart_and_fires_an_alarm(
-    docker_host, us_east, engine, alice, tenant_networks
+    docker_host, us_east, engine, alice
 ):
     busy = launch(alice, name="busy", env={"GPUCLOUD_SIM_GPU_UTIL": "93"})
     idle = launch(alice, name="idle", env={"GPUCLOUD_SIM_GPU_UTIL": "0"})
