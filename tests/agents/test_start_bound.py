@@ -27,8 +27,10 @@ def test_work_still_starting_past_the_bound_fails_with_the_runtimes_message_and_
         make_sim_host, region, alice):
     sim = make_sim_host(fail_images=frozenset({"nope/slow:1"}))
     sim.agent.clock = sim.clock
+    # in force before anything here exists (metering starts a meter at its workload's creation,
+    # floored to the second: a price set in the same second would not cover its start)
     price_set(instance_type=InstanceType.objects.get(code="h100.1x"), region=region, kind="on_demand",
-              per_hour=Decimal("2.50"))
+              per_hour=Decimal("2.50"), effective_from=timezone.now() - timedelta(minutes=1))
     sim.beat()
     w = place(sim.host, alice.tenant, image="nope/slow:1")
     fine = place(sim.host, alice.tenant)
