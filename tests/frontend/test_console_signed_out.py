@@ -66,7 +66,8 @@ def test_a_form_submitted_after_expiry_keeps_what_was_typed_across_the_sign_in(p
     page.fill("input[name=name]", "typed-before-expiry")
     page.select_option("select[name=instance_type]", "h100.1x")
     page.select_option("select[name=region]", "us-east-1")
-    expect(page.locator("#launch-submit")).to_be_enabled()  # the cost box answered for this choice
+    expect(page.locator("#hourly-cost")).to_contain_text("h100.1x in us-east-1")  # the cost box answered
+    expect(page.locator("#launch-submit")).to_be_enabled()
     expire_sessions()
     page.locator("#launch-submit").click()
     expect(page.locator("#signed-out")).to_be_visible()  # said before anything was lost
@@ -82,6 +83,9 @@ def test_a_form_submitted_after_expiry_keeps_what_was_typed_across_the_sign_in(p
     expect(page.locator(".kept-notice")).to_be_visible()
     expect(page.locator("input[name=name]")).to_have_value("typed-before-expiry")
     expect(page.locator("select[name=instance_type]")).to_have_value("h100.1x")
+    # the cost box answered for the restored choice (htmx swaps it, and the button in it, on change)
+    expect(page.locator("#hourly-cost")).to_contain_text("h100.1x in us-east-1")
+    expect(page.locator("#launch-submit")).to_be_enabled()
     page.locator("#launch-submit").click()
     page.wait_for_url("**/console/instances/*/")
     assert Workload.objects.get().name == "typed-before-expiry"
