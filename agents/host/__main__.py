@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from agents.host import doctor, install
-from agents.host.config import AgentConfig, ConfigError, parse_args
+from agents.host.config import AgentConfig, ConfigError, docker_gpu_mode, parse_args
 from agents.host.daemon import Agent
 from agents.host.egress import EgressRules, parse_allow
 from agents.host.fleet import Fleet
@@ -20,17 +20,6 @@ from agents.host.sim import SimGpuBackend, SimRuntime
 from agents.host.tunnel import AgentTunnel, Connector, DockerConnector, SimConnector
 
 logger = logging.getLogger("agents.host")
-
-
-def docker_gpu_mode(cfg: AgentConfig) -> str:
-    """The docker runtime's GPU mode: as configured, else the one that fits the backend.
-
-    Simulated GPUs do not exist, so asking the engine for them would fail every start:
-    with the sim backend the containers get the GPU environment variables only.
-    """
-    if cfg.docker_gpu_mode != "auto":
-        return cfg.docker_gpu_mode
-    return {"nvml": "nvidia", "amdsmi": "amd"}.get(cfg.gpu_backend, "none")
 
 
 def build(cfg: AgentConfig) -> tuple[GpuBackend, Runtime, tuple[int, int] | None]:

@@ -229,3 +229,14 @@ def parse_args(
     ns = p.parse_args(argv)
     overrides = {k: v for k, v in vars(ns).items() if v is not None}
     return replace(base, **overrides).validated()
+
+
+def docker_gpu_mode(cfg: AgentConfig) -> str:
+    """The docker runtime's GPU mode: as configured, else the one that fits the backend.
+
+    Simulated GPUs do not exist, so asking the engine for them would fail every start:
+    with the sim backend the containers get the GPU environment variables only.
+    """
+    if cfg.docker_gpu_mode != "auto":
+        return cfg.docker_gpu_mode
+    return {"nvml": "nvidia", "amdsmi": "amd"}.get(cfg.gpu_backend, "none")

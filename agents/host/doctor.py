@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from agents.host import gpucheck
 from agents.host.amdsmi import AmdSmiBackend
-from agents.host.config import AgentConfig, ConfigError, parse_args
+from agents.host.config import AgentConfig, ConfigError, docker_gpu_mode, parse_args
 from agents.host.docker import disk_quota_support
 from agents.host.nvml import NvmlBackend
 
@@ -159,12 +159,8 @@ class Context:
 
     @property
     def gpu_mode(self) -> str:
-        """The docker runtime's GPU mode for this config (as ``__main__.docker_gpu_mode``)."""
-        if self.cfg.runtime != "docker":
-            return "none"
-        if self.cfg.docker_gpu_mode != "auto":
-            return self.cfg.docker_gpu_mode
-        return {"nvml": "nvidia", "amdsmi": "amd"}.get(self.cfg.gpu_backend, "none")
+        """The docker runtime's GPU mode for this config (``config.docker_gpu_mode``, as the agent uses)."""
+        return docker_gpu_mode(self.cfg) if self.cfg.runtime == "docker" else "none"
 
     @cached_property
     def nvml(self) -> tuple[Any, Any, str | None]:

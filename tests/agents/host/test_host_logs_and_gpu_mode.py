@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents.host.__main__ import docker_gpu_mode
-from agents.host.config import AgentConfig, ConfigError, parse_args
+from agents.host.config import AgentConfig, ConfigError, docker_gpu_mode, parse_args
 from agents.host.docker import LABEL_AGENT, DockerRuntime
 from agents.host.sim import SimRuntime
 from agents.protocol import (
